@@ -1,0 +1,75 @@
+"""KernelConfig: one point of the search space, a hashable frozen value.
+
+Parameter names are the space file's (BLOCK_M, BLOCK_N, NUM_WARPS, STAGES,
+MIN_BLOCKS, ...); values are integers. Order does not matter for equality: the
+pairs are kept sorted by name, so a config read back from the database equals
+the one proposed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Mapping
+
+from evotuner.errors import SpaceError
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    items: tuple[tuple[str, int], ...]
+
+    def __post_init__(self) -> None:
+        names = [k for k, _ in self.items]
+        if names != sorted(names) or len(set(names)) != len(names):
+            raise ValueError("KernelConfig.items must be sorted by name without repeats; use KernelConfig.of()")
+        for k, v in self.items:
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise SpaceError(f"config: {k}={v!r} is not an integer")
+
+    @classmethod
+    def of(cls, mapping: Mapping[str, int]) -> "KernelConfig":
+        return cls(tuple(sorted((str(k), _as_int(k, v)) for k, v in mapping.items())))
+
+    @classmethod
+    def parse(cls, text: str) -> "KernelConfig":
+        """Parse ``BLOCK_M=128,BLOCK_N=64,...`` (names are upper-cased)."""
+        values: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, raw = part.partition("=")
+            key = key.strip().upper()
+            if not sep or not key:
+                raise SpaceError(f"--config: cannot read {part!r}", "write NAME=VALUE pairs, e.g. BLOCK_M=128,BLOCK_N=64")
+            if key in values:
+                raise SpaceError(f"--config: {key} is given twice")
+            values[key] = _as_int(key, raw.strip())
+        if not values:
+            raise SpaceError("--config: no parameters given", "e.g. BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4,STAGES=2,MIN_BLOCKS=1")
+        return cls.of(values)
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.items)
+
+    def __getitem__(self, name: str) -> int:
+        for k, v in self.items:
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[tuple[str, int]]:
+        return iter(self.items)
+
+    def __str__(self) -> str:
+        return ",".join(f"{k}={v}" for k, v in self.items)
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise SpaceError(f"config: {name}={value!r} is not an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    try:
+        return int(str(value), 10)
+    except ValueError:
+        raise SpaceError(f"config: {name}={value!r} is not an integer") from None

@@ -1,0 +1,91 @@
+"""The measure stage's contract: a built artifact + the study's problem in,
+a Measurement or a MeasureFailure out.
+
+The search process never touches CUDA: a MeasureStage implementation talks to
+a separate GPU worker process (evotuner.measure.worker) or answers from
+recorded data (replay). Every way a kernel can fail becomes a MeasureFailure
+value with a ``kind`` and a human ``reason``; measure() itself raises only for
+programming errors, never for a bad kernel.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from typing import Union
+
+from evotuner.build.result import Artifact
+from evotuner.problem import Problem
+
+#: Failure kinds (recorded in the study; the fault-injection suite plants each one).
+FAILURE_KINDS = (
+    "launch",          # launch failed (bad configuration, too many resources)
+    "smem",            # more shared memory than the device allows
+    "illegal_access",  # sticky CUDA error; the worker's context is lost and it is respawned
+    "timeout",         # the kernel hung; the worker was killed and respawned
+    "wrong_result",    # max error over the tolerance
+    "nan",             # NaN or Inf in the output
+    "crash",           # the worker process died for another reason
+)
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Timing of one config at the study's shape (after it passed the correctness gate)."""
+
+    median_us: float
+    p20_us: float
+    p80_us: float
+    tflops: float
+    max_error: float   # max |out - ref| at the study's shape
+    tolerance: float   # the bound it was checked against (FA2's rule)
+    repetitions: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MeasureFailure:
+    kind: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAILURE_KINDS:
+            raise ValueError(f"unknown failure kind {self.kind!r}")
+
+
+MeasureOutcome = Union[Measurement, MeasureFailure]
+
+
+class MeasureStage(ABC):
+    """Contract:
+
+    * ``measure`` is called from one thread, one artifact at a time (timing is
+      strictly serial, one process per GPU); it returns a Measurement or a
+      MeasureFailure and survives any kernel fault.
+    * ``baselines`` measures SDPA's backends at the problem's shape on the same
+      device: ``{"sdpa_default": µs, "sdpa_flash": µs, "sdpa_efficient": µs}``
+      (None for a backend that cannot run the shape).
+    * ``device`` returns the device fingerprint (GPU name, SM count, clocks,
+      driver, torch, CUDA, nvcc) or None when there is no device (replay).
+    * ``close`` releases the worker; the stage is a context manager.
+    """
+
+    @abstractmethod
+    def measure(self, artifact: Artifact, problem: Problem) -> MeasureOutcome: ...
+
+    @abstractmethod
+    def baselines(self, problem: Problem) -> dict[str, float | None]: ...
+
+    @abstractmethod
+    def device(self) -> dict[str, object] | None: ...
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "MeasureStage":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

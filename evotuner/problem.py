@@ -1,0 +1,128 @@
+"""The problem being tuned: a shape, a dtype and the causal flag (frozen values).
+
+The problem's *static* part (head dim, dtype, causal) is compiled into the
+kernel; the rest (batch, heads, sequence lengths) only sizes the launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from evotuner.errors import ShapeError
+
+DTYPES = ("fp16", "bf16")
+#: Head dims the FlashCore kernel is built for (the kernel's traits assert the same).
+HEAD_DIMS = (32, 64, 96, 128, 256)
+
+_SHAPE_KEYS = {"B": "batch", "H": "heads", "S": None, "SQ": "seqlen_q", "SK": "seqlen_k", "D": "head_dim"}
+
+
+@dataclass(frozen=True, order=True)
+class Shape:
+    """An attention problem size: Q is [B, H, Sq, D], K and V are [B, H, Sk, D]."""
+
+    batch: int
+    heads: int
+    seqlen_q: int
+    seqlen_k: int
+    head_dim: int
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "heads", "seqlen_q", "seqlen_k", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ShapeError(f"shape: {name} must be a positive integer, got {value!r}")
+        if self.head_dim not in HEAD_DIMS:
+            raise ShapeError(
+                f"shape: head dim D={self.head_dim} is not supported",
+                f"use one of {', '.join(map(str, HEAD_DIMS))}",
+            )
+
+    @classmethod
+    def parse(cls, text: str, *, require: tuple[str, ...] = ("B", "H", "S", "D")) -> "Shape":
+        """Parse ``B=16,H=16,S=2048,D=64`` (``SQ``/``SK`` may replace ``S``).
+
+        ``require`` names the keys that must be present; a shape for
+        ``evotuner compile`` needs only ``D`` and fills the rest with 1.
+        """
+        values: dict[str, int] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, raw = part.partition("=")
+            key = key.strip().upper()
+            if not sep or key not in _SHAPE_KEYS:
+                raise ShapeError(
+                    f"--shape: cannot read {part!r}",
+                    "write KEY=VALUE pairs with keys B, H, S (or SQ and SK), D, e.g. B=16,H=16,S=2048,D=64",
+                )
+            if key in values:
+                raise ShapeError(f"--shape: {key} is given twice")
+            try:
+                values[key] = int(raw.strip())
+            except ValueError:
+                raise ShapeError(f"--shape: {key}={raw.strip()!r} is not an integer") from None
+        if "S" in values and ({"SQ", "SK"} & values.keys()):
+            raise ShapeError("--shape: give either S or SQ and SK, not both")
+        if "S" in values:
+            values["SQ"] = values["SK"] = values.pop("S")
+        for key in require:
+            keys = ("SQ", "SK") if key == "S" else (key,)
+            for k in keys:
+                if k not in values:
+                    raise ShapeError(
+                        f"--shape: missing dimension {key if key != 'S' else 'S (or SQ and SK)'}",
+                        "write all of B, H, S, D, e.g. B=16,H=16,S=2048,D=64",
+                    )
+        return cls(
+            batch=values.get("B", 1),
+            heads=values.get("H", 1),
+            seqlen_q=values.get("SQ", 1),
+            seqlen_k=values.get("SK", 1),
+            head_dim=values["D"] if "D" in values else _missing_d(),
+        )
+
+    def __str__(self) -> str:
+        s = f"S={self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"SQ={self.seqlen_q},SK={self.seqlen_k}"
+        return f"B={self.batch},H={self.heads},{s},D={self.head_dim}"
+
+
+def _missing_d() -> int:
+    raise ShapeError("--shape: missing dimension D", "e.g. --shape D=64")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What one study tunes for: shape, dtype and causal masking."""
+
+    shape: Shape
+    dtype: str = "fp16"
+    causal: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ShapeError(f"--dtype: {self.dtype!r} is not supported", f"use one of {', '.join(DTYPES)}")
+
+    @property
+    def flops(self) -> float:
+        """Forward FLOPs: 4·B·H·Sq·Sk·D (two GEMMs); causal counts half (the usual convention)."""
+        s = self.shape
+        full = 4.0 * s.batch * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim
+        return full / 2 if self.causal else full
+
+    def tflops(self, microseconds: float) -> float:
+        return self.flops / (microseconds * 1e-6) / 1e12
+
+    def static_key(self) -> dict[str, int | str | bool]:
+        """The part of the problem compiled into the kernel."""
+        return {"head_dim": self.shape.head_dim, "dtype": self.dtype, "causal": self.causal}
+
+    def as_dict(self) -> dict[str, object]:
+        s = self.shape
+        return {
+            "batch": s.batch, "heads": s.heads, "seqlen_q": s.seqlen_q, "seqlen_k": s.seqlen_k,
+            "head_dim": s.head_dim, "dtype": self.dtype, "causal": self.causal,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, object]) -> "Problem":
+        shape = Shape(int(d["batch"]), int(d["heads"]), int(d["seqlen_q"]), int(d["seqlen_k"]), int(d["head_dim"]))
+        return cls(shape=shape, dtype=str(d["dtype"]), causal=bool(d["causal"]))
