@@ -1,0 +1,187 @@
+"""The content-addressed build cache.
+
+Key = sha256 over the kernel sources (every file under the family folder and
+``flashcore/params.h``, by relative path and content), the generated source,
+the compile flags, the full ``nvcc --version`` text and the arch. Include
+directories are *not* in the key (their contents are), so a checkout and a
+wheel of the same sources share entries.
+
+Layout: ``<root>/builds/<key[:2]>/<key>/{kernel.cubin, ptxas.log, gen.cu, build.json}``.
+An entry is built in ``<root>/tmp/`` (same filesystem) and published with one
+``os.rename``: readers see a whole entry or none; a crash leaves only a temp
+dir; when two processes race on a key the second rename fails and the loser
+adopts the winner's entry. Failed compiles are entries too (``ok: false`` and
+the error text), so a known-bad config is never compiled twice; timeouts are
+not published.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+CACHE_FORMAT = 1
+_IGNORED_DIRS = {"__pycache__", ".git"}
+
+
+def default_cache_root() -> Path:
+    """``$EVOTUNER_CACHE_DIR``, else ``$XDG_CACHE_HOME/evotuner``, else ``~/.cache/evotuner``."""
+    env = os.environ.get("EVOTUNER_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "evotuner"
+
+
+def source_files(kernels_root: Path, family: str, params_h: Path) -> list[tuple[str, Path]]:
+    """(name, path) of every kernel source a family build depends on, sorted by name."""
+    family_dir = kernels_root / family
+    files = [
+        (p.relative_to(kernels_root).as_posix(), p)
+        for p in family_dir.rglob("*")
+        if p.is_file() and not (_IGNORED_DIRS & set(p.relative_to(family_dir).parts)) and p.suffix != ".pyc"
+    ]
+    names = {name for name, _ in files}
+    if "flashcore/params.h" not in names:
+        files.append(("flashcore/params.h", params_h))
+    return sorted(files)
+
+
+def hash_sources(files: list[tuple[str, Path]]) -> str:
+    h = hashlib.sha256(b"evotuner-sources\0")
+    for name, path in files:
+        data = path.read_bytes()
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+    return h.hexdigest()
+
+
+def build_key(*, source_hash: str, generated: str, flags: tuple[str, ...], nvcc_version: str, arch: str) -> str:
+    payload = json.dumps(
+        {
+            "format": CACHE_FORMAT,
+            "sources": source_hash,
+            "generated": generated,
+            "flags": list(flags),
+            "nvcc": nvcc_version,
+            "arch": arch,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """A published entry, as read back: ``record`` is build.json."""
+
+    path: Path
+    record: dict[str, object]
+    ptxas_log: str
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.record.get("ok"))
+
+    @property
+    def cubin(self) -> Path:
+        return self.path / "kernel.cubin"
+
+
+class BuildCache:
+    """A directory of published build entries (see the module docstring)."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root) if root is not None else default_cache_root()
+
+    def entry_dir(self, key: str) -> Path:
+        return self.root / "builds" / key[:2] / key
+
+    def new_workdir(self, key: str) -> Path:
+        """A fresh private directory on the cache's filesystem to build ``key`` in."""
+        tmp = self.root / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f"{key[:16]}.", dir=tmp))
+
+    def lookup(self, key: str) -> CacheEntry | None:
+        """The published entry for ``key``, or None (missing, or unreadable: then it is discarded)."""
+        path = self.entry_dir(key)
+        try:
+            record = json.loads((path / "build.json").read_text())
+            log = (path / "ptxas.log").read_text(errors="replace")
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self.discard(key)
+            return None
+        if record.get("key") != key or record.get("format") != CACHE_FORMAT:
+            self.discard(key)
+            return None
+        if record.get("ok"):
+            try:
+                digest = hashlib.sha256((path / "kernel.cubin").read_bytes()).hexdigest()
+            except OSError:
+                digest = None
+            if digest != record.get("sha256"):
+                self.discard(key)
+                return None
+        return CacheEntry(path, record, log)
+
+    def publish(self, key: str, workdir: Path, record: dict[str, object], ptxas_log: str) -> CacheEntry:
+        """Write build.json + ptxas.log into ``workdir`` and rename it into place.
+
+        Returns the published entry: ours, or the one another process published first.
+        """
+        record = {**record, "key": key, "format": CACHE_FORMAT}
+        (workdir / "ptxas.log").write_text(ptxas_log)
+        (workdir / "build.json").write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+        final = self.entry_dir(key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(workdir, final)
+        except OSError:
+            # Another builder published this key first (a non-empty target): adopt theirs.
+            # lookup() discards an unreadable entry, after which our rename may go ahead.
+            existing = self.lookup(key)
+            if existing is not None:
+                shutil.rmtree(workdir, ignore_errors=True)
+                return existing
+            os.rename(workdir, final)
+        return CacheEntry(final, record, ptxas_log)
+
+    def prune_tmp(self, older_than_s: float = 24 * 3600) -> int:
+        """Remove temp dirs a crashed builder left behind (older than a day by default)."""
+        tmp = self.root / "tmp"
+        if not tmp.is_dir():
+            return 0
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for path in tmp.iterdir():
+            try:
+                if path.stat().st_mtime < cutoff:
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed += 1
+            except OSError:
+                continue
+        return removed
+
+    def discard(self, key: str) -> None:
+        """Remove an entry (moved aside first, so no reader sees it half-deleted)."""
+        path = self.entry_dir(key)
+        if not path.exists():
+            return
+        grave = self.root / "tmp" / f"discard.{key[:16]}.{uuid.uuid4().hex}"
+        grave.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(path, grave)
+        except OSError:
+            return
+        shutil.rmtree(grave, ignore_errors=True)

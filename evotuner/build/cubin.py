@@ -1,0 +1,117 @@
+"""Read the ``flashcore_meta`` table out of a cubin (an ELF64 file) without CUDA.
+
+The kernel defines ``extern "C" __constant__ int32_t flashcore_meta[FLASHCORE_META_LEN]``;
+nvcc places it in a ``.nv.constant3`` section with a symbol whose ``st_value``
+is the offset inside that section. The reader walks the section headers, finds
+``.symtab`` and its string table, looks the symbol up by name (any binding:
+nvcc emits it LOCAL) and decodes ``st_size`` bytes as little-endian int32.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from pathlib import Path
+
+from evotuner.errors import EvotunerError
+
+#: FLASHCORE_META_* indices from kernels/flashcore/params.h (a test checks they match the header).
+META_FIELDS = (
+    "abi",          # FLASHCORE_META_ABI 0
+    "threads",      # FLASHCORE_META_THREADS 1
+    "smem_bytes",   # FLASHCORE_META_SMEM_BYTES 2
+    "block_m",      # FLASHCORE_META_BLOCK_M 3
+    "block_n",      # FLASHCORE_META_BLOCK_N 4
+    "head_dim",     # FLASHCORE_META_HEAD_DIM 5
+    "is_causal",    # FLASHCORE_META_IS_CAUSAL 6
+    "dtype",        # FLASHCORE_META_DTYPE 7
+    "min_blocks",   # FLASHCORE_META_MIN_BLOCKS 8
+)
+#: FLASHCORE_ABI_VERSION in params.h.
+ABI_VERSION = 1
+META_SYMBOL = "flashcore_meta"
+
+_SHT_SYMTAB = 2
+_SHT_NOBITS = 8
+_SHN_UNDEF = 0
+_SHN_LORESERVE = 0xFF00
+
+
+class CubinError(EvotunerError):
+    """A cubin is not a readable ELF64 file or lacks a valid ``flashcore_meta`` table."""
+
+
+def params_h_layout(text: str) -> tuple[dict[str, int], int, int]:
+    """Parse params.h: ({field: index}, FLASHCORE_META_LEN, FLASHCORE_ABI_VERSION)."""
+    fields: dict[str, int] = {}
+    length = abi = -1
+    for name, value in re.findall(r"^\s*#define\s+FLASHCORE_(META_\w+|ABI_VERSION)\s+(\d+)", text, re.M):
+        if name == "META_LEN":
+            length = int(value)
+        elif name == "ABI_VERSION":
+            abi = int(value)
+        else:
+            fields[name[len("META_"):].lower()] = int(value)
+    return fields, length, abi
+
+
+def read_symbol(data: bytes, name: str) -> bytes:
+    """The bytes of the defined object symbol ``name`` in an ELF64 little-endian image."""
+    if data[:4] != b"\x7fELF":
+        raise CubinError("cubin: not an ELF file (bad magic)", "rebuild it; the cache entry may be corrupt")
+    if data[4] != 2 or data[5] != 1:
+        raise CubinError("cubin: not a little-endian ELF64 file", "rebuild it with nvcc -cubin")
+    try:
+        e_shoff, = struct.unpack_from("<Q", data, 0x28)
+        e_shentsize, e_shnum, e_shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", data, e_shoff + i * e_shentsize) for i in range(e_shnum)]
+        for sh_name, sh_type, _, _, sh_offset, sh_size, sh_link, _, _, sh_entsize in sections:
+            if sh_type != _SHT_SYMTAB:
+                continue
+            str_offset = sections[sh_link][4]
+            entsize = sh_entsize or 24
+            for off in range(sh_offset, sh_offset + sh_size, entsize):
+                st_name, _, _, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", data, off)
+                if _cstr(data, str_offset + st_name) != name:
+                    continue
+                if st_shndx == _SHN_UNDEF or st_shndx >= _SHN_LORESERVE:
+                    raise CubinError(f"cubin: symbol {name} is not defined in a section", "rebuild the kernel")
+                if sections[st_shndx][1] == _SHT_NOBITS:  # zero-initialised, no file bytes
+                    return bytes(st_size)
+                base = sections[st_shndx][4] + st_value
+                blob = data[base:base + st_size]
+                if len(blob) != st_size:
+                    raise CubinError(f"cubin: symbol {name} runs past the end of the file", "rebuild it")
+                return blob
+    except (struct.error, IndexError, ValueError):
+        raise CubinError("cubin: truncated or malformed ELF headers", "rebuild it; the cache entry may be corrupt") from None
+    raise CubinError(
+        f"cubin: no symbol {name}",
+        'the family\'s instantiate.cuh must define extern "C" __constant__ int32_t '
+        f"{name}[FLASHCORE_META_LEN] (kernels/flashcore/params.h)",
+    )
+
+
+def _cstr(data: bytes, offset: int) -> str:
+    end = data.index(b"\0", offset)
+    return data[offset:end].decode("ascii", errors="replace")
+
+
+def read_meta(cubin: bytes | Path, symbol: str = META_SYMBOL) -> dict[str, int]:
+    """Decode ``flashcore_meta`` into {abi, threads, smem_bytes, ...}; check its length and ABI."""
+    data = cubin.read_bytes() if isinstance(cubin, Path) else cubin
+    blob = read_symbol(data, symbol)
+    if len(blob) != 4 * len(META_FIELDS):
+        raise CubinError(
+            f"cubin: {symbol} has {len(blob)} bytes, expected {4 * len(META_FIELDS)} "
+            f"(FLASHCORE_META_LEN={len(META_FIELDS)} int32)",
+            "the kernel and evotuner disagree on params.h; rebuild with matching versions",
+        )
+    values = struct.unpack(f"<{len(META_FIELDS)}i", blob)
+    meta = dict(zip(META_FIELDS, values))
+    if meta["abi"] != ABI_VERSION:
+        raise CubinError(
+            f"cubin: {symbol} abi={meta['abi']}, evotuner expects FLASHCORE_ABI_VERSION={ABI_VERSION}",
+            "the kernel sources and evotuner come from different versions; reinstall one matching the other",
+        )
+    return meta

@@ -1,0 +1,146 @@
+"""The CUDA toolchain: find nvcc, read its version, run it with a timeout.
+
+Discovery order: the ``nvcc=`` argument, ``$EVOTUNER_NVCC``, ``nvcc`` on
+``PATH``, ``$CUDA_HOME/bin/nvcc`` (or ``$CUDA_PATH``), ``/usr/local/cuda/bin/nvcc``.
+A missing or unusable nvcc is the one build problem that raises
+(:class:`~evotuner.errors.BuildError`); everything a compile does, including a
+timeout, comes back as a :class:`CompileOutcome` value.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from evotuner.errors import BuildError
+
+_REMEDY = (
+    "install the CUDA toolkit 12.4+ or 13 (it provides nvcc), then put nvcc on PATH "
+    "or set EVOTUNER_NVCC=/path/to/nvcc"
+)
+
+#: Where a toolkit lives when nothing points at it.
+FALLBACK_DIRS: tuple[str, ...] = ("/usr/local/cuda/bin",)
+
+#: ``nvcc --version`` answers in well under a second; 30 s is only a guard.
+VERSION_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """An nvcc that answered ``--version``.
+
+    ``version`` is the full ``nvcc --version`` text (part of every cache key);
+    ``release`` its short form, e.g. ``"13.0, V13.0.88"``.
+    """
+
+    nvcc: Path
+    version: str
+    release: str
+
+
+@dataclass(frozen=True)
+class CompileOutcome:
+    """What one nvcc run did: exit status (None on timeout), merged stdout+stderr, wall time."""
+
+    returncode: int | None
+    output: str
+    seconds: float
+    timed_out: bool
+
+
+def find_nvcc(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """Resolve the nvcc executable or raise BuildError naming where it looked."""
+    if explicit is not None:
+        return _check_executable(Path(explicit), "nvcc= argument")
+    env = os.environ.get("EVOTUNER_NVCC")
+    if env:
+        return _check_executable(Path(env), "EVOTUNER_NVCC")
+    on_path = shutil.which("nvcc")
+    if on_path:
+        return Path(on_path)
+    candidates = [Path(os.environ[v]) / "bin" / "nvcc" for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    candidates += [Path(d) / "nvcc" for d in FALLBACK_DIRS]
+    for candidate in candidates:
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    raise BuildError(
+        "nvcc not found (looked at EVOTUNER_NVCC, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)", _REMEDY
+    )
+
+
+def _check_executable(path: Path, source: str) -> Path:
+    if not path.is_file():
+        raise BuildError(f"nvcc not found: {source} points to {path}, which is not a file", _REMEDY)
+    if not os.access(path, os.X_OK):
+        raise BuildError(f"nvcc at {path} ({source}) is not executable", f"chmod +x {path}, or {_REMEDY}")
+    return path
+
+
+def probe(nvcc: Path) -> Toolchain:
+    """Run ``nvcc --version``; raise BuildError when it does not answer."""
+    outcome = run([str(nvcc), "--version"], cwd=None, timeout_s=VERSION_TIMEOUT_S)
+    if outcome.timed_out:
+        raise BuildError(f"{nvcc} --version timed out after {VERSION_TIMEOUT_S:g} s", _REMEDY)
+    if outcome.returncode != 0 or not outcome.output.strip():
+        tail = outcome.output.strip().splitlines()[-1:] or ["no output"]
+        raise BuildError(f"{nvcc} --version failed (exit {outcome.returncode}: {tail[0]})", _REMEDY)
+    version = outcome.output.strip()
+    release = version.splitlines()[-1]
+    for line in version.splitlines():
+        if "release" in line:
+            release = line.split("release", 1)[1].strip()
+            break
+    return Toolchain(nvcc=nvcc, version=version, release=release)
+
+
+def run(argv: Sequence[str], *, cwd: Path | None, timeout_s: float) -> CompileOutcome:
+    """Run one process in its own session; on timeout kill its whole process group.
+
+    nvcc forks cicc/ptxas; killing only nvcc would leave them running, so the
+    child gets a new session and the group is killed.
+    """
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise BuildError(f"cannot run {argv[0]}: {exc.strerror or exc}", _REMEDY) from None
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        try:
+            out, _ = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:  # a grandchild left the group and holds the pipe
+            proc.kill()
+            out = b""
+        return CompileOutcome(None, _decode(out), time.monotonic() - start, True)
+    except BaseException:
+        _kill_group(proc)
+        proc.wait()
+        raise
+    return CompileOutcome(proc.returncode, _decode(out), time.monotonic() - start, False)
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def _decode(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", errors="replace")
