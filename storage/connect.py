@@ -1,0 +1,282 @@
+"""Opening the study database: resolve the URL, validate, and only then write.
+
+Every way opening can fail becomes a one-line :class:`StorageError` with a
+remedy, and the checks run in an order that writes nothing until all of them
+passed:
+
+1. the URL parses and names a dialect SQLAlchemy knows, whose driver imports;
+2. (SQLite) the file is a regular file with the SQLite magic header, and it and
+   its directory are writable (the journal/WAL files live next to it); a new
+   file's directory exists and is writable;
+3. a connection opens within :data:`CONNECT_TIMEOUT_S` (servers) and the
+   database reads back: ``PRAGMA quick_check`` for SQLite;
+4. evotuner's schema version, if the tables exist, is not newer than ours.
+
+A database file this open created is removed again if a later step fails, so a
+failed open never leaves a half-made file behind.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, event, inspect, select, text
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+
+from evotuner.errors import StorageError
+from evotuner.storage import schema
+
+#: Environment variable that overrides the default database URL.
+ENV_VAR = "EVOTUNER_STORAGE"
+#: Used when neither an explicit URL nor $EVOTUNER_STORAGE is given (file in the current directory).
+DEFAULT_URL = "sqlite:///evotuner.db"
+#: A server that does not answer within this many seconds is reported, not waited on.
+CONNECT_TIMEOUT_S = 5
+#: How long a SQLite writer waits for another's lock before "database is locked".
+SQLITE_BUSY_TIMEOUT_S = 30
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+_URL_REMEDY = "use a SQLAlchemy URL such as sqlite:///evotuner.db or postgresql://user@host/dbname"
+
+# Driver-specific spelling of "give up connecting after N seconds" (module name -> connect arg).
+_CONNECT_TIMEOUT_ARG = {
+    "psycopg2": "connect_timeout",
+    "psycopg": "connect_timeout",
+    "pymysql": "connect_timeout",
+    "MySQLdb": "connect_timeout",
+    "mysql.connector": "connection_timeout",
+    "pg8000": "timeout",
+}
+# What to pip install for a missing driver module.
+_DRIVER_PIP = {
+    "psycopg": "'psycopg[binary]' (or use postgresql+psycopg2:// with psycopg2-binary)",
+    "psycopg2": "psycopg2-binary",
+    "MySQLdb": "mysqlclient (or use mysql+pymysql:// with pymysql)",
+    "pymysql": "pymysql",
+    "pg8000": "pg8000",
+}
+
+
+def resolve_url(url: str | None) -> URL:
+    """``url``, else ``$EVOTUNER_STORAGE``, else ``sqlite:///evotuner.db``, parsed.
+
+    A relative SQLite path is made absolute against the current directory now,
+    so that threads or a later ``chdir`` never open a different file.
+    """
+    raw = url or os.environ.get(ENV_VAR) or DEFAULT_URL
+    try:
+        parsed = make_url(raw)
+    except ArgumentError:
+        raise StorageError(f"storage URL {raw!r} cannot be read", _URL_REMEDY) from None
+    if parsed.get_backend_name() != "sqlite":
+        return parsed
+    db = parsed.database or ""
+    if db in ("", ":memory:") or db.startswith("file:") or parsed.query.get("mode") == "memory":
+        raise StorageError(
+            f"storage URL {raw!r}: an in-memory or URI-form SQLite database cannot hold a study",
+            "give a file path, e.g. sqlite:///evotuner.db",
+        )
+    path = Path(db).expanduser()
+    if not path.is_absolute():
+        path = Path.cwd() / path
+    return parsed.set(database=str(path))
+
+
+def display(url: URL) -> str:
+    """The URL as it may appear in a message (password hidden)."""
+    return url.render_as_string(hide_password=True)
+
+
+def sqlite_path(url: URL) -> Path | None:
+    return Path(url.database) if url.get_backend_name() == "sqlite" and url.database else None
+
+
+def engine_kwargs(url: URL) -> dict[str, Any]:
+    """Engine options for this URL: connect timeout for servers; for SQLite a busy
+    timeout and ``check_same_thread=False`` (builds finish in worker threads and
+    the store is used from them; SQLAlchemy's pool hands each thread its own
+    connection and SQLite serialises the writes)."""
+    if url.get_backend_name() == "sqlite":
+        return {"connect_args": {"timeout": SQLITE_BUSY_TIMEOUT_S, "check_same_thread": False}}
+    dbapi = _import_driver(url)
+    arg = _CONNECT_TIMEOUT_ARG.get(getattr(dbapi, "__name__", ""))
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}
+    if arg:
+        kwargs["connect_args"] = {arg: CONNECT_TIMEOUT_S}
+    return kwargs
+
+
+def _import_driver(url: URL) -> Any:
+    try:
+        dialect = url.get_dialect()
+    except NoSuchModuleError:
+        raise StorageError(
+            f"storage URL {display(url)!r}: unknown database dialect or driver {url.drivername!r}", _URL_REMEDY
+        ) from None
+    try:
+        return dialect.import_dbapi()
+    except ImportError as exc:
+        missing = (getattr(exc, "name", None) or "").split(".")[0]
+        pip = _DRIVER_PIP.get(missing, missing or "the driver")
+        raise StorageError(
+            f"storage URL {display(url)!r}: the database driver for {url.drivername!r} is not installed ({exc})",
+            f"pip install {pip}, or use a sqlite:/// URL",
+        ) from None
+
+
+def precheck_sqlite(path: Path) -> bool:
+    """Check a SQLite path without touching it; return whether the file exists already."""
+    if path.exists():
+        if not path.is_file():
+            raise StorageError(f"database {path} is not a file", "point --storage at a file, e.g. sqlite:///evotuner.db")
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except OSError as exc:
+            raise StorageError(f"database {path} cannot be read ({exc.strerror})", "check the file's permissions") from None
+        if head and head != _SQLITE_MAGIC:
+            raise StorageError(
+                f"database {path}: file is not a database (no SQLite header)",
+                "point --storage at the study database, or move this file away",
+            )
+        if not os.access(path, os.W_OK):
+            raise StorageError(f"database {path} is read-only", "make it writable (chmod u+w) or work on a copy")
+        if not os.access(path.parent, os.W_OK | os.X_OK):
+            raise StorageError(
+                f"database {path}: directory {path.parent} is read-only and SQLite must write its journal there",
+                "make the directory writable or copy the database to a writable one",
+            )
+        return True
+    parent = path.parent
+    for ancestor in (parent, *parent.parents):
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise StorageError(
+                    f"cannot create database {path}: {ancestor} is a file, not a directory",
+                    "choose another --storage path",
+                )
+            break
+    if not parent.exists():
+        raise StorageError(f"cannot create database {path}: directory {parent} does not exist", f"create it (mkdir -p {parent})")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise StorageError(
+            f"cannot create database {path}: directory {parent} is read-only",
+            "choose a writable location with --storage or $EVOTUNER_STORAGE",
+        )
+    return False
+
+
+def translate(exc: SQLAlchemyError, url: URL, doing: str) -> StorageError:
+    """A SQLAlchemy/driver failure as a one-line StorageError with a remedy."""
+    orig = getattr(exc, "orig", None) or exc
+    detail = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
+    low = detail.lower()
+    where = display(url)
+    path = sqlite_path(url)
+    if path is not None:
+        if "not a database" in low or "malformed" in low or "corrupt" in low:
+            return StorageError(
+                f"database {path}: file is not a database or is corrupt ({detail})",
+                "restore it from a copy, or point --storage at another file",
+            )
+        if "locked" in low or "busy" in low:
+            return StorageError(
+                f"database {path} stayed locked by another process for {SQLITE_BUSY_TIMEOUT_S} s while {doing}",
+                "wait for the other evotuner to finish, or use a server database for parallel runs",
+            )
+        if "readonly" in low or "read-only" in low or "unable to open" in low:
+            return StorageError(
+                f"database {path} cannot be written while {doing} ({detail})",
+                "check that the file and its directory are writable",
+            )
+        return StorageError(f"database {path}: {detail} while {doing}", "check the file; restore it from a copy if it is damaged")
+    if doing == "connecting":
+        return StorageError(
+            f"cannot connect to {where}: {detail}",
+            "check that the server is running and the URL's host, port, user and database are right",
+        )
+    return StorageError(f"database {where}: {detail} while {doing}", "check the database server and its logs")
+
+
+def validate(conn: Connection, url: URL) -> None:
+    """Read-only checks on an open connection (raises StorageError / SQLAlchemyError)."""
+    if url.get_backend_name() == "sqlite":
+        rows = [r[0] for r in conn.execute(text("PRAGMA quick_check"))]
+        if rows != ["ok"]:
+            raise StorageError(
+                f"database {sqlite_path(url)} is corrupt: {rows[0] if rows else 'integrity check failed'}",
+                "restore it from a copy, or point --storage at another file",
+            )
+    if schema.schema_version.name in inspect(conn).get_table_names():
+        found = conn.execute(select(schema.schema_version.c.version)).scalar()
+        if found is not None and int(found) > schema.SCHEMA_VERSION:
+            raise StorageError(
+                f"database schema version {int(found)} is newer than this evotuner ({schema.SCHEMA_VERSION})",
+                "upgrade evotuner (pip install -U evotuner)",
+            )
+
+
+def connect(url: URL) -> Engine:
+    """Create the engine and run :func:`validate`; writes nothing."""
+    kwargs = engine_kwargs(url)
+    engine = create_engine(url, **kwargs)
+    if url.get_backend_name() == "sqlite":
+        _immediate_transactions(engine)
+    try:
+        with engine.connect() as conn:
+            validate(conn, url)
+    except StorageError:
+        engine.dispose()
+        raise
+    except SQLAlchemyError as exc:
+        engine.dispose()
+        raise translate(exc, url, "connecting") from None
+    return engine
+
+
+def _immediate_transactions(engine: Engine) -> None:
+    """Every transaction on this SQLite engine starts with BEGIN IMMEDIATE.
+
+    A deferred transaction that reads and then writes, in WAL mode, fails at
+    once with "database is locked" (SQLITE_BUSY_SNAPSHOT) when another thread
+    committed in between; the busy timeout does not help. Taking the write lock
+    at BEGIN makes writers queue on the busy timeout instead. (SQLAlchemy's
+    documented recipe: the driver's own BEGIN handling is switched off.)
+    """
+
+    @event.listens_for(engine, "connect")
+    def _autocommit_driver(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def _begin_immediate(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def set_wal(engine: Engine) -> None:
+    """Switch a SQLite database to WAL (readers never block the writer); outside any transaction."""
+    raw = engine.raw_connection()
+    try:
+        raw.driver_connection.execute("PRAGMA journal_mode=WAL")
+    finally:
+        raw.close()
+
+
+@dataclass(frozen=True)
+class CreatedFiles:
+    """The SQLite files an open may have created (removed again if the open fails)."""
+
+    path: Path
+
+    def remove(self) -> None:
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            try:
+                Path(str(self.path) + suffix).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                pass  # best effort: the open is failing anyway and says why

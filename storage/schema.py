@@ -1,0 +1,143 @@
+"""evotuner's own tables (SQLAlchemy Core), beside Optuna's schema in the same database.
+
+Every table is prefixed ``evotuner_`` so it can never collide with Optuna's
+(``studies``, ``trials``, ``version_info``, ``alembic_version``, ...). The
+schema is versioned in its own one-row table ``evotuner_schema_version``;
+Optuna's version tables are never read or written by this module.
+
+Changing the schema: add columns/tables, bump :data:`SCHEMA_VERSION`, and teach
+:func:`evotuner.storage.connect.check_schema_version` how to upgrade the older
+layout. A database whose version is *newer* than :data:`SCHEMA_VERSION` is
+refused before anything is written (an older evotuner must not guess at a
+newer layout).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+#: The layout version this evotuner writes and understands.
+SCHEMA_VERSION = 1
+
+#: Every evotuner table name starts with this.
+PREFIX = "evotuner_"
+
+metadata = MetaData()
+
+schema_version = Table(
+    "evotuner_schema_version",
+    metadata,
+    Column("id", Integer, primary_key=True),  # always 1: one row
+    Column("version", Integer, nullable=False),
+    Column("evotuner_version", String(64), nullable=False),  # who last wrote the layout
+    Column("updated_at", DateTime, nullable=False),
+)
+
+studies = Table(
+    "evotuner_studies",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("name", String(512), nullable=False, unique=True),  # == Optuna's study_name
+    Column("optuna_study_id", Integer, nullable=False),
+    Column("problem_json", Text, nullable=False),  # Problem.as_dict(): shape, dtype, causal
+    Column("space_name", String(256), nullable=False),
+    Column("space_fingerprint", String(128), nullable=False),
+    Column("space_text", Text, nullable=False),  # the space file as it was when the study began
+    Column("kernel_family", String(128), nullable=False),
+    Column("source_hash", String(128), nullable=False),  # hash of the kernel sources
+    Column("sampler", String(64), nullable=False),
+    Column("seed", Integer, nullable=True),
+    Column("created_at", DateTime, nullable=False),
+    Column("evotuner_version", String(64), nullable=False),
+    Column("nvcc_version", String(256), nullable=False),
+)
+
+devices = Table(
+    "evotuner_devices",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("study_id", Integer, ForeignKey("evotuner_studies.id"), nullable=False),
+    # sha256 of the fingerprint without its volatile keys (clocks): the device's identity
+    Column("identity", String(64), nullable=False),
+    Column("fingerprint_json", Text, nullable=False),  # the latest full fingerprint seen
+    Column("first_seen", DateTime, nullable=False),
+    Column("last_seen", DateTime, nullable=False),
+    UniqueConstraint("study_id", "identity", name="uq_evotuner_devices_study_identity"),
+)
+
+builds = Table(
+    "evotuner_builds",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("study_id", Integer, ForeignKey("evotuner_studies.id"), nullable=False),
+    Column("trial_number", Integer, nullable=False),
+    Column("config", String(512), nullable=False),  # str(KernelConfig)
+    Column("build_key", String(128), nullable=False),
+    Column("artifact_sha256", String(64), nullable=True),
+    Column("ok", Boolean, nullable=False),
+    Column("cached", Boolean, nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("registers", Integer, nullable=True),
+    Column("spill_stores", Integer, nullable=True),
+    Column("spill_loads", Integer, nullable=True),
+    Column("stack", Integer, nullable=True),
+    Column("smem", Integer, nullable=True),
+    Column("barriers", Integer, nullable=True),
+    Column("gate_passed", Boolean, nullable=True),  # None: the gate did not run (build failed)
+    Column("gate_reason", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("log_tail", Text, nullable=False),
+    Column("recorded_at", DateTime, nullable=False),
+    UniqueConstraint("study_id", "trial_number", name="uq_evotuner_builds_study_trial"),
+)
+
+measurements = Table(
+    "evotuner_measurements",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("study_id", Integer, ForeignKey("evotuner_studies.id"), nullable=False),
+    Column("trial_number", Integer, nullable=False),
+    Column("config", String(512), nullable=False),
+    Column("ok", Boolean, nullable=False),
+    Column("median_us", Float, nullable=True),
+    Column("p20_us", Float, nullable=True),
+    Column("p80_us", Float, nullable=True),
+    Column("tflops", Float, nullable=True),
+    Column("max_error", Float, nullable=True),
+    Column("tolerance", Float, nullable=True),
+    Column("repetitions", Integer, nullable=True),
+    Column("failure_kind", String(32), nullable=True),
+    Column("failure_reason", Text, nullable=True),
+    Column("measured_at", DateTime, nullable=False),
+    UniqueConstraint("study_id", "trial_number", name="uq_evotuner_measurements_study_trial"),
+)
+
+baselines = Table(
+    "evotuner_baselines",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("study_id", Integer, ForeignKey("evotuner_studies.id"), nullable=False),
+    Column("device_id", Integer, ForeignKey("evotuner_devices.id"), nullable=True),  # None: no device
+    Column("problem_json", Text, nullable=False),
+    Column("backend", String(64), nullable=False),
+    Column("median_us", Float, nullable=True),  # None: the backend cannot run this shape
+    Column("measured_at", DateTime, nullable=False),
+)
+
+Index("ix_evotuner_baselines_study", baselines.c.study_id, baselines.c.measured_at)
+Index("ix_evotuner_devices_study", devices.c.study_id, devices.c.last_seen)
+
+assert all(t.startswith(PREFIX) for t in metadata.tables), "every evotuner table is prefixed"

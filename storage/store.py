@@ -1,0 +1,824 @@
+"""StudyStore: the one place evotuner reads and writes its study database.
+
+The Optuna study lives in Optuna's own schema (``optuna.storages.RDBStorage``)
+in the same database as evotuner's ``evotuner_*`` tables, so
+``optuna.load_study(study_name=..., storage=url)`` and optuna-dashboard read
+what evotuner writes.
+
+Threads: the loop is the one writer *process*. Builds finish in worker
+threads and may call ``record_build`` from there: every method opens its own
+short session from a pooled engine (SQLite connections are created with
+``check_same_thread=False``; WAL mode and a busy timeout let SQLite serialise
+the writes), so methods are safe to call from several threads at once.
+Optuna's RDBStorage keeps a thread-local session of its own.
+
+Trial state transitions (COMPLETE / PRUNED / FAIL) are the loop's, through the
+``optuna.Study`` this store returns. The loop stores the one-line reason of a
+PRUNED/FAIL trial as the user attribute ``reason`` (:data:`REASON_ATTR`);
+``summary()`` reads it back as ``TrialRecord.error``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from importlib import metadata as _metadata
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.exceptions import DuplicatedStudyError, UpdateFinishedTrialError
+from optuna.storages import RDBStorage
+from optuna.trial import FrozenTrial, TrialState
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from evotuner.config import KernelConfig
+from evotuner.errors import EvotunerError, StorageError, StudyMismatchError
+from evotuner.problem import Problem
+from evotuner.storage import connect as _connect
+from evotuner.storage import schema
+from evotuner.storage.records import (
+    DUPLICATE_ATTR,
+    FINISHED_STATES,
+    GATE_ATTR,
+    INTERRUPTED_PREFIX,
+    INTERRUPTED_REASON,
+    REASON_ATTR,
+    TFLOPS_ATTR,
+    StudyInfo,
+    StudyRecord,
+    StudySummary,
+    TrialRecord,
+    Zombie,
+)
+
+#: The ptxas figures recorded per build (columns of evotuner_builds, keys of the ``gate`` attr),
+#: with the attribute names a PtxasReport may spell them with.
+PTXAS_FIGURES: dict[str, tuple[str, ...]] = {
+    "registers": ("registers", "regs", "num_registers"),
+    "spill_stores": ("spill_stores", "spill_store_bytes"),
+    "spill_loads": ("spill_loads", "spill_load_bytes"),
+    "stack": ("stack", "stack_bytes", "stack_frame"),
+    "smem": ("smem", "static_smem", "smem_bytes", "shared", "shared_bytes"),
+    "barriers": ("barriers", "num_barriers"),
+}
+#: How much of a compile log is kept per build.
+LOG_TAIL_CHARS = 4000
+#: Device fingerprint keys containing one of these words change between runs on the
+#: same GPU (clocks at start, temperature); they are stored but not part of its identity.
+VOLATILE_DEVICE_WORDS = ("clock", "temp")
+
+
+def _now() -> _dt.datetime:
+    return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+
+
+def _evotuner_version() -> str:
+    try:
+        return _metadata.version("evotuner")
+    except _metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def config_str(params: Mapping[str, Any]) -> str:
+    """The canonical config string of a trial's params (``str(KernelConfig)``)."""
+    try:
+        return str(KernelConfig.of(params))
+    except (EvotunerError, ValueError):
+        return ",".join(f"{k}={params[k]}" for k in sorted(params))
+
+
+def describe_problem(problem: Problem) -> str:
+    """``B=16,H=16,S=2048,D=64 fp16 non-causal``."""
+    return f"{problem.shape} {problem.dtype} {'causal' if problem.causal else 'non-causal'}"
+
+
+def _space_fingerprint(space: Any) -> str:
+    if isinstance(space, str):
+        return space
+    fp = getattr(space, "fingerprint", None)
+    fp = fp() if callable(fp) else fp
+    if not isinstance(fp, str) or not fp:
+        raise TypeError("space must be a SearchSpace (with .fingerprint()) or a fingerprint string")
+    return fp
+
+
+def _space_facts(space: Any) -> dict[str, str]:
+    """name, fingerprint, kernel family and file text of a SearchSpace (read by attribute)."""
+    path = getattr(space, "path", None)
+    name = getattr(space, "name", None) or (Path(path).stem if path else None) or "custom"
+    kernel = getattr(space, "kernel", None)
+    if kernel is not None and not isinstance(kernel, str):
+        kernel = getattr(kernel, "family", None) or getattr(kernel, "name", None)
+    body = next((v for a in ("text", "source", "source_text", "toml") if isinstance(v := getattr(space, a, None), str)), None)
+    if body is None and path and Path(path).is_file():
+        body = Path(path).read_text(encoding="utf-8")
+    return {
+        "space_name": str(name),
+        "space_fingerprint": _space_fingerprint(space),
+        "kernel_family": str(kernel or "flashcore"),
+        "space_text": body or "",
+    }
+
+
+def ptxas_figures(report: Any) -> dict[str, int | None]:
+    """The :data:`PTXAS_FIGURES` of a PtxasReport (dataclass, object or dict; None -> all None)."""
+    if report is None:
+        return {k: None for k in PTXAS_FIGURES}
+    if callable(getattr(report, "as_dict", None)):
+        report = report.as_dict()  # PtxasReport: smem is static + dynamic there
+    elif is_dataclass(report) and not isinstance(report, type):
+        report = asdict(report)
+    out: dict[str, int | None] = {}
+    for key, names in PTXAS_FIGURES.items():
+        value = None
+        for n in names:
+            value = report.get(n) if isinstance(report, Mapping) else getattr(report, n, None)
+            if value is not None:
+                break
+        out[key] = int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return out
+
+
+def _device_identity(fingerprint: Mapping[str, Any]) -> str:
+    stable = {k: v for k, v in fingerprint.items() if not any(w in k.lower() for w in VOLATILE_DEVICE_WORDS)}
+    blob = json.dumps(stable, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _trial_record(t: FrozenTrial, gate_from_build: dict[str, Any] | None = None) -> TrialRecord:
+    attrs = t.user_attrs
+    dup = attrs.get(DUPLICATE_ATTR)
+    tflops = attrs.get(TFLOPS_ATTR)
+    gate = attrs.get(GATE_ATTR)
+    return TrialRecord(
+        number=t.number,
+        state=t.state.name,
+        value=t.value if t.state == TrialState.COMPLETE else None,
+        params=dict(t.params),
+        tflops=float(tflops) if isinstance(tflops, (int, float)) else None,
+        gate=dict(gate) if isinstance(gate, Mapping) else gate_from_build,
+        error=attrs.get(REASON_ATTR),
+        duplicate_of=int(dup) if isinstance(dup, int) else None,
+        datetime=t.datetime_complete or t.datetime_start,
+        attrs=dict(attrs),
+    )
+
+
+def _is_finished(t: FrozenTrial) -> bool:
+    reason = t.user_attrs.get(REASON_ATTR)
+    interrupted = t.state == TrialState.FAIL and isinstance(reason, str) and reason.startswith(INTERRUPTED_PREFIX)
+    return t.state.name in FINISHED_STATES and not interrupted
+
+
+class StudyStore:
+    """The study database at ``url`` (default ``$EVOTUNER_STORAGE`` or ``sqlite:///evotuner.db``
+    in the current directory).
+
+    Opening validates everything first and raises :class:`StorageError` (nothing
+    written, nothing lost) for an unreadable URL, unknown dialect, missing driver,
+    unreachable server (connect timeout :data:`~evotuner.storage.connect.CONNECT_TIMEOUT_S`),
+    a file that is not a database or is corrupt, a read-only file or directory, or
+    an evotuner schema newer than this version. Then it creates Optuna's tables
+    and evotuner's (``evotuner_*``) if missing. With ``create=False`` (``show``,
+    ``export``) a SQLite file that does not exist is an error instead of a new
+    database. Use as a context manager or call :meth:`close`.
+    """
+
+    def __init__(self, url: str | None = None, *, create: bool = True) -> None:
+        self._url = _connect.resolve_url(url)
+        path = _connect.sqlite_path(self._url)
+        created = None
+        if path is not None and not create and not path.exists():
+            raise StorageError(
+                f"no study database at {path}",
+                "pass --storage (or set $EVOTUNER_STORAGE) to the database `evotuner search` wrote",
+            )
+        if path is not None and not _connect.precheck_sqlite(path):
+            created = _connect.CreatedFiles(path)
+        self._engine = None
+        self._optuna: RDBStorage | None = None
+        try:
+            self._engine = _connect.connect(self._url)
+            self._sessions = sessionmaker(bind=self._engine, expire_on_commit=False)
+            self._initialise()
+        except BaseException:
+            self.close()
+            if created is not None:
+                created.remove()
+            raise
+
+    # -- opening ---------------------------------------------------------------------------
+    def _initialise(self) -> None:
+        """The writes of opening (after every check passed)."""
+        try:
+            if self._url.get_backend_name() == "sqlite":
+                _connect.set_wal(self._engine)
+            self._optuna = RDBStorage(
+                self.url, engine_kwargs=_connect.engine_kwargs(self._url), skip_compatibility_check=False
+            )
+            schema.metadata.create_all(self._engine)
+        except RuntimeError as exc:  # Optuna: its table schema is older/newer than the library
+            raise StorageError(
+                f"database {self.display_url}: {str(exc).splitlines()[0]}",
+                f"run `optuna storage upgrade --storage {self.display_url}` or install the matching optuna",
+            ) from None
+        except SQLAlchemyError as exc:
+            raise _connect.translate(exc, self._url, "creating tables") from None
+        with self.session() as s:
+            if s.execute(select(schema.schema_version.c.version)).scalar() is None:
+                s.execute(
+                    insert(schema.schema_version).values(
+                        id=1, version=schema.SCHEMA_VERSION, evotuner_version=_evotuner_version(), updated_at=_now()
+                    )
+                )
+
+    @property
+    def url(self) -> str:
+        """The resolved URL (absolute path for SQLite), usable with ``optuna.load_study``."""
+        return self._url.render_as_string(hide_password=False)
+
+    @property
+    def display_url(self) -> str:
+        return _connect.display(self._url)
+
+    @property
+    def optuna_storage(self) -> RDBStorage:
+        assert self._optuna is not None
+        return self._optuna
+
+    def close(self) -> None:
+        """Release connections (idempotent)."""
+        if self._optuna is not None:
+            self._optuna.remove_session()
+            self._optuna.engine.dispose()
+            self._optuna = None
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def __enter__(self) -> "StudyStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- the one session -------------------------------------------------------------------
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """``with store.session() as s:`` one transaction: committed on success, rolled back
+        on any exception; SQL failures surface as :class:`StorageError`."""
+        if self._engine is None:
+            raise StorageError(f"database {self.display_url} is closed", "open a new StudyStore")
+        s = self._sessions()
+        try:
+            yield s
+            s.commit()
+        except SQLAlchemyError as exc:
+            s.rollback()
+            raise _connect.translate(exc, self._url, "writing the study") from exc
+        except BaseException:
+            s.rollback()
+            raise
+        finally:
+            s.close()
+
+    @contextmanager
+    def _optuna_call(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except SQLAlchemyError as exc:
+            raise _connect.translate(exc, self._url, doing) from None
+
+    # -- studies ---------------------------------------------------------------------------
+    def _study_row(self, s: Session, name: str) -> Any:
+        return s.execute(select(schema.studies).where(schema.studies.c.name == name)).first()
+
+    def _optuna_names(self) -> list[str]:
+        with self._optuna_call("listing studies"):
+            return sorted(st.study_name for st in self.optuna_storage.get_all_studies())
+
+    def _require_row(self, s: Session, name: str) -> Any:
+        row = self._study_row(s, name)
+        if row is not None:
+            return row
+        names = [n for n in s.execute(select(schema.studies.c.name).order_by(schema.studies.c.name)).scalars()]
+        if name in self._optuna_names():
+            raise StorageError(
+                f"study '{name}' in {self.display_url} was not created by evotuner (no evotuner_studies row)",
+                "use another --study name",
+            )
+        listing = ", ".join(f"'{n}'" for n in names) if names else "there are none"
+        raise StorageError(
+            f"study '{name}' not found in {self.display_url}; existing studies: {listing}",
+            "check --study and --storage, or start it with `evotuner tune`",
+        )
+
+    def study_exists(self, name: str) -> bool:
+        """True when an evotuner study, or any Optuna study, already has this name."""
+        with self.session() as s:
+            if self._study_row(s, name) is not None:
+                return True
+        return name in self._optuna_names()
+
+    def create_study(
+        self,
+        name: str,
+        problem: Problem,
+        space: Any,
+        sampler_name: str | None = None,
+        seed: int | None = None,
+        *,
+        source_hash: str,
+        nvcc_version: str,
+        sampler: optuna.samplers.BaseSampler | str | None = None,
+    ) -> optuna.Study:
+        """Create study ``name`` (direction minimize: the value is the median µs) and its
+        evotuner row (problem, space name/fingerprint/file text, kernel family, sampler,
+        seed, kernel source hash, nvcc and evotuner versions).
+
+        ``space`` is a SearchSpace (read: ``fingerprint()``, ``name`` or ``path``,
+        ``kernel``, ``text``/``source`` or the file at ``path``). ``sampler`` is the
+        Optuna sampler object to attach (``sampler_name``/``seed`` are what is recorded);
+        a string passed as ``sampler`` is taken as ``sampler_name``.
+        Raises StorageError if the name is taken (by an evotuner or a plain Optuna study).
+        """
+        if isinstance(sampler, str):
+            sampler_name, sampler = sampler_name or sampler, None
+        if not sampler_name:
+            raise StorageError(f"study '{name}': no sampler name to record", "pass sampler_name, e.g. 'tpe'")
+        if not name or not name.strip():
+            raise StorageError("study name is empty", "pass --study NAME")
+        facts = _space_facts(space)
+        if self.study_exists(name):
+            raise StorageError(
+                f"study '{name}' already exists in {self.display_url}",
+                "resume it (without --new) or choose another --study name",
+            )
+        try:
+            with self._optuna_call("creating the study"):
+                study = optuna.create_study(
+                    study_name=name, storage=self.optuna_storage, sampler=sampler, direction="minimize"
+                )
+        except DuplicatedStudyError:
+            raise StorageError(f"study '{name}' already exists in {self.display_url}", "choose another --study name") from None
+        try:
+            study.set_user_attr("problem", problem.as_dict())
+            study.set_user_attr("space", {"name": facts["space_name"], "fingerprint": facts["space_fingerprint"]})
+            study.set_user_attr("sampler", sampler_name)
+            with self.session() as s:
+                s.execute(
+                    insert(schema.studies).values(
+                        name=name,
+                        optuna_study_id=study._study_id,
+                        problem_json=json.dumps(problem.as_dict(), sort_keys=True),
+                        sampler=sampler_name,
+                        seed=seed,
+                        created_at=_now(),
+                        evotuner_version=_evotuner_version(),
+                        source_hash=source_hash,
+                        nvcc_version=nvcc_version,
+                        **facts,
+                    )
+                )
+        except BaseException:
+            # The two schemas share no transaction: undo the Optuna half.
+            try:
+                optuna.delete_study(study_name=name, storage=self.optuna_storage)
+            except Exception:  # noqa: BLE001 - the original error is the one to report
+                pass
+            raise
+        return study
+
+    def load_study(
+        self,
+        name: str,
+        *,
+        problem: Problem | None = None,
+        space: Any = None,
+        sampler: optuna.samplers.BaseSampler | None = None,
+    ) -> optuna.Study:
+        """Load study ``name``. Given ``problem`` / ``space`` (SearchSpace or fingerprint),
+        refuse with :class:`StudyMismatchError` when they differ from what the study was
+        created with. Not found: StorageError naming the study and listing existing ones."""
+        self.study_info(name, problem=problem, space=space)
+        return self.optuna_study(name, sampler=sampler)
+
+    def optuna_study(self, name: str, *, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+        """The Optuna study of evotuner study ``name`` (no problem/space checks: see load_study)."""
+        with self.session() as s:
+            self._require_row(s, name)
+        with self._optuna_call("loading the study"):
+            return optuna.load_study(study_name=name, storage=self.optuna_storage, sampler=sampler)
+
+    def study_info(self, name: str, *, problem: Problem | None = None, space: Any = None) -> StudyRecord:
+        """What study ``name`` was created with (problem, space and its text, sampler name, seed,
+        hashes); the same not-found and mismatch errors as :meth:`load_study`."""
+        with self.session() as s:
+            row = self._require_row(s, name)
+        if problem is not None:
+            created = Problem.from_dict(json.loads(row.problem_json))
+            if created != problem:
+                raise StudyMismatchError(
+                    f"study '{name}' was created for {describe_problem(created)}; "
+                    f"this run asks for {describe_problem(problem)}",
+                    "use another --study name",
+                )
+        if space is not None:
+            fp = _space_fingerprint(space)
+            if fp != row.space_fingerprint:
+                this = getattr(space, "name", None) or (Path(space.path).stem if getattr(space, "path", None) else None)
+                raise StudyMismatchError(
+                    f"study '{name}' was created with search space '{row.space_name}' (fingerprint {row.space_fingerprint[:12]}); "
+                    f"this run uses {('space ' + repr(this)) if this else 'a space'} with fingerprint {fp[:12]}",
+                    "use another --study name, or the study's original space file",
+                )
+        return StudyRecord(
+            name=row.name,
+            problem=Problem.from_dict(json.loads(row.problem_json)),
+            space_name=row.space_name,
+            space_fingerprint=row.space_fingerprint,
+            space_text=row.space_text,
+            kernel_family=row.kernel_family,
+            sampler=row.sampler,
+            seed=row.seed,
+            source_hash=row.source_hash,
+            nvcc_version=row.nvcc_version,
+            evotuner_version=row.evotuner_version,
+            created=row.created_at,
+        )
+
+    def list_studies(self) -> list[StudyInfo]:
+        """Every evotuner study in the database, oldest first."""
+        with self.session() as s:
+            rows = s.execute(select(schema.studies).order_by(schema.studies.c.created_at, schema.studies.c.id)).all()
+        with self._optuna_call("listing studies"):
+            summaries = {x.study_name: x for x in optuna.get_all_study_summaries(self.optuna_storage, include_best_trial=True)}
+        out = []
+        for r in rows:
+            summ = summaries.get(r.name)
+            best = summ.best_trial.value if summ is not None and summ.best_trial is not None else None
+            out.append(
+                StudyInfo(
+                    name=r.name,
+                    problem=Problem.from_dict(json.loads(r.problem_json)),
+                    space_name=r.space_name,
+                    sampler=r.sampler,
+                    created=r.created_at,
+                    n_trials=summ.n_trials if summ is not None else 0,
+                    best_value=best,
+                )
+            )
+        return out
+
+    # -- trials ------------------------------------------------------------------------------
+    def _trials(self, name: str) -> tuple[int, list[FrozenTrial]]:
+        with self.session() as s:
+            row = self._require_row(s, name)
+        with self._optuna_call("reading trials"):
+            return row.optuna_study_id, self.optuna_storage.get_all_trials(row.optuna_study_id, deepcopy=False)
+
+    def fail_zombies(self, name: str) -> list[Zombie]:
+        """Fail every RUNNING trial of study ``name`` (left by a killed process) with the user
+        attribute ``reason`` = :data:`INTERRUPTED_REASON` (system attr ``fail_reason`` too).
+
+        Call it when a run starts, before the loop asks for trials: it assumes no other live
+        process is working on this study. Returns one Zombie per trial failed, oldest first;
+        ``requeue`` tells the loop to ``study.enqueue_trial(zombie.params)``: False for a trial
+        that never got params, or whose config already finished in the study (COMPLETE,
+        PRUNED or FAIL other than interrupted), is already WAITING, or repeats an earlier zombie.
+        """
+        _, trials = self._trials(name)
+        storage = self.optuna_storage
+        done = {config_str(t.params) for t in trials if _is_finished(t)}
+        waiting = {
+            config_str(t.params or t.system_attrs.get("fixed_params") or {})
+            for t in trials
+            if t.state == TrialState.WAITING
+        }
+        out: list[Zombie] = []
+        seen: set[str] = set()
+        with self._optuna_call("failing interrupted trials"):
+            for t in trials:
+                if t.state != TrialState.RUNNING:
+                    continue
+                params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+                try:
+                    storage.set_trial_user_attr(t._trial_id, REASON_ATTR, INTERRUPTED_REASON)
+                    storage.set_trial_system_attr(t._trial_id, "fail_reason", INTERRUPTED_REASON)
+                    storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                except UpdateFinishedTrialError:
+                    continue  # finished meanwhile by whoever was running it: not a zombie
+                cfg = config_str(params)
+                requeue = bool(params) and cfg not in done and cfg not in waiting and cfg not in seen
+                seen.add(cfg)
+                out.append(Zombie(number=t.number, params=params, requeue=requeue))
+        return out
+
+    def finished_trials(self, name: str) -> list[TrialRecord]:
+        """Every finished trial (COMPLETE, PRUNED, FAIL other than interrupted), by number."""
+        _, trials = self._trials(name)
+        return [_trial_record(t) for t in trials if _is_finished(t)]
+
+    def finished_configs(self, name: str) -> dict[KernelConfig, TrialRecord]:
+        """``{KernelConfig: TrialRecord}`` of configs that finished in the study (COMPLETE,
+        PRUNED, or FAIL other than interrupted), so the loop can skip them; ``str(key)`` is
+        the config string. A trial that copied another's result (``duplicate_of``) is not a
+        config's own record. Per config, the best COMPLETE trial wins, else the earliest
+        finished one. Trials whose params are not a KernelConfig are left out."""
+        _, trials = self._trials(name)
+        out: dict[KernelConfig, TrialRecord] = {}
+        for t in trials:
+            if not t.params or not _is_finished(t) or t.user_attrs.get(DUPLICATE_ATTR) is not None:
+                continue
+            rec = _trial_record(t)
+            cfg = rec.kernel_config
+            if cfg is None:
+                continue
+            old = out.get(cfg)
+            if old is None or (
+                rec.state == "COMPLETE"
+                and (old.state != "COMPLETE" or (rec.value is not None and (old.value is None or rec.value < old.value)))
+            ):
+                out[cfg] = rec
+        return out
+
+    def count_finished(self, name: str) -> int:
+        """Number of finished trials (COMPLETE, PRUNED, FAIL other than interrupted)."""
+        _, trials = self._trials(name)
+        return sum(1 for t in trials if _is_finished(t))
+
+    def _set_trial_attr(self, optuna_study_id: int, number: int, key: str, value: Any) -> bool:
+        """Set a user attr on an unfinished trial; False if the trial is finished (attrs are frozen)."""
+        storage = self.optuna_storage
+        with self._optuna_call("writing a trial attribute"):
+            try:
+                trial_id = storage.get_trial_id_from_study_id_trial_number(optuna_study_id, number)
+            except KeyError:
+                raise StorageError(f"study has no trial number {number}", "record results only for trials the loop asked for") from None
+            try:
+                storage.set_trial_user_attr(trial_id, key, value)
+            except UpdateFinishedTrialError:
+                return False
+        return True
+
+    # -- records -----------------------------------------------------------------------------
+    def record_build(self, study_name: str, trial_number: int, build_result: Any, gate_result: Any = None) -> None:
+        """Record one build (a :class:`BuildResult`) and its gate verdict (a GateResult with
+        ``passed``, ``reason``, ``report``; None when the gate did not run).
+
+        Writes an ``evotuner_builds`` row (replacing an earlier one for the same trial) and,
+        while the trial is unfinished, its user attr ``gate`` = {passed, reason, registers,
+        spill_stores, spill_loads, stack, smem, barriers}. Call before telling the trial's state.
+        """
+        report = getattr(gate_result, "report", None) if gate_result is not None else None
+        figures = ptxas_figures(report)
+        passed = bool(gate_result.passed) if gate_result is not None else None
+        reason = getattr(gate_result, "reason", None) if gate_result is not None else None
+        log = build_result.ptxas_log or ""
+        artifact = build_result.artifact
+        with self.session() as s:
+            row = self._require_row(s, study_name)
+            s.execute(
+                delete(schema.builds).where(
+                    schema.builds.c.study_id == row.id, schema.builds.c.trial_number == trial_number
+                )
+            )
+            s.execute(
+                insert(schema.builds).values(
+                    study_id=row.id,
+                    trial_number=trial_number,
+                    config=str(build_result.config),
+                    build_key=build_result.key,
+                    artifact_sha256=artifact.sha256 if artifact is not None else None,
+                    ok=bool(build_result.ok),
+                    cached=bool(build_result.cached),
+                    seconds=float(build_result.seconds),
+                    gate_passed=passed,
+                    gate_reason=reason,
+                    error=build_result.error,
+                    log_tail=log[-LOG_TAIL_CHARS:],
+                    recorded_at=_now(),
+                    **figures,
+                )
+            )
+        if gate_result is not None:
+            self._set_trial_attr(row.optuna_study_id, trial_number, GATE_ATTR, {"passed": passed, "reason": reason, **figures})
+
+    def record_measurement(self, study_name: str, trial_number: int, config: Any, outcome: Any = None) -> None:
+        """Record a trial's timing (a Measurement) or failure (a MeasureFailure) in
+        ``evotuner_measurements`` (replacing an earlier row for that trial). For a
+        Measurement, also sets the unfinished trial's user attr ``tflops``.
+
+        ``record_measurement(study, number, outcome)`` (config omitted) takes the config
+        from the trial's params."""
+        if outcome is None:
+            outcome, config = config, None
+        if config is None:
+            config = self._trial_config(study_name, trial_number)
+        ok = hasattr(outcome, "median_us")
+        values: dict[str, Any] = {"ok": ok, "config": str(config), "measured_at": _now()}
+        if ok:
+            for k in ("median_us", "p20_us", "p80_us", "tflops", "max_error", "tolerance"):
+                values[k] = float(getattr(outcome, k))
+            values["repetitions"] = int(outcome.repetitions)
+        else:
+            values["failure_kind"] = str(outcome.kind)
+            values["failure_reason"] = str(outcome.reason)
+        with self.session() as s:
+            row = self._require_row(s, study_name)
+            s.execute(
+                delete(schema.measurements).where(
+                    schema.measurements.c.study_id == row.id, schema.measurements.c.trial_number == trial_number
+                )
+            )
+            s.execute(insert(schema.measurements).values(study_id=row.id, trial_number=trial_number, **values))
+        if ok:
+            self._set_trial_attr(row.optuna_study_id, trial_number, TFLOPS_ATTR, float(outcome.tflops))
+
+    def _trial_config(self, study_name: str, trial_number: int) -> str:
+        oid, trials = self._trials(study_name)
+        for t in trials:
+            if t.number == trial_number:
+                return config_str(t.params or t.system_attrs.get("fixed_params") or {})
+        raise StorageError(f"study '{study_name}' has no trial number {trial_number}", "record results only for trials the loop asked for")
+
+    def _device_id(self, s: Session, study_id: int, fingerprint: Mapping[str, Any]) -> tuple[int, bool]:
+        """(device row id, changed) for this fingerprint, inserting or touching its row."""
+        identity = _device_identity(fingerprint)
+        latest = s.execute(
+            select(schema.devices.c.identity)
+            .where(schema.devices.c.study_id == study_id)
+            .order_by(schema.devices.c.last_seen.desc(), schema.devices.c.id.desc())
+            .limit(1)
+        ).scalar()
+        now = _now()
+        blob = json.dumps(dict(fingerprint), sort_keys=True, default=str)
+        existing = s.execute(
+            select(schema.devices.c.id).where(schema.devices.c.study_id == study_id, schema.devices.c.identity == identity)
+        ).scalar()
+        if existing is None:
+            existing = s.execute(
+                insert(schema.devices).values(
+                    study_id=study_id, identity=identity, fingerprint_json=blob, first_seen=now, last_seen=now
+                )
+            ).inserted_primary_key[0]
+        else:
+            s.execute(update(schema.devices).where(schema.devices.c.id == existing).values(fingerprint_json=blob, last_seen=now))
+        return int(existing), latest is not None and latest != identity
+
+    def _write(self, fn: Any) -> Any:
+        """Run ``fn(session)`` in one transaction; retried when a concurrent writer inserted
+        the same unique row first (two threads recording the same new device)."""
+        for attempt in range(3):
+            try:
+                with self.session() as s:
+                    return fn(s)
+            except StorageError as err:
+                if attempt == 2 or not isinstance(err.__cause__, IntegrityError):
+                    raise
+        raise AssertionError("unreachable")
+
+    def record_device(self, study_name: str, fingerprint: Mapping[str, Any]) -> bool:
+        """Record the device a run measures on (GPU name, SM count, clocks at start, driver,
+        torch, CUDA, nvcc). Returns True when it differs from the device the study last saw
+        (a resume on another GPU); both are kept, each with first_seen/last_seen. The first
+        device of a study returns False. Keys naming clocks or temperature are stored but do
+        not make a device "different"."""
+        def write(s: Session) -> bool:
+            row = self._require_row(s, study_name)
+            return self._device_id(s, row.id, fingerprint)[1]
+
+        return self._write(write)
+
+    def record_baselines(
+        self,
+        study_name: str,
+        fingerprint: Mapping[str, Any] | None,
+        problem: Problem | Mapping[str, float | None],
+        results: Mapping[str, float | None] | None = None,
+    ) -> None:
+        """Record SDPA baseline timings ``{backend: µs or None}`` measured on ``fingerprint``'s
+        device (None: no device) for ``problem``. Rows are appended; the summary shows the
+        latest per backend on the latest device. ``record_baselines(study, fingerprint,
+        results)`` (problem omitted) records them for the study's own problem."""
+        if results is None:
+            if isinstance(problem, Problem):
+                raise TypeError("record_baselines: no results given")
+            problem, results = None, problem
+        now = _now()
+
+        def write(s: Session) -> None:
+            row = self._require_row(s, study_name)
+            prob = problem if problem is not None else Problem.from_dict(json.loads(row.problem_json))
+            device_id = self._device_id(s, row.id, fingerprint)[0] if fingerprint is not None else None
+            pj = json.dumps(prob.as_dict(), sort_keys=True)
+            for backend, us in results.items():
+                s.execute(
+                    insert(schema.baselines).values(
+                        study_id=row.id,
+                        device_id=device_id,
+                        problem_json=pj,
+                        backend=str(backend),
+                        median_us=float(us) if us is not None else None,
+                        measured_at=now,
+                    )
+                )
+
+        self._write(write)
+
+    def baselines(self, study_name: str, fingerprint: Mapping[str, Any] | None) -> dict[str, float | None] | None:
+        """The latest baselines recorded for this study on this device (same identity as
+        record_device), ``{backend: µs}``; None when none were recorded there (measure them)."""
+        with self.session() as s:
+            row = self._require_row(s, study_name)
+            if fingerprint is None:
+                cond = schema.baselines.c.device_id.is_(None)
+            else:
+                device = s.execute(
+                    select(schema.devices.c.id).where(
+                        schema.devices.c.study_id == row.id,
+                        schema.devices.c.identity == _device_identity(fingerprint),
+                    )
+                ).scalar()
+                if device is None:
+                    return None
+                cond = schema.baselines.c.device_id == device
+            rows = s.execute(
+                select(schema.baselines.c.backend, schema.baselines.c.median_us)
+                .where(schema.baselines.c.study_id == row.id, cond)
+                .order_by(schema.baselines.c.measured_at, schema.baselines.c.id)
+            ).all()
+        return {b: us for b, us in rows} if rows else None
+
+    # -- reading -----------------------------------------------------------------------------
+    def summary(self, study_name: str) -> StudySummary:
+        """Everything about one study: its creation record, devices, baselines, trials and
+        the best COMPLETE trial (lowest value). StorageError if the study is not found."""
+        with self.session() as s:
+            row = self._require_row(s, study_name)
+            build_rows = s.execute(
+                select(schema.builds).where(schema.builds.c.study_id == row.id)
+            ).all()
+            device_rows = s.execute(
+                select(schema.devices)
+                .where(schema.devices.c.study_id == row.id)
+                .order_by(schema.devices.c.last_seen, schema.devices.c.id)
+            ).all()
+            latest_device = device_rows[-1].id if device_rows else None
+            base_rows = s.execute(
+                select(schema.baselines)
+                .where(
+                    schema.baselines.c.study_id == row.id,
+                    schema.baselines.c.device_id.is_(None)
+                    if latest_device is None
+                    else schema.baselines.c.device_id == latest_device,
+                )
+                .order_by(schema.baselines.c.measured_at, schema.baselines.c.id)
+            ).all()
+        gate_by_trial = {
+            b.trial_number: {"passed": b.gate_passed, "reason": b.gate_reason, **{k: getattr(b, k) for k in PTXAS_FIGURES}}
+            for b in build_rows
+            if b.gate_passed is not None
+        }
+        with self._optuna_call("reading trials"):
+            trials = self.optuna_storage.get_all_trials(row.optuna_study_id, deepcopy=False)
+        records = tuple(_trial_record(t, gate_by_trial.get(t.number)) for t in trials)
+        complete = [r for r in records if r.state == "COMPLETE" and r.value is not None]
+        devices = tuple(
+            {
+                "fingerprint": json.loads(d.fingerprint_json),
+                "first_seen": d.first_seen.isoformat(),
+                "last_seen": d.last_seen.isoformat(),
+            }
+            for d in device_rows
+        )
+        return StudySummary(
+            study=row.name,
+            problem=Problem.from_dict(json.loads(row.problem_json)),
+            space_name=row.space_name,
+            space_fingerprint=row.space_fingerprint,
+            kernel_family=row.kernel_family,
+            sampler=row.sampler,
+            seed=row.seed,
+            created=row.created_at,
+            source_hash=row.source_hash,
+            nvcc_version=row.nvcc_version,
+            evotuner_version=row.evotuner_version,
+            device=devices[-1]["fingerprint"] if devices else None,
+            devices=devices,
+            baselines={b.backend: b.median_us for b in base_rows},
+            best=min(complete, key=lambda r: (r.value, r.number)) if complete else None,
+            trials=records,
+        )
+
+    def space_text(self, study_name: str) -> str:
+        """The space file text the study was created with (to rebuild its SearchSpace)."""
+        with self.session() as s:
+            return self._require_row(s, study_name).space_text
