@@ -1,0 +1,337 @@
+"""``evotuner.flash_attention``: the FlashCore kernel as a function on torch tensors.
+
+The first call for a (device, head dim, dtype, causal, config) builds the cubin
+through :class:`evotuner.build.Builder` (cached on disk by content) and loads it
+through the driver (cached in the process); later calls only validate,
+allocate and launch on torch's current stream.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Mapping
+
+import torch
+
+from evotuner.config import KernelConfig
+from evotuner.errors import BuildError, EvotunerError, ShapeError, SpaceError
+from evotuner.problem import DTYPES, HEAD_DIMS, Problem, Shape
+
+LAYOUTS = ("bhsd", "bshd")
+_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+#: cp.async moves 16-byte chunks: base pointers and strides must keep every row 16-byte aligned.
+ALIGN_BYTES = 16
+DEFAULTS_FILE = "defaults.toml"
+FAMILY = "flashcore"
+
+
+class KernelBuildError(BuildError):
+    """The requested config did not compile (the message carries the compiler's reason)."""
+
+
+# --------------------------------------------------------------------------- defaults
+
+_Entry = tuple[dict[str, Any], dict[str, int]]
+
+
+def _toml_loads(text: str) -> dict[str, Any]:
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    return tomllib.loads(text)
+
+
+def _key_condition(key: str) -> dict[str, Any]:
+    k = key.strip().lower()
+    if k in DTYPES:
+        return {"dtype": k}
+    if k in ("causal", "is_causal"):
+        return {"causal": True}
+    if k in ("noncausal", "non_causal", "not_causal", "nocausal", "full"):
+        return {"causal": False}
+    m = re.fullmatch(r"(?:d|hd|hdim|head_dim|headdim|head_dim_|d_)?(\d+)", k)
+    if m and int(m.group(1)) in HEAD_DIMS:
+        return {"head_dim": int(m.group(1))}
+    return {}
+
+
+def _collect(node: Any, cond: dict[str, Any], inherited: dict[str, int], out: list[_Entry], where: str) -> None:
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            _collect(item, cond, inherited, out, f"{where}[{i}]")
+        return
+    if not isinstance(node, dict):
+        return
+    cond = dict(cond)
+    params = dict(inherited)
+    children: list[tuple[str, Any]] = []
+    for key, value in node.items():
+        if isinstance(value, (dict, list)) and not (isinstance(value, list) and all(
+                isinstance(x, (int, float, str)) for x in value)):
+            children.append((key, value))
+        elif key in ("head_dim", "dtype", "causal", "is_causal"):
+            cond["causal" if key == "is_causal" else key] = value
+        elif key.isupper() and isinstance(value, int) and not isinstance(value, bool):
+            params[key] = value
+    if len(params) > len(inherited) or (params and not children):
+        out.append((cond, params))
+    for key, value in children:
+        _collect(value, {**cond, **_key_condition(key)}, params, out, f"{where}.{key}")
+
+
+def parse_defaults(text: str, where: str = "<defaults>") -> tuple[_Entry, ...]:
+    """(conditions, params) entries of a defaults file (the format is in :func:`_defaults`)."""
+    try:
+        data = _toml_loads(text)
+    except ValueError as exc:
+        raise EvotunerError(f"{where}: not valid TOML ({exc})", "fix the file") from None
+    out: list[_Entry] = []
+    _collect(data, {}, {}, out, "")
+    if not out:
+        raise EvotunerError(f"{where}: no recommended config found (no upper-case integer keys)",
+                            "add a table per head dim, e.g. [d64] BLOCK_M = 128 ...")
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def _defaults() -> tuple[_Entry, ...]:
+    """(conditions, params) entries of kernels/flashcore/defaults.toml.
+
+    Tables may be keyed by head dim (``[64]``, ``[d64]``, ``[hdim64]``), dtype
+    (``fp16``/``bf16``) or causal (``causal``/``noncausal``), or carry the keys
+    ``head_dim``/``dtype``/``causal`` themselves (``[[config]]`` arrays too);
+    upper-case integer keys are kernel parameters, inherited by nested tables.
+    The most specific matching entry wins.
+    """
+    resource = resources.files("evotuner.kernels") / FAMILY / DEFAULTS_FILE
+    try:
+        text = resource.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise EvotunerError(f"{resource}: cannot read the kernel's recommended configs ({exc.strerror})",
+                            "pass config={...} explicitly, or reinstall evotuner") from None
+    return parse_defaults(text, str(resource))
+
+
+def _matches(cond: Mapping[str, Any], head_dim: int, dtype: str, causal: bool) -> bool:
+    if "head_dim" in cond and int(cond["head_dim"]) != head_dim:
+        return False
+    if "dtype" in cond and str(cond["dtype"]).lower() != dtype:
+        return False
+    if "causal" in cond and bool(cond["causal"]) != causal:
+        return False
+    return True
+
+
+def supported_head_dims(entries: tuple[_Entry, ...] | None = None) -> tuple[int, ...]:
+    """Head dims the packaged defaults cover (an entry without a head dim covers all)."""
+    dims: set[int] = set()
+    for cond, _ in (_defaults() if entries is None else entries):
+        if "head_dim" in cond:
+            dims.add(int(cond["head_dim"]))
+        else:
+            dims.update(HEAD_DIMS)
+    return tuple(sorted(d for d in dims if d in HEAD_DIMS))
+
+
+def default_config(head_dim: int, dtype: str = "fp16", causal: bool = False,
+                   entries: tuple[_Entry, ...] | None = None) -> KernelConfig:
+    """The kernel's recommended config for this head dim, dtype and causal flag."""
+    entries = _defaults() if entries is None else entries
+    best: tuple[int, dict[str, int]] | None = None
+    for cond, params in entries:
+        if _matches(cond, head_dim, dtype, causal):
+            score = len(cond)
+            if best is None or score > best[0]:
+                best = (score, params)
+    if best is None:
+        raise ShapeError(
+            f"head dim D={head_dim} has no recommended FlashCore config ({dtype}, causal={causal})",
+            f"use D in {', '.join(map(str, supported_head_dims(entries)))}, or pass config={{...}}",
+        )
+    return KernelConfig.of(best[1])
+
+
+def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_dim: int, dtype: str,
+                   causal: bool) -> KernelConfig:
+    """``config`` over the recommended default (a partial mapping overrides only its keys)."""
+    base = default_config(head_dim, dtype, causal)
+    if config is None:
+        return base
+    if isinstance(config, str):
+        given = KernelConfig.parse(config).as_dict()
+    elif isinstance(config, KernelConfig):
+        given = config.as_dict()
+    elif isinstance(config, Mapping):
+        given = KernelConfig.of({str(k).upper(): v for k, v in config.items()}).as_dict()
+    else:
+        raise SpaceError(f"config: expected a mapping of kernel parameters, got {type(config).__name__}",
+                         "e.g. config={'BLOCK_M': 128, 'BLOCK_N': 64}")
+    known = base.as_dict()
+    for name in given:
+        if name not in known:
+            raise SpaceError(f"config: unknown kernel parameter {name}",
+                             f"FlashCore takes {', '.join(sorted(known))}")
+    return KernelConfig.of({**known, **given})
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _check_tensor(name: str, t: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ShapeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ShapeError(f"{name}: expected a 4-D tensor, got {t.dim()}-D with shape {tuple(t.shape)}",
+                         "pass [B, H, S, D] (layout='bhsd') or [B, S, H, D] (layout='bshd')")
+
+
+def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str = "bhsd",
+             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
+    """Check the arguments (no CUDA call until the device check, which comes last).
+
+    Returns q, k, v as [B, H, S, D] views and the dtype name.
+    """
+    if layout not in LAYOUTS:
+        raise ShapeError(f"layout: {layout!r} is not supported", f"use one of {', '.join(LAYOUTS)}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype not in _DTYPES:
+            raise ShapeError(f"{name}: dtype {t.dtype} is not supported", "use torch.float16 or torch.bfloat16")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ShapeError(f"q, k, v: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})", "give all three the same dtype")
+    if layout == "bshd":
+        qv, kv, vv = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        dims = "[B, S, H, D]"
+    else:
+        qv, kv, vv = q, k, v
+        dims = "[B, H, S, D]"
+    B, H, Sq, D = qv.shape
+    labels = ("B (batch)", "H (heads)", "S (seqlen)", "D (head dim)")
+    for name, t in (("k", kv), ("v", vv)):
+        for axis in (0, 1, 3):
+            if t.shape[axis] != qv.shape[axis]:
+                raise ShapeError(f"{name}: {labels[axis]} is {t.shape[axis]} but q's is {qv.shape[axis]} "
+                                 f"(layout {layout} = {dims})")
+    if kv.shape[2] != vv.shape[2]:
+        raise ShapeError(f"k, v: seqlen differs (k has Sk={kv.shape[2]}, v has {vv.shape[2]})",
+                         "k and v must have the same sequence length")
+    for name, t in (("q", qv), ("k", kv)):
+        for axis in range(4):
+            if t.shape[axis] < 1:
+                raise ShapeError(f"{name}: {labels[axis]} is {t.shape[axis]}; every dimension must be at least 1")
+    if D not in HEAD_DIMS or D not in supported_head_dims():
+        dims = HEAD_DIMS if D not in HEAD_DIMS else supported_head_dims()
+        raise ShapeError(f"q: head dim D={D} is not supported", f"use one of {', '.join(map(str, dims))}")
+    if max(kv.shape[2], Sq) >= 2**31:
+        raise ShapeError(f"q/k: seqlen {max(kv.shape[2], Sq)} does not fit the kernel's int32 indices")
+    elem = qv.element_size()
+    for name, t in (("q", qv), ("k", kv), ("v", vv)):
+        if t.stride(3) != 1:
+            raise ShapeError(f"{name}: the last dimension (D) is not contiguous (stride {t.stride(3)})",
+                             f"pass {name}.contiguous()")
+        for axis, what in ((0, "batch"), (1, "head"), (2, "row")):
+            if t.shape[axis] > 1 and (t.stride(axis) * elem) % ALIGN_BYTES:
+                raise ShapeError(f"{name}: {what} stride {t.stride(axis)} elements is not a multiple of "
+                                 f"{ALIGN_BYTES // elem} (rows must be {ALIGN_BYTES}-byte aligned)",
+                                 f"pass {name}.contiguous()")
+        if t.data_ptr() % ALIGN_BYTES:
+            raise ShapeError(f"{name}: data pointer is not {ALIGN_BYTES}-byte aligned", f"pass {name}.clone()")
+    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
+        raise ShapeError(f"scale: {scale!r} must be a finite number")
+    # Device last: everything above is testable with CPU tensors.
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device.type != "cuda":
+            raise ShapeError(f"{name}: must be on a CUDA device, got {t.device}", f"move it with {name}.cuda()")
+    if not (q.device == k.device == v.device):
+        raise ShapeError(f"q, k, v: on different devices ({q.device}, {k.device}, {v.device})",
+                         "put all three on the same GPU")
+    return qv, kv, vv, _DTYPES[q.dtype]
+
+
+# --------------------------------------------------------------------------- modules
+
+_lock = threading.Lock()
+_builder: Any = None
+_modules: dict[tuple[int, KernelConfig, int, str, bool], Any] = {}
+
+
+def _get_builder() -> Any:
+    global _builder
+    if _builder is None:
+        with _lock:
+            if _builder is None:
+                from evotuner.build import Builder
+
+                _builder = Builder(FAMILY)
+    return _builder
+
+
+def kernel_module(config: KernelConfig, problem: Problem, device: int) -> Any:
+    """The loaded KernelModule for (device, config, D, dtype, causal), built on first use."""
+    from evotuner.runtime.loader import KernelModule
+
+    key = (device, config, problem.shape.head_dim, problem.dtype, problem.causal)
+    mod = _modules.get(key)
+    if mod is not None:
+        return mod
+    result = _get_builder().build(config, problem)
+    if not result.ok or result.artifact is None:
+        tail = (result.error or "").strip().splitlines()
+        raise KernelBuildError(
+            f"FlashCore config {config} (D={problem.shape.head_dim}, {problem.dtype}, causal={problem.causal}) "
+            f"did not build: {tail[-1] if tail else 'no compiler output'}",
+            "choose another config (see `evotuner compile` for the full log)",
+        )
+    with torch.cuda.device(device):
+        mod = KernelModule.load(result.artifact, device=device)
+    _modules[key] = mod
+    return mod
+
+
+# --------------------------------------------------------------------------- the function
+
+
+def flash_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    config: Mapping[str, int] | KernelConfig | str | None = None,
+    layout: str = "bhsd",
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scale · Q Kᵀ [+ causal mask]) V with the FlashCore kernel.
+
+    q: [B, H, Sq, D], k and v: [B, H, Sk, D] (layout "bhsd", SDPA's) or
+    [B, S, H, D] (layout "bshd", FlashAttention's); fp16 or bf16 CUDA tensors
+    on one device, last dim contiguous. ``causal`` masks top-left like SDPA's
+    ``is_causal`` (query i sees keys 0..i). ``scale`` defaults to 1/sqrt(D).
+    ``config`` picks kernel parameters (a mapping, a KernelConfig or
+    "BLOCK_M=128,..."); None or missing keys take the kernel's recommended
+    values for the head dim. Returns the output in q's layout, and with
+    ``return_lse`` also the fp32 logsumexp [B, H, Sq] (natural log).
+    """
+    if not isinstance(causal, bool):
+        raise ShapeError(f"causal: expected a bool, got {type(causal).__name__}")
+    qv, kv, vv, dtype = validate(q, k, v, layout=layout, scale=scale)
+    B, H, Sq, D = qv.shape
+    Sk = kv.shape[2]
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    cfg = resolve_config(config, D, dtype, causal)
+    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    problem = Problem(Shape(B, H, Sq, Sk, D), dtype, causal)
+    module = kernel_module(cfg, problem, device)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    ov = out.transpose(1, 2) if layout == "bshd" else out
+    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device) if return_lse else None
+    with torch.cuda.device(device):
+        module.launch(qv, kv, vv, ov, lse, scale)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,256 @@
+"""Load a FlashCore cubin through the driver and launch it on torch tensors.
+
+``KernelModule.load(artifact_or_path)`` loads the cubin into the current
+device's primary context (torch's), reads ``flashcore_meta`` from the module,
+raises the dynamic shared-memory limit when the kernel needs more than 48 KB,
+and caches the module by artifact key and device. ``launch`` packs
+:class:`~evotuner.runtime.params.Params` from tensors in the logical
+[B, H, S, D] view (any strides, last dim contiguous) and launches on the
+current torch stream with the geometry the meta table gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import torch
+
+from evotuner.build.result import Artifact
+from evotuner.errors import EvotunerError, ShapeError
+from evotuner.runtime import cuda
+from evotuner.runtime.params import DTYPE_NAMES, MetaError, Params, decode_meta, meta_mismatch
+
+META_SYMBOL = "flashcore_meta"
+DEFAULT_ENTRY = "flashcore_fwd"
+#: Grid y/z limits (heads, batch) of every CUDA device.
+MAX_GRID_YZ = 65535
+_TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class SharedMemoryError(EvotunerError):
+    """The kernel needs more dynamic shared memory than the device allows per block."""
+
+    failure_kind = "smem"
+
+
+@dataclass(frozen=True)
+class FunctionAttributes:
+    """What the driver reports for the loaded entry (for logs and the device fingerprint)."""
+
+    num_regs: int
+    local_bytes: int
+    static_smem_bytes: int
+    max_threads_per_block: int
+
+
+class KernelModule:
+    """One loaded cubin: its entry function and its meta table, on one device."""
+
+    _cache: dict[tuple[int, str], "KernelModule"] = {}
+    _cache_lock = threading.Lock()
+
+    def __init__(self, module: int, function: int, meta: dict[str, int], device: int, key: str,
+                 entry: str, source: str) -> None:
+        self.module = module
+        self.function = function
+        self.meta = meta
+        self.device = device
+        self.key = key
+        self.entry = entry
+        self.source = source
+        self.dtype = _TORCH_DTYPES[DTYPE_NAMES[meta["dtype"]]]
+
+    # -- loading -----------------------------------------------------------------
+
+    @classmethod
+    def load(cls, artifact: Artifact | str | Path, *, device: int | torch.device | None = None,
+             cache: bool = True) -> "KernelModule":
+        """Load (or fetch from the cache) a cubin given as an Artifact or a path."""
+        dev = _device_index(device)
+        if isinstance(artifact, Artifact):
+            path, key, entry, expected = Path(artifact.cubin), artifact.key, artifact.entry, artifact.meta
+            image = None
+        else:
+            path = Path(artifact)
+            try:
+                image = path.read_bytes()
+            except OSError as exc:
+                raise EvotunerError(f"{path}: cannot read the cubin ({exc.strerror})",
+                                    "rebuild it (evotuner compile) or check the path") from None
+            key, entry, expected = hashlib.sha256(image).hexdigest(), DEFAULT_ENTRY, None
+        if cache:
+            hit = cls._cache.get((dev, key))
+            if hit is not None:
+                return hit
+        if image is None:
+            try:
+                image = path.read_bytes()
+            except OSError as exc:
+                raise EvotunerError(f"{path}: cannot read the cubin ({exc.strerror})",
+                                    "clear the build cache and rebuild") from None
+        mod = cls._load_image(image, dev, key, entry, str(path), expected)
+        if cache:
+            with cls._cache_lock:
+                mod = cls._cache.setdefault((dev, key), mod)
+        return mod
+
+    @classmethod
+    def _load_image(cls, image: bytes, device: int, key: str, entry: str, source: str,
+                    expected: Mapping[str, int] | None) -> "KernelModule":
+        torch.cuda.init()
+        cuda.ensure_context(device)
+        module = cuda.module_load_data(image)
+        try:
+            function = cuda.module_get_function(module, entry)
+            ptr, size = cuda.module_get_global(module, META_SYMBOL)
+            meta = decode_meta(cuda.memcpy_dtoh(ptr, size), source=f"{source}: {META_SYMBOL}")
+            if expected:
+                diff = meta_mismatch(meta, expected)
+                if diff is not None:
+                    raise MetaError(f"{source}: {META_SYMBOL} on the device differs from the build's ({diff})",
+                                    "clear the build cache and rebuild")
+            smem = meta["smem_bytes"]
+            if smem > cuda.DEFAULT_DYNAMIC_SMEM_LIMIT:
+                limit = cuda.device_attribute(device, cuda.DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+                static = cuda.func_get_attribute(function, cuda.FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)
+                if smem + static > limit:
+                    raise SharedMemoryError(
+                        f"{source}: needs {smem} B dynamic + {static} B static shared memory per block, "
+                        f"device {device} allows {limit} B",
+                        "choose smaller BLOCK_M/BLOCK_N or fewer STAGES",
+                    )
+                cuda.func_set_attribute(function, cuda.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem,
+                                        what="MAX_DYNAMIC_SHARED_SIZE_BYTES")
+        except BaseException:
+            cuda.module_unload(module)
+            raise
+        return cls(module, function, meta, device, key, entry, source)
+
+    @classmethod
+    def clear_cache(cls) -> None:
+        """Unload every cached module (the context must still be healthy)."""
+        with cls._cache_lock:
+            mods, cls._cache = list(cls._cache.values()), {}
+        for m in mods:
+            cuda.ensure_context(m.device)
+            cuda.module_unload(m.module)
+
+    # -- facts -------------------------------------------------------------------
+
+    @property
+    def block_m(self) -> int:
+        return self.meta["block_m"]
+
+    @property
+    def threads(self) -> int:
+        return self.meta["threads"]
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.meta["smem_bytes"]
+
+    @property
+    def head_dim(self) -> int:
+        return self.meta["head_dim"]
+
+    @property
+    def causal(self) -> bool:
+        return bool(self.meta["is_causal"])
+
+    def attributes(self) -> FunctionAttributes:
+        f = self.function
+        return FunctionAttributes(
+            num_regs=cuda.func_get_attribute(f, cuda.FUNC_ATTRIBUTE_NUM_REGS),
+            local_bytes=cuda.func_get_attribute(f, cuda.FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
+            static_smem_bytes=cuda.func_get_attribute(f, cuda.FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+            max_threads_per_block=cuda.func_get_attribute(f, cuda.FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
+        )
+
+    def grid(self, batch: int, heads: int, seqlen_q: int) -> tuple[int, int, int]:
+        return (math.ceil(seqlen_q / self.block_m), heads, batch)
+
+    # -- launching -------------------------------------------------------------------
+
+    def pack(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+             lse: torch.Tensor | None, scale: float) -> Params:
+        """Params for tensors in the logical [B, H, S, D] view (last dim contiguous)."""
+        B, H, Sq, D = q.shape
+        Sk = k.shape[2]
+        p = Params()
+        p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
+        p.lse = lse.data_ptr() if lse is not None else None
+        p.q_batch_stride, p.q_head_stride, p.q_row_stride = q.stride(0), q.stride(1), q.stride(2)
+        p.k_batch_stride, p.k_head_stride, p.k_row_stride = k.stride(0), k.stride(1), k.stride(2)
+        p.v_batch_stride, p.v_head_stride, p.v_row_stride = v.stride(0), v.stride(1), v.stride(2)
+        p.o_batch_stride, p.o_head_stride, p.o_row_stride = o.stride(0), o.stride(1), o.stride(2)
+        p.batch, p.heads, p.seqlen_q, p.seqlen_k = B, H, Sq, Sk
+        p.scale = float(scale)
+        p.scale_log2 = float(scale) * math.log2(math.e)
+        return p
+
+    def launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+               lse: torch.Tensor | None, scale: float, stream: int | torch.cuda.Stream | None = None) -> None:
+        """Launch on ``stream`` (default: torch's current stream on the module's device).
+
+        q, o: [B, H, Sq, D]; k, v: [B, H, Sk, D]; lse: fp32 [B, H, Sq] contiguous or None.
+        The checks here are the ones that would make the kernel read or write out
+        of bounds; user-facing validation is evotuner.flash_attention's.
+        """
+        self._check_launch(q, k, v, o, lse)
+        B, H, Sq, _ = q.shape
+        if isinstance(stream, torch.cuda.Stream):
+            handle = stream.cuda_stream
+        elif stream is None:
+            handle = torch.cuda.current_stream(self.device).cuda_stream
+        else:
+            handle = int(stream)
+        cuda.ensure_context(self.device)
+        params = self.pack(q, k, v, o, lse, scale)
+        cuda.launch_kernel(self.function, self.grid(B, H, Sq), (self.threads, 1, 1), self.smem_bytes,
+                           handle, params, what=f"cuLaunchKernel({self.entry} from {self.source})")
+
+    __call__ = launch
+
+    def _check_launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                      lse: torch.Tensor | None) -> None:
+        for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+            if t.dim() != 4:
+                raise ShapeError(f"{name}: expected a 4-D [B, H, S, D] tensor, got {t.dim()}-D")
+            if t.dtype != self.dtype:
+                raise ShapeError(f"{name}: dtype {t.dtype} but the kernel was built for {self.dtype}")
+            if t.device.type != "cuda" or t.device.index != self.device:
+                raise ShapeError(f"{name}: on {t.device}, the kernel is loaded on cuda:{self.device}")
+            if t.shape[3] != self.head_dim:
+                raise ShapeError(f"{name}: head dim D={t.shape[3]} but the kernel was built for D={self.head_dim}")
+            if t.stride(3) != 1:
+                raise ShapeError(f"{name}: last dim (D) stride is {t.stride(3)}, must be 1")
+        B, H, Sq, D = q.shape
+        if tuple(o.shape) != (B, H, Sq, D):
+            raise ShapeError(f"o: shape {tuple(o.shape)} must equal q's {tuple(q.shape)}")
+        if k.shape != v.shape or k.shape[:2] != q.shape[:2]:
+            raise ShapeError(f"k/v: shapes {tuple(k.shape)} and {tuple(v.shape)} must be [B={B}, H={H}, Sk, D={D}]")
+        if lse is not None:
+            if lse.dtype != torch.float32 or tuple(lse.shape) != (B, H, Sq) or not lse.is_contiguous() \
+                    or lse.device != q.device:
+                raise ShapeError(f"lse: must be a contiguous fp32 [B={B}, H={H}, Sq={Sq}] tensor on {q.device}")
+        if H > MAX_GRID_YZ or B > MAX_GRID_YZ:
+            raise ShapeError(f"q: B={B}, H={H}; each must be at most {MAX_GRID_YZ} (grid y/z limit)")
+
+    def __repr__(self) -> str:
+        m = self.meta
+        return (f"KernelModule({self.source}, D={m['head_dim']}, {DTYPE_NAMES[m['dtype']]}, "
+                f"causal={bool(m['is_causal'])}, block_m={m['block_m']}, block_n={m['block_n']}, "
+                f"threads={m['threads']}, smem={m['smem_bytes']})")
+
+
+def _device_index(device: int | torch.device | None) -> int:
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, torch.device):
+        return device.index if device.index is not None else torch.cuda.current_device()
+    return int(device)

@@ -1,0 +1,110 @@
+"""Kernel timing with CUDA events, shared by the bench script and the GPU worker.
+
+Each repetition is timed by its own pair of events on the current stream. Before
+each repetition the L2 is flushed by writing a buffer twice the L2's size (the
+write is outside the events), so every repetition reads its inputs from HBM as
+a real layer would; alternatively (or as well) the caller gives several
+callables, one per input set, which are cycled. Returns the median and the
+20th/80th percentiles in microseconds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+from evotuner.errors import EvotunerError
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p20_us: float
+    p80_us: float
+    repetitions: int
+    samples_us: tuple[float, ...]
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {"median_us": self.median_us, "p20_us": self.p20_us, "p80_us": self.p80_us,
+                "repetitions": self.repetitions}
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of already sorted values."""
+    n = len(sorted_values)
+    pos = q * (n - 1)
+    lo = int(pos)
+    hi = min(lo + 1, n - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+_flush_buffers: dict[int, torch.Tensor] = {}
+
+
+def l2_flush_buffer(device: int | None = None) -> torch.Tensor:
+    """A cached int8 buffer of 2x the device's L2 size (at least 64 MiB)."""
+    dev = torch.cuda.current_device() if device is None else device
+    buf = _flush_buffers.get(dev)
+    if buf is None:
+        l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or 0)
+        buf = _flush_buffers[dev] = torch.empty(max(2 * l2, 64 << 20), dtype=torch.int8, device=f"cuda:{dev}")
+    return buf
+
+
+def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warmup: int | None = None,
+              reps: int | None = None, budget_s: float | None = None, flush_l2: bool = True,
+              device: int | None = None, min_reps: int = 10, max_reps: int = 2000) -> Timing:
+    """Time ``fn`` (or cycle through a sequence of callables, one per input set).
+
+    Warm-up runs ``warmup`` calls (default 10; module load and first-touch
+    costs stay out); then the repetitions, each between two CUDA events on the
+    current stream, with the L2 flushed before each when ``flush_l2``. The
+    repetition count is ``reps`` when given; else it is fitted to ``budget_s``
+    seconds of GPU time (estimated from three timed calls after the warm-up),
+    clamped to [min_reps, max_reps]; with neither, 50. Errors raised by the
+    callables propagate; an asynchronous fault surfaces at a synchronize
+    (torch raises it as RuntimeError).
+    """
+    fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
+    if not fns or not all(callable(f) for f in fns):
+        raise TypeError("time_cuda: fn must be a callable or a non-empty sequence of callables")
+    warmup = 10 if warmup is None else int(warmup)
+    if (reps is not None and reps < 1) or warmup < 0 or (budget_s is not None and budget_s <= 0):
+        raise EvotunerError(f"time_cuda: reps={reps}, warmup={warmup}, budget_s={budget_s}",
+                            "reps must be >= 1, warmup >= 0 and budget_s > 0")
+    dev = torch.cuda.current_device() if device is None else device
+    flush = l2_flush_buffer(dev) if flush_l2 else None
+    with torch.cuda.device(dev):
+        for i in range(warmup):
+            fns[i % len(fns)]()
+        torch.cuda.synchronize(dev)
+        if reps is None:
+            if budget_s is None:
+                reps = 50
+            else:
+                probe = 3
+                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0.record()
+                for i in range(probe):
+                    if flush is not None:
+                        flush.zero_()
+                    fns[i % len(fns)]()
+                t1.record()
+                torch.cuda.synchronize(dev)
+                per_call_s = max(t0.elapsed_time(t1) / 1000.0 / probe, 1e-7)
+                reps = max(min_reps, min(max_reps, int(budget_s / per_call_s)))
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+        for i in range(reps):
+            if flush is not None:
+                flush.zero_()
+            starts[i].record()
+            fns[i % len(fns)]()
+            ends[i].record()
+        torch.cuda.synchronize(dev)
+    samples = tuple(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+    ordered = sorted(samples)
+    return Timing(median_us=_quantile(ordered, 0.5), p20_us=_quantile(ordered, 0.2), p80_us=_quantile(ordered, 0.8),
+                  repetitions=reps, samples_us=samples)

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Benchmark FlashCore configs against PyTorch SDPA at the standard shapes.
+
+For each shape (B, H, S, D, causal) and dtype: one correctness check per config
+(FA2's rule, fresh inputs), then CUDA-event timing (warm-up, L2 flushed before
+every repetition, median) of each config and of SDPA's default, flash and
+memory-efficient backends, all in the same process. Prints a table; writes
+JSON and CSV to --output.
+
+    python scripts/bench_attention.py                      # recommended defaults
+    python scripts/bench_attention.py --config BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4,STAGES=2,MIN_BLOCKS=1
+    python scripts/bench_attention.py --shapes 1,8,512,64,0 --dtypes fp16 --output out/bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from evotuner.config import KernelConfig
+from evotuner.errors import EvotunerError
+from evotuner.problem import Problem, Shape
+from evotuner.runtime import attention as A
+from evotuner.runtime import check as C
+from evotuner.runtime.timing import time_cuda
+
+#: (B, H, S, D, causal): the issue's standard shapes.
+STANDARD_SHAPES = (
+    (16, 16, 2048, 64, False),
+    (1, 8, 512, 64, False),
+    (4, 16, 4096, 64, True),
+    (8, 16, 2048, 128, False),
+    (4, 32, 4096, 128, True),
+    (1, 32, 8192, 128, False),
+)
+BASELINES = {"sdpa_default": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+             "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
+    parts = [p.strip() for p in text.split(",")]
+    if len(parts) != 5:
+        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL (e.g. 4,16,4096,64,1)")
+    b, h, s, d, c = parts
+    return int(b), int(h), int(s), int(d), c.lower() in ("1", "true", "yes", "causal")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", action="append", default=[], help="kernel config NAME=V,...; repeatable "
+                    "(default: the kernel's recommended config per head dim, dtype, causal)")
+    ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL; repeatable")
+    ap.add_argument("--dtypes", default="fp16,bf16")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--output", type=Path, default=Path("out/bench_attention"), help="writes OUTPUT.json/.csv")
+    args = ap.parse_args(argv)
+
+    if not torch.cuda.is_available():
+        print("bench_attention: no CUDA GPU visible to torch", file=sys.stderr)
+        return 2
+    try:
+        user_configs = [KernelConfig.parse(c) for c in args.config]
+    except EvotunerError as exc:
+        print(f"bench_attention: {exc}", file=sys.stderr)
+        return 2
+    shapes = args.shapes or list(STANDARD_SHAPES)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    props = torch.cuda.get_device_properties(0)
+    device = {"name": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
+              "cuda": torch.version.cuda}
+    rows: list[dict[str, object]] = []
+
+    for (b, h, s, d, causal), dtype in ((sh, dt) for sh in shapes for dt in dtypes):
+        problem = Problem(Shape(b, h, s, s, d), dtype, causal)
+        tag = f"{problem.shape} {dtype} causal={int(causal)}"
+        configs = [A.resolve_config(c, d, dtype, causal) for c in user_configs] or \
+            [A.default_config(d, dtype, causal)]
+        q, k, v = C.make_inputs(problem.shape, dtype, device="cuda", seed=1)
+        scale = 1.0 / math.sqrt(d)
+        base: dict[str, float | None] = {}
+        for name, backend in BASELINES.items():
+            def sdpa(backend=backend):
+                if backend is None:
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            try:
+                sdpa()
+                base[name] = time_cuda(sdpa, warmup=args.warmup, reps=args.reps).median_us
+            except RuntimeError as exc:
+                base[name] = None
+                print(f"  {tag}: {name} unavailable: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
+        for cfg in configs:
+            row: dict[str, object] = {"B": b, "H": h, "S": s, "D": d, "causal": causal, "dtype": dtype,
+                                      "config": str(cfg), **{f"{n}_us": base[n] for n in BASELINES}}
+            try:
+                t0 = time.perf_counter()
+                mod = A.kernel_module(cfg, problem, torch.cuda.current_device())
+                row["load_s"] = round(time.perf_counter() - t0, 3)
+                chk = C.check(mod.launch, problem, seed=2, check_lse=False)
+                row.update(ok=chk.ok, max_error=chk.max_error, tolerance=chk.tolerance, reason=chk.reason)
+                out = torch.empty_like(q)
+                t = time_cuda(lambda: mod.launch(q, k, v, out, None, scale), warmup=args.warmup, reps=args.reps)
+                row.update(median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us,
+                           tflops=problem.tflops(t.median_us))
+                for n in BASELINES:
+                    row[f"speedup_vs_{n}"] = (base[n] / t.median_us) if base[n] else None
+            except EvotunerError as exc:
+                row.update(ok=False, reason=str(exc))
+            rows.append(row)
+            print(_line(row), flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    json_path, csv_path = args.output.with_suffix(".json"), args.output.with_suffix(".csv")
+    json_path.write_text(json.dumps({"device": device, "rows": rows}, indent=2, default=str))
+    keys = sorted({k for r in rows for k in r})
+    with csv_path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"\n{device['name']}, torch {device['torch']}, CUDA {device['cuda']}")
+    print(f"{'shape':<28}{'dtype':<6}{'c':<3}{'µs':>9}{'TFLOPS':>8}{'xdef':>7}{'xflash':>8}{'xeff':>7}  "
+          f"{'ok':<4}config")
+    for r in rows:
+        print(_line(r))
+    print(f"wrote {json_path} and {csv_path}")
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+def _fmt(x: object, spec: str) -> str:
+    return format(x, spec) if isinstance(x, (int, float)) else "-"
+
+
+def _line(r: dict[str, object]) -> str:
+    shape = f"B={r['B']},H={r['H']},S={r['S']},D={r['D']}"
+    return (f"{shape:<28}{r['dtype']!s:<6}{int(bool(r['causal'])):<3}{_fmt(r.get('median_us'), '9.1f')}"
+            f"{_fmt(r.get('tflops'), '8.1f')}{_fmt(r.get('speedup_vs_sdpa_default'), '7.2f')}"
+            f"{_fmt(r.get('speedup_vs_sdpa_flash'), '8.2f')}{_fmt(r.get('speedup_vs_sdpa_efficient'), '7.2f')}  "
+            f"{'yes' if r.get('ok') else 'NO':<4}{r['config']}" + ("" if r.get("ok") else f"  {r.get('reason')}"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
