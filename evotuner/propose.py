@@ -1,0 +1,159 @@
+"""The proposal stage: Optuna samplers over a SearchSpace.
+
+Representation (the same for every sampler, so a study's distributions never
+change between runs or resumes): each parameter is an Optuna integer
+``<NAME>_index`` in ``0 .. len(values) - 1``, the index into the parameter's
+ascending value list. Indices keep the values' order, which TPE and CMA-ES
+exploit (BLOCK_N=64 lies between 32 and 128), and they
+let CMA-ES -- which has no categorical support -- search every parameter
+instead of falling back to random sampling. The trade-off: Optuna's own
+dashboards show indices; ``config_from_params`` maps them back and evotuner's
+records store the config itself. An index means the same value only under the
+same space, which the study's space fingerprint guarantees on resume.
+
+Several trials may be asked before any is told (builds run in parallel), so
+the model-based samplers are set up for pending trials: TPE with
+``constant_liar``; NSGA-II and CMA-ES draw a whole generation from one
+population or distribution, so pending members are expected; random and grid
+do not model. GP (listed only where Optuna's GPSampler and its torch/scipy
+dependencies exist) conditions on running trials itself (Optuna 5's GPSampler
+reads them in ``sample_relative``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from typing import Mapping
+
+import optuna
+from optuna.distributions import IntDistribution
+
+from evotuner.config import KernelConfig
+from evotuner.errors import SpaceError
+from evotuner.space import SearchSpace
+
+_BASE_SAMPLERS = ("tpe", "nsga2", "cmaes", "random", "grid")
+
+
+def _has_gp() -> bool:
+    return hasattr(optuna.samplers, "GPSampler") and all(
+        importlib.util.find_spec(m) is not None for m in ("torch", "scipy")
+    )
+
+
+#: Sampler names ``make_sampler`` accepts ("gp" only where Optuna's GPSampler can run).
+SAMPLERS: tuple[str, ...] = _BASE_SAMPLERS + (("gp",) if _has_gp() else ())
+
+INDEX_SUFFIX = "_index"
+
+
+def param_key(name: str) -> str:
+    """The Optuna parameter name for space parameter ``name``."""
+    return name + INDEX_SUFFIX
+
+
+def distributions(space: SearchSpace) -> dict[str, IntDistribution]:
+    """The Optuna distribution of every parameter (what ``suggest`` asks for)."""
+    return {param_key(p.name): IntDistribution(0, len(p.values) - 1) for p in space.params}
+
+
+def startup_trials(space: SearchSpace) -> int:
+    """Random trials before TPE/GP/CMA-ES model the space: about a tenth of it, 8..24."""
+    return max(8, min(24, space.size // 10))
+
+
+def make_sampler(name: str, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
+    """An Optuna sampler over ``space``'s index representation; ``seed`` makes it reproducible."""
+    n_startup = startup_trials(space)
+    with warnings.catch_warnings():
+        # multivariate/constant_liar/GP are marked experimental; evotuner uses them on purpose.
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            return optuna.samplers.TPESampler(
+                seed=seed, n_startup_trials=n_startup, multivariate=True, constant_liar=True,
+            )
+        if name == "nsga2":
+            # Single-objective NSGA-II is a genetic algorithm: a population a few
+            # times smaller than the feasible space keeps several generations affordable.
+            population = max(8, min(32, space.size // 8))
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
+        if name == "cmaes":
+            if importlib.util.find_spec("cmaes") is None:
+                raise SpaceError("sampler 'cmaes' needs the cmaes package, which is not installed",
+                                 "pip install cmaes, or pick another --sampler")
+            return optuna.samplers.CmaEsSampler(
+                seed=seed, n_startup_trials=n_startup, with_margin=True,
+                independent_sampler=optuna.samplers.RandomSampler(seed=seed),
+            )
+        if name == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if name == "grid":
+            grid = {param_key(p.name): list(range(len(p.values))) for p in space.params}
+            return GridSweepSampler(grid, seed=seed)
+        if name == "gp" and "gp" in SAMPLERS:
+            return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup)
+    raise SpaceError(f"unknown sampler {name!r}", f"use one of {', '.join(SAMPLERS)}")
+
+
+class GridSweepSampler(optuna.samplers.GridSampler):
+    """Optuna's GridSampler for ask/tell studies.
+
+    GridSampler calls ``study.stop()`` once the last grid point is told, which
+    raises RuntimeError outside ``study.optimize``; evotuner drives studies by
+    ask/tell, so this sampler never stops the study itself: the loop asks
+    :func:`exhausted` before asking for more trials. After exhaustion Optuna
+    re-proposes visited points.
+    """
+
+    def after_trial(self, study, trial, state, values) -> None:  # noqa: D102 - see the class docstring
+        return None
+
+
+def exhausted(study: optuna.Study) -> bool:
+    """True once a grid study has proposed every point (never for the other samplers)."""
+    sampler = study.sampler
+    return isinstance(sampler, optuna.samplers.GridSampler) and sampler.is_exhausted(study)
+
+
+def suggest(trial: optuna.trial.BaseTrial, space: SearchSpace) -> KernelConfig:
+    """Ask ``trial`` for one config of ``space`` (parameters in file order)."""
+    values = {}
+    for p in space.params:
+        index = trial.suggest_int(param_key(p.name), 0, len(p.values) - 1)
+        values[p.name] = p.values[index]
+    return KernelConfig.of(values)
+
+
+def config_from_params(params: Mapping[str, int], space: SearchSpace) -> KernelConfig:
+    """The config behind an Optuna trial's ``params`` (as ``suggest`` stored them)."""
+    values = {}
+    for p in space.params:
+        key = param_key(p.name)
+        if key not in params:
+            raise SpaceError(
+                f"trial parameters lack {key} (space {space.path})",
+                "the study was made with another space file; resume it with the space it was created with",
+            )
+        index = params[key]
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(p.values):
+            raise SpaceError(
+                f"trial parameter {key}={index!r} is not an index into {p.name}'s {len(p.values)} values"
+                f" (space {space.path})",
+                "the study was made with another space file; resume it with the space it was created with",
+            )
+        values[p.name] = p.values[index]
+    extra = sorted(set(params) - {param_key(n) for n in space.names})
+    if extra:
+        raise SpaceError(
+            f"trial parameter {extra[0]} is not in the space {space.path}",
+            f"the space defines {', '.join(space.names)}",
+        )
+    return KernelConfig.of(values)
+
+
+def params_for(config: KernelConfig, space: SearchSpace) -> dict[str, int]:
+    """The inverse of ``config_from_params``: Optuna params for ``config``
+    (for ``study.enqueue_trial`` or ``optuna.trial.create_trial``)."""
+    space.validate(config)
+    return {param_key(p.name): p.index(config[p.name]) for p in space.params}
