@@ -1,0 +1,368 @@
+"""GpuMeasure: the parent-side client of the GPU worker process.
+
+The search process never touches CUDA. GpuMeasure spawns
+``python -m evotuner.measure.worker`` in its own process group with pipes,
+speaks :mod:`evotuner.measure.protocol` to it, and turns everything that can go
+wrong with a kernel into a :class:`MeasureFailure`:
+
+========================  ==================================================
+what happened             outcome
+========================  ==================================================
+worker replied a failure  that failure (launch, smem, wrong_result, nan, ...)
+reply marked ``fatal``    that failure (illegal_access); the worker exits and
+                          is respawned on the next request
+no reply in time          ``timeout``; the worker's process group is killed
+EOF / garbage on the pipe ``crash`` with the exit status and stderr tail
+========================  ==================================================
+
+Every read has a deadline, every kill is followed by ``wait()`` (no zombies),
+and the worker is respawned on demand, so the next trial works.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from functools import lru_cache
+from typing import Any, Sequence
+
+from evotuner.build.result import Artifact
+from evotuner.errors import NoGpuError
+from evotuner.measure.base import MeasureFailure, MeasureOutcome, MeasureStage
+from evotuner.measure.protocol import (
+    FrameReader, FrameTimeout, PipeClosed, ProtocolError, Reply, Request, encode, measure_request,
+    measurement_from_wire,
+)
+from evotuner.problem import Problem
+
+#: Names of the SDPA baselines, in the order ``baselines()`` returns them.
+BASELINES = ("sdpa_default", "sdpa_flash", "sdpa_efficient")
+
+_STDERR_TAIL = 1500
+
+
+class _WorkerLost(Exception):
+    """The worker did not answer properly; ``kind`` is timeout or crash."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+
+
+class GpuMeasure(MeasureStage):
+    """Measures artifacts in a separate worker process bound to one GPU.
+
+    ``timeout_s`` bounds one request (a measure trial, a baseline set);
+    ``start_timeout_s`` bounds the worker's start (torch import + CUDA context).
+    ``budget_s`` is the timing budget per trial the worker spends (~0.3-1 s).
+    ``worker_cmd`` replaces the worker's command line (tests plant fake workers
+    there); by default ``[python, "-m", "evotuner.measure.worker"]``.
+    """
+
+    def __init__(
+        self,
+        device_index: int = 0,
+        timeout_s: float = 60.0,
+        python: str = sys.executable,
+        *,
+        start_timeout_s: float = 180.0,
+        budget_s: float = 0.5,
+        seed: int = 0,
+        worker_cmd: Sequence[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        if timeout_s <= 0 or start_timeout_s <= 0:
+            raise ValueError("timeout_s and start_timeout_s must be positive")
+        self.device_index = int(device_index)
+        self.timeout_s = float(timeout_s)
+        self.start_timeout_s = float(start_timeout_s)
+        self.budget_s = float(budget_s)
+        self.seed = int(seed)
+        self.worker_cmd = list(worker_cmd) if worker_cmd is not None else [python, "-m", "evotuner.measure.worker"]
+        self.env = env
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: FrameReader | None = None
+        self._stderr: Any = None
+        self._trials = 0
+        self._lock = threading.Lock()
+        #: How many workers were started (1 + restarts); tests and the CLI report it.
+        self.spawns = 0
+        #: Pids of every worker this client started (for zombie checks).
+        self.spawned_pids: list[int] = []
+        #: The last measure's extra numbers (ragged-shape error, timing detail) or failure detail.
+        self.last_detail: dict[str, Any] = {}
+        #: Why a baseline is None, filled by ``baselines()``.
+        self.baseline_reasons: dict[str, str] = {}
+        self._fingerprint: dict[str, object] | None = None
+
+    # ------------------------------------------------------------ public API
+    def measure(self, artifact: Artifact, problem: Problem) -> MeasureOutcome:
+        self._trials += 1
+        request = measure_request(str(artifact.cubin), artifact.entry, dict(artifact.meta), problem.as_dict(),
+                                  seed=self.seed + self._trials, budget_s=self.budget_s,
+                                  key=artifact.key, sha256=artifact.sha256)
+        try:
+            reply = self._call(request, self.timeout_s)
+        except _WorkerLost as lost:
+            self.last_detail = {"worker": lost.kind}
+            return MeasureFailure(lost.kind, lost.reason)
+        if not reply.ok:
+            assert reply.failure is not None
+            self.last_detail = {"fatal": reply.fatal}
+            return reply.failure
+        value = reply.value if isinstance(reply.value, dict) else {}
+        try:
+            measurement = measurement_from_wire(value.get("measurement"))
+        except ProtocolError as exc:
+            with self._lock:
+                self._kill()
+            return MeasureFailure("crash", f"worker sent a malformed measurement ({exc}); worker restarted")
+        self.last_detail = dict(value.get("detail") or {})
+        return measurement
+
+    def baselines(self, problem: Problem) -> dict[str, float | None]:
+        """SDPA's backends at ``problem``'s shape; None (reason in ``baseline_reasons``) where one can't run."""
+        request = Request("baselines", {"problem": problem.as_dict(), "budget_s": self.budget_s})
+        self.baseline_reasons = {}
+        try:
+            reply = self._call(request, self.timeout_s * len(BASELINES))
+        except _WorkerLost as lost:
+            self.baseline_reasons = {name: f"{lost.kind}: {lost.reason}" for name in BASELINES}
+            return {name: None for name in BASELINES}
+        if not reply.ok:
+            assert reply.failure is not None
+            why = f"{reply.failure.kind}: {reply.failure.reason}"
+            self.baseline_reasons = {name: why for name in BASELINES}
+            return {name: None for name in BASELINES}
+        value = reply.value if isinstance(reply.value, dict) else {}
+        out: dict[str, float | None] = {}
+        for name in BASELINES:
+            entry = value.get(name) or {}
+            us = entry.get("us") if isinstance(entry, dict) else None
+            if isinstance(us, (int, float)) and us > 0:
+                out[name] = float(us)
+            else:
+                out[name] = None
+                reason = entry.get("reason") if isinstance(entry, dict) else None
+                self.baseline_reasons[name] = str(reason or "the worker returned no time")
+        return out
+
+    def device(self) -> dict[str, object] | None:
+        """The worker's device fingerprint (cached: taken once, at the start of the study)."""
+        if self._fingerprint is None:
+            try:
+                reply = self._call(Request("fingerprint"), self.timeout_s)
+            except _WorkerLost as lost:
+                raise NoGpuError(f"GPU worker could not fingerprint device {self.device_index}: {lost.reason}",
+                                 "check `nvidia-smi` and that torch sees the GPU") from None
+            if not reply.ok or not isinstance(reply.value, dict):
+                reason = reply.failure.reason if reply.failure else "no fingerprint"
+                raise NoGpuError(f"GPU worker could not fingerprint device {self.device_index}: {reason}",
+                                 "check `nvidia-smi` and that torch sees the GPU")
+            self._fingerprint = dict(reply.value)
+        return dict(self._fingerprint)
+
+    def ping(self) -> bool:
+        """True when the worker (started if needed) answers a ping in time."""
+        try:
+            return self._call(Request("ping"), self.timeout_s).ok
+        except _WorkerLost:
+            return False
+
+    @property
+    def worker_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    def close(self) -> None:
+        """Ask the worker to exit; kill its process group if it does not within a few seconds."""
+        with self._lock:
+            proc = self._proc
+            if proc is None:
+                return
+            if proc.poll() is None:
+                try:
+                    assert proc.stdin is not None
+                    proc.stdin.write(encode(Request("shutdown").to_wire()))
+                    proc.stdin.flush()
+                    proc.wait(timeout=self.shutdown_grace_s)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+            self._kill()
+
+    def __del__(self) -> None:  # last resort: never leave a worker behind
+        try:
+            self._kill()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------ internals
+    def _call(self, request: Request, timeout_s: float) -> Reply:
+        with self._lock:
+            self._ensure_worker()
+            assert self._proc is not None and self._reader is not None and self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(encode(request.to_wire()))
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError) as exc:
+                raise self._lost("crash", f"could not send {request.op!r} to the worker ({exc})") from None
+            return self._read_reply(request.op, timeout_s)
+
+    def _read_reply(self, op: str, timeout_s: float) -> Reply:
+        assert self._reader is not None and self._proc is not None
+        try:
+            reply = Reply.from_wire(self._reader.read(timeout_s))
+        except FrameTimeout:
+            raise self._lost("timeout", f"no answer to {op!r} within {timeout_s:.1f} s "
+                                        "(kernel hang?); worker killed and will be restarted") from None
+        except PipeClosed:
+            raise self._lost("crash", f"worker died during {op!r}") from None
+        except ProtocolError as exc:
+            raise self._lost("crash", f"worker wrote garbage during {op!r} ({exc})") from None
+        if reply.fatal:
+            self._reap_after_fatal()
+        return reply
+
+    def _ensure_worker(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            return
+        if self._proc is not None:
+            self._kill()  # exited on its own: reap it and close its pipes
+        self._spawn()
+        try:
+            reply = self._read_reply_after_send(Request("init", {"device_index": self.device_index}),
+                                                self.start_timeout_s)
+        except _WorkerLost as lost:
+            raise _WorkerLost(lost.kind, f"GPU worker failed to start: {lost.reason}") from None
+        if not reply.ok:
+            assert reply.failure is not None
+            self._kill()
+            raise _WorkerLost("crash", f"GPU worker failed to start: {reply.failure.reason}")
+
+    def _read_reply_after_send(self, request: Request, timeout_s: float) -> Reply:
+        assert self._proc is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(encode(request.to_wire()))
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise self._lost("crash", f"could not send {request.op!r} ({exc})") from None
+        return self._read_reply(request.op, timeout_s)
+
+    def _spawn(self) -> None:
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env["EVOTUNER_WORKER_DEVICE"] = str(self.device_index)
+        # stderr goes to a file, never a pipe: a chatty worker cannot fill a pipe and block.
+        self._stderr = tempfile.TemporaryFile(prefix="evotuner-worker-", suffix=".stderr")
+        self._last_stderr = ""
+        try:
+            self._proc = subprocess.Popen(
+                self.worker_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
+                env=env, start_new_session=True, close_fds=True,
+            )
+        except OSError as exc:
+            self._stderr.close()
+            self._stderr = None
+            raise _WorkerLost("crash", f"GPU worker could not be started: {self.worker_cmd[0]}: {exc}") from None
+        assert self._proc.stdout is not None
+        self._reader = FrameReader(self._proc.stdout.fileno())
+        self.spawns += 1
+        self.spawned_pids.append(self._proc.pid)
+
+    def _lost(self, kind: str, reason: str) -> _WorkerLost:
+        """Kill (or reap) the worker and describe how it ended."""
+        proc = self._proc
+        self._kill()
+        detail = []
+        if proc is not None and proc.returncode is not None and kind == "crash":
+            rc = proc.returncode
+            detail.append(f"killed by signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.valid_signals()
+                          else f"exit status {rc}")
+        tail = self._last_stderr
+        if tail:
+            detail.append(f"stderr: {tail}")
+        return _WorkerLost(kind, reason + (f" [{'; '.join(detail)}]" if detail else ""))
+
+    def _reap_after_fatal(self) -> None:
+        """The worker said its context is lost and it is exiting: wait for it, then reap."""
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout=10.0)
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill()
+
+    _last_stderr = ""
+    #: How long close() lets the worker exit on its own before killing its group.
+    shutdown_grace_s = 5.0
+
+    def _kill(self) -> None:
+        """Kill the worker's whole process group (it may have children), wait(), close pipes."""
+        proc, self._proc, self._reader = self._proc, None, None
+        if proc is not None:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    proc.kill()
+            else:
+                # The leader is gone; children it left in its group go too.
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            try:
+                proc.wait(timeout=30.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover - uninterruptible (D state) process
+                pass
+            for stream in (proc.stdin, proc.stdout):
+                try:
+                    if stream is not None:
+                        stream.close()
+                except OSError:
+                    pass
+        if self._stderr is not None:
+            try:
+                self._stderr.seek(0)
+                text = self._stderr.read().decode("utf-8", "replace").strip()
+                self._last_stderr = text[-_STDERR_TAIL:].replace("\n", " | ") if text else ""
+                self._stderr.close()
+            except (OSError, ValueError):
+                pass
+            self._stderr = None
+
+
+# ---------------------------------------------------------------- availability
+@lru_cache(maxsize=None)
+def gpu_available(python: str = sys.executable, timeout_s: float = 60.0) -> bool:
+    """Whether a CUDA GPU can be used, checked WITHOUT initializing CUDA here.
+
+    Asks a short-lived subprocess (``torch.cuda.is_available()``, which is what
+    the worker needs); ``nvidia-smi -L`` first, so a machine with no NVIDIA
+    driver answers in milliseconds. Every subprocess has a timeout.
+    """
+    try:
+        smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=min(timeout_s, 20.0), text=True)
+        if smi.returncode != 0 or "GPU" not in smi.stdout:
+            return False
+    except FileNotFoundError:
+        pass  # no nvidia-smi on PATH: let torch decide
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    code = "import sys, torch; sys.exit(0 if torch.cuda.is_available() and torch.cuda.device_count() > 0 else 3)"
+    try:
+        result = subprocess.run([python, "-c", code], capture_output=True, timeout=timeout_s)
+    except (subprocess.TimeoutExpired, OSError):
+        return False
+    return result.returncode == 0
+
+
+def require_gpu() -> None:
+    """Raise NoGpuError at once when no CUDA GPU can be used (the CLI calls it before ``search``)."""
+    if not gpu_available():
+        raise NoGpuError("no CUDA GPU is visible (nvidia-smi / torch.cuda.is_available())",
+                         "run `search` on a machine with an NVIDIA Hopper GPU (check `nvidia-smi`)")

@@ -1,0 +1,293 @@
+"""The GPU worker process: ``python -m evotuner.measure.worker``.
+
+The one process of a study that touches CUDA. It reads framed requests
+(:mod:`evotuner.measure.protocol`) on stdin and writes one reply per request on
+stdout; anything else written to stdout (a stray print, a library banner) is
+redirected to stderr at start so it can never corrupt the protocol.
+
+A measure request runs, in order:
+
+1. load the cubin through the driver (``runtime.loader.KernelModule``),
+   which refuses a kernel that needs more shared memory than the device has
+   (``smem``);
+2. the correctness gate (``runtime.check``'s FA2 rule) on fresh random inputs,
+   output poisoned, at the study's shape and at a small ragged shape
+   (Sq=97, Sk=203: partial tiles on both axes) — ``wrong_result`` / ``nan``;
+3. timing (``runtime.timing.time_cuda``: warm-up, CUDA events, L2 flushed,
+   median/p20/p80) within the trial's budget.
+
+A sticky CUDA error (illegal address, launch failure...) loses the context:
+the worker sends a ``fatal`` failure and exits at once (``os._exit``, no
+teardown on a broken context); the parent starts a new one. A hang is the
+parent's business: it kills this process group after its timeout.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+from evotuner.build.result import Artifact
+from evotuner.measure.protocol import (
+    PipeClosed, ProtocolError, Reply, Request, read_message_blocking, write_message,
+)
+from evotuner.problem import Problem, Shape
+
+#: The ragged shape of the second correctness check: neither length a multiple of any tile.
+RAGGED_SEQLEN_Q = 97
+RAGGED_SEQLEN_K = 203
+#: Exit status after a fatal (sticky) CUDA error.
+EXIT_FATAL = 3
+
+#: Driver error names that are sticky, for errors that arrive through torch (text only).
+_STICKY_TEXT = ("illegal memory access", "unspecified launch failure", "illegal instruction",
+                "misaligned address", "hardware stack error", "invalid program counter")
+
+
+class Worker:
+    """Answers requests; holds nothing but the device index between them."""
+
+    def __init__(self) -> None:
+        self.device_index = 0
+        self.torch: Any = None
+
+    # ---------------------------------------------------------------- dispatch
+    def handle(self, request: Request) -> Reply:
+        handler: Callable[[dict[str, Any]], Reply] | None = getattr(self, f"op_{request.op}", None)
+        if handler is None:
+            return Reply.fail("crash", f"worker has no handler for op {request.op!r}")
+        try:
+            return handler(request.args)
+        except Exception as exc:  # the one boundary: an unexpected error becomes a failure value
+            return self._failure_from_exception(exc, during=request.op)
+
+    def op_ping(self, args: dict[str, Any]) -> Reply:
+        return Reply.success({"pid": os.getpid()})
+
+    def op_shutdown(self, args: dict[str, Any]) -> Reply:
+        return Reply.success({"pid": os.getpid()})
+
+    def op_init(self, args: dict[str, Any]) -> Reply:
+        import torch
+
+        self.device_index = int(args.get("device_index", 0))
+        if not torch.cuda.is_available():
+            return Reply.fail("crash", "torch.cuda.is_available() is False in the GPU worker "
+                                       f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
+        count = torch.cuda.device_count()
+        if self.device_index >= count:
+            return Reply.fail("crash", f"device index {self.device_index} out of range: {count} GPU(s) visible")
+        torch.cuda.set_device(self.device_index)
+        torch.cuda.init()
+        torch.empty(1, device="cuda").zero_()  # create the primary context now, not inside a trial
+        torch.cuda.synchronize()
+        self.torch = torch
+        return Reply.success({"pid": os.getpid(), "device": torch.cuda.get_device_name(self.device_index)})
+
+    def op_fingerprint(self, args: dict[str, Any]) -> Reply:
+        from evotuner.measure.fingerprint import collect
+
+        return Reply.success(collect(self.device_index))
+
+    # ----------------------------------------------------------------- measure
+    def op_measure(self, args: dict[str, Any]) -> Reply:
+        from evotuner.runtime import cuda
+        from evotuner.runtime.loader import KernelModule
+
+        torch = self._torch()
+        problem = Problem.from_dict(args["problem"])
+        meta = {str(k): int(v) for k, v in dict(args.get("meta") or {}).items()}
+        cubin = Path(args["cubin"])
+        artifact = Artifact(cubin=cubin, key=str(args.get("key") or cubin.name), sha256=str(args.get("sha256", "")),
+                            meta=meta, entry=str(args.get("entry") or "flashcore_fwd"))
+        mismatch = _static_mismatch(meta, problem)
+        if mismatch:
+            return Reply.fail("launch", f"{cubin.name}: built for {mismatch}; cannot run this study's problem")
+        seed = int(args.get("seed", 0))
+        budget_s = float(args.get("budget_s", 0.5))
+
+        module = KernelModule.load(artifact, device=self.device_index, cache=False)
+        try:
+            study = self._check(module, problem, seed)
+            if isinstance(study, Reply):
+                return study
+            ragged_problem = Problem(Shape(1, 2, RAGGED_SEQLEN_Q, RAGGED_SEQLEN_K, problem.shape.head_dim),
+                                     problem.dtype, problem.causal)
+            ragged = self._check(module, ragged_problem, seed + 1_000_003)
+            if isinstance(ragged, Reply):
+                return _annotate(ragged, f"at the ragged shape {ragged_problem.shape}")
+            timing = self._time(module, problem, seed, budget_s)
+        finally:
+            _unload_if_healthy(module, cuda)
+        median, p20, p80, reps = timing
+        return Reply.success({
+            "measurement": {
+                "median_us": median, "p20_us": p20, "p80_us": p80, "tflops": problem.tflops(median),
+                "max_error": study["max_error"], "tolerance": study["tolerance"], "repetitions": reps,
+            },
+            "detail": {"ragged_max_error": ragged["max_error"], "ragged_tolerance": ragged["tolerance"],
+                       "ragged_shape": str(ragged_problem.shape), "seed": seed},
+        })
+
+    def _check(self, module: Any, problem: Problem, seed: int) -> dict[str, float] | Reply:
+        """One run on fresh random inputs, output and LSE poisoned, judged by runtime.check (FA2's rule)."""
+        from evotuner.runtime import check
+
+        result = check.check(module.launch, problem, seed=seed, device=f"cuda:{self.device_index}")
+        if not result.ok:
+            return Reply.fail(result.kind or "wrong_result", result.reason)
+        return {"max_error": float(result.max_error), "tolerance": float(result.tolerance)}
+
+    def _time(self, module: Any, problem: Problem, seed: int, budget_s: float) -> tuple[float, float, float, int]:
+        from evotuner.runtime.check import make_inputs
+        from evotuner.runtime.timing import time_cuda
+
+        torch = self._torch()
+        q, k, v = make_inputs(problem.shape, problem.dtype, device=f"cuda:{self.device_index}", seed=seed + 7)
+        out = torch.empty_like(q)
+        scale = 1.0 / math.sqrt(problem.shape.head_dim)
+        stats = time_cuda(lambda: module.launch(q, k, v, out, None, scale), budget_s=budget_s)
+        return float(stats.median_us), float(stats.p20_us), float(stats.p80_us), int(stats.repetitions)
+
+    # --------------------------------------------------------------- baselines
+    def op_baselines(self, args: dict[str, Any]) -> Reply:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+        from evotuner.runtime.check import make_inputs
+        from evotuner.runtime.timing import time_cuda
+
+        torch = self._torch()
+        problem = Problem.from_dict(args["problem"])
+        budget_s = float(args.get("budget_s", 0.5))
+        q, k, v = make_inputs(problem.shape, problem.dtype, device=f"cuda:{self.device_index}", seed=0)
+        backends = {"sdpa_default": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+                    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+        result: dict[str, dict[str, Any]] = {}
+        for name, backend in backends.items():
+            def run(backend: Any = backend) -> Any:
+                if backend is None:
+                    return sdpa(q, k, v, is_causal=problem.causal)
+                with sdpa_kernel(backend):
+                    return sdpa(q, k, v, is_causal=problem.causal)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                try:
+                    run()
+                    torch.cuda.synchronize()
+                except RuntimeError as exc:
+                    if _is_sticky(exc):
+                        raise
+                    # SDPA says only "No available kernel"; its warnings say why each backend refused.
+                    why = [str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip()]
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    result[name] = {"us": None, "reason": f"{name} cannot run {problem.shape} {problem.dtype} "
+                                                          f"causal={problem.causal}: {first[:200]}"
+                                                          + (f" ({'; '.join(why)[:400]})" if why else "")}
+                    continue
+            stats = time_cuda(run, budget_s=budget_s)
+            result[name] = {"us": float(stats.median_us), "p20_us": float(stats.p20_us),
+                            "p80_us": float(stats.p80_us), "reason": None}
+        return Reply.success(result)
+
+    # ----------------------------------------------------------------- helpers
+    def _torch(self) -> Any:
+        if self.torch is None:
+            reply = self.op_init({"device_index": self.device_index})
+            if not reply.ok:
+                raise RuntimeError(reply.failure.reason if reply.failure else "CUDA init failed")
+        return self.torch
+
+    def _failure_from_exception(self, exc: BaseException, *, during: str) -> Reply:
+        kind = getattr(exc, "failure_kind", None)
+        sticky = bool(getattr(exc, "sticky", False)) or _is_sticky(exc)
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if sticky:
+            return Reply.fail("illegal_access", f"{text} (sticky CUDA error during {during}; worker restarted)",
+                              fatal=True)
+        if kind in ("launch", "smem"):
+            return Reply.fail(kind, text)
+        if type(exc).__name__ == "MetaError":
+            return Reply.fail("launch", text)
+        if type(exc).__name__ == "OutOfMemoryError":
+            return Reply.fail("launch", f"out of GPU memory during {during}: {text[:300]}")
+        # Anything else is a defect or an unexpected environment problem: report with the traceback's tail.
+        tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
+        sys.stderr.write("".join(tb))
+        where = tb[-2].strip().replace("\n", " ") if len(tb) >= 2 else ""
+        return Reply.fail("crash", f"{type(exc).__name__} during {during}: {text[:300]} [{where[:300]}]")
+
+
+def _static_mismatch(meta: dict[str, int], problem: Problem) -> str | None:
+    """What the cubin was compiled for, where it differs from the problem (None when it matches)."""
+    wanted = {"head_dim": problem.shape.head_dim, "is_causal": int(problem.causal),
+              "dtype": 0 if problem.dtype == "fp16" else 1}
+    diffs = [f"{k}={meta[k]} (problem: {v})" for k, v in wanted.items() if k in meta and int(meta[k]) != v]
+    return ", ".join(diffs) or None
+
+
+def _is_sticky(exc: BaseException) -> bool:
+    if bool(getattr(exc, "sticky", False)):
+        return True
+    text = str(exc).lower()
+    return any(t in text for t in _STICKY_TEXT)
+
+
+def _annotate(reply: Reply, where: str) -> Reply:
+    assert reply.failure is not None
+    return Reply.fail(reply.failure.kind, f"{reply.failure.reason} {where}", fatal=reply.fatal)
+
+
+def _unload_if_healthy(module: Any, cuda: Any) -> None:
+    try:
+        cuda.module_unload(module.module)
+    except Exception:
+        pass  # a broken context: the worker is about to exit anyway
+
+
+# ---------------------------------------------------------------------- main
+def serve(inp: BinaryIO, out: BinaryIO, worker: Worker | None = None) -> int:
+    """Answer requests until EOF or ``shutdown``; returns the exit status."""
+    worker = worker or Worker()
+    while True:
+        try:
+            message = read_message_blocking(inp)
+        except PipeClosed:
+            return 0  # the parent went away
+        except ProtocolError as exc:
+            write_message(out, Reply.fail("crash", f"worker received a bad frame: {exc}").to_wire())
+            return 2
+        try:
+            request = Request.from_wire(message)
+        except ProtocolError as exc:
+            write_message(out, Reply.fail("crash", f"worker received a bad request: {exc}").to_wire())
+            continue
+        reply = worker.handle(request)
+        write_message(out, reply.to_wire())
+        if reply.fatal:
+            return EXIT_FATAL
+        if request.op == "shutdown":
+            return 0
+
+
+def main() -> None:
+    # fd 1 is the reply pipe: keep a private copy, then point fd 1 (and sys.stdout) at stderr.
+    reply_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    out = os.fdopen(reply_fd, "wb", buffering=0)
+    inp = os.fdopen(os.dup(0), "rb", buffering=0)
+    status = serve(inp, out)
+    out.flush()
+    sys.stderr.flush()
+    # After a sticky error the context is broken: skip interpreter/CUDA teardown entirely.
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    main()

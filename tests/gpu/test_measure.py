@@ -1,0 +1,117 @@
+"""The real GPU worker on a real GPU: the recommended config measures sanely,
+SDPA baselines run, the fingerprint is complete, and the search process never
+initializes CUDA itself. Skips cleanly without a GPU (tests/conftest.py)."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from evotuner.build.builder import Builder
+from evotuner.measure import GpuMeasure, Measurement
+from evotuner.problem import Problem, Shape
+
+pytestmark = pytest.mark.gpu
+
+PROBLEMS = [
+    Problem(Shape(2, 8, 1024, 1024, 64), "fp16", causal=False),
+    Problem(Shape(1, 4, 512, 640, 128), "bf16", causal=True),
+]
+
+
+@pytest.fixture(scope="module")
+def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
+    with Builder("flashcore", cache_dir=tmp_path_factory.mktemp("cache")) as b:
+        yield b
+
+
+@pytest.fixture(scope="module")
+def gpu() -> GpuMeasure:
+    with GpuMeasure(timeout_s=60.0, budget_s=0.3) as gm:
+        yield gm
+
+
+def recommended(problem: Problem):
+    from evotuner.runtime.attention import default_config
+
+    return default_config(problem.shape.head_dim, problem.dtype, problem.causal)
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"{p.shape}-{p.dtype}-causal{int(p.causal)}")
+def test_recommended_config_measures_sanely(builder: Builder, gpu: GpuMeasure, problem: Problem) -> None:
+    result = builder.build(recommended(problem), problem)
+    assert result.ok, result.error
+    out = gpu.measure(result.artifact, problem)
+    assert isinstance(out, Measurement), out
+    assert 0 < out.p20_us <= out.median_us <= out.p80_us
+    assert out.tflops > 0 and math.isclose(out.tflops, problem.tflops(out.median_us))
+    assert out.max_error <= out.tolerance and out.tolerance > 0
+    assert out.repetitions >= 10
+    detail = gpu.last_detail
+    assert detail["ragged_max_error"] <= detail["ragged_tolerance"], detail
+    # The same artifact again: same worker, a comparable time (no restart, no drift by 3x).
+    again = gpu.measure(result.artifact, problem)
+    assert isinstance(again, Measurement)
+    assert gpu.spawns == 1
+    assert 1 / 3 < again.median_us / out.median_us < 3
+
+
+def test_baselines_flash_at_d64(gpu: GpuMeasure) -> None:
+    problem = PROBLEMS[0]
+    got = gpu.baselines(problem)
+    assert set(got) == {"sdpa_default", "sdpa_flash", "sdpa_efficient"}
+    assert got["sdpa_flash"] is not None and got["sdpa_flash"] > 0, gpu.baseline_reasons
+    assert got["sdpa_default"] is not None and got["sdpa_default"] > 0, gpu.baseline_reasons
+    for name, us in got.items():
+        assert (us is None) == (name in gpu.baseline_reasons)
+
+
+def test_baseline_that_cannot_run_is_none_with_a_reason(gpu: GpuMeasure) -> None:
+    # torch's flash backend refuses is_causal with seqlen_q != seqlen_k (sdp_utils:
+    # check_flash_causal_non_square_seqlens); the other backends run it.
+    problem = PROBLEMS[1]
+    got = gpu.baselines(problem)
+    assert got["sdpa_flash"] is None
+    assert "cannot run" in gpu.baseline_reasons["sdpa_flash"] and str(problem.shape) in gpu.baseline_reasons["sdpa_flash"]
+    assert got["sdpa_efficient"] is not None and got["sdpa_efficient"] > 0, gpu.baseline_reasons
+
+
+def test_fingerprint(gpu: GpuMeasure) -> None:
+    fp = gpu.device()
+    assert fp["sm_count"] > 0 and fp["compute_capability"] == "9.0"
+    assert "H100" in fp["name"] or "H200" in fp["name"] or "H20" in fp["name"], fp["name"]
+    assert fp["torch"] and fp["cuda"] and fp["driver"], fp
+    assert fp["clocks_at_start"]["clocks.sm"] is not None and fp["clocks_at_start"]["clocks.max.sm"] > 0, fp
+    assert fp["nvcc"], fp["unavailable"]
+
+
+def test_search_process_never_initializes_cuda(tmp_path: Path) -> None:
+    """A fresh process measures through the worker and still has no CUDA context of its own."""
+    problem = Problem(Shape(1, 2, 256, 256, 64), "fp16", causal=False)
+    script = textwrap.dedent(f"""
+        import sys
+        from evotuner.build.builder import Builder
+        from evotuner.config import KernelConfig
+        from evotuner.measure import GpuMeasure, Measurement, gpu_available
+        from evotuner.problem import Problem, Shape
+        assert gpu_available()
+        problem = Problem(Shape(1, 2, 256, 256, 64), "fp16", causal=False)
+        config = KernelConfig.parse("BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4,STAGES=2,MIN_BLOCKS=1")
+        with Builder("flashcore", cache_dir={str(tmp_path)!r}) as b:
+            art = b.build(config, problem).artifact
+        with GpuMeasure(timeout_s=60, budget_s=0.1) as gm:
+            out = gm.measure(art, problem)
+        assert isinstance(out, Measurement), out
+        assert "torch" not in sys.modules, "the search process imported torch"
+        print("ok", out.median_us)
+    """)
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith("ok")
