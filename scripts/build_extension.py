@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Build the production FlashCore extension from an exported header.
+
+    python scripts/build_extension.py --header flashcore_config.h --output build/flashcore_ext
+    # then, on the GPU machine:
+    #   import sys, torch; sys.path.insert(0, "build/flashcore_ext"); import flashcore_ext
+    #   o = flashcore_ext.attention(q, k, v, causal, scale)   # scale=None: 1/sqrt(D)
+
+What it does, once (minutes: the torch headers dominate):
+
+1. reads the header's rows (``evotuner.export.read_header``) and copies the header
+   to ``OUTPUT/include/flashcore_config.h``;
+2. writes one ``OUTPUT/src/row_<i>.cu`` per row from ``scripts/extension/launch_row.cu.in``:
+   the row's FLASHCORE_* macros come from the header's FLASHCORE_TUNED_<i>_* macros,
+   the kernel is renamed ``flashcore_fwd_<i>`` (FLASHCORE_KERNEL_NAME) with meta
+   ``flashcore_meta_<i>`` (FLASHCORE_META_NAME), plus an ``extern "C"`` launcher;
+   compiles each with ``nvcc -c`` (parallel, each with a timeout) — no torch header here;
+3. builds ``scripts/extension/flashcore_ext.cpp`` (the torch binding, no CUDA header)
+   with ``torch.utils.cpp_extension.load`` in a child process with a timeout, linking the
+   row objects and the static CUDA runtime; the module lands at ``OUTPUT/flashcore_ext.so``.
+
+The binding includes no CUDA headers, so the build also works with the CPU torch wheel
+(then only ``select()``/``configs()`` can run; ``attention`` needs a CUDA torch and a GPU).
+Exit status 0 on success; 1 with a one-line reason (and remedy) otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+from evotuner.build.instantiate import check_family, gencode
+from evotuner.build.nvcc import find_nvcc, probe, run
+from evotuner.errors import BuildError, EvotunerError
+from evotuner.export import HeaderInfo, read_header, row_instantiation
+
+HERE = Path(__file__).resolve().parent / "extension"
+MODULE = "flashcore_ext"
+#: One row's real kernel compiles in seconds; 10 minutes is only a guard against a hung nvcc.
+ROW_TIMEOUT_S = 600.0
+#: The torch binding compiles torch/extension.h (about a minute on 2 cores); 30 minutes is a guard.
+TORCH_TIMEOUT_S = 1800.0
+
+
+@dataclass(frozen=True)
+class BuiltExtension:
+    module: Path                  # OUTPUT/flashcore_ext.so
+    rows: int
+    arch: str
+    seconds: float
+
+
+def _kernels_root() -> Path:
+    return Path(str(files("evotuner.kernels")))
+
+
+def cuda_library_dirs(nvcc: Path, scratch: Path) -> list[Path]:
+    """The CUDA library folders nvcc links with (``-L`` of ``nvcc -dryrun``'s LIBRARIES), stubs excluded."""
+    probe_src = scratch / "probe_libraries.cu"
+    probe_src.write_text("int main() { return 0; }\n")
+    out = run([str(nvcc), "-dryrun", str(probe_src), "-o", str(scratch / "probe_libraries")], cwd=scratch,
+              timeout_s=60)
+    dirs: list[Path] = []
+    for line in out.output.splitlines():
+        if "LIBRARIES=" in line:
+            dirs += [Path(d) for d in re.findall(r'-L"?([^"\s]+)"?', line) if not d.rstrip("/").endswith("stubs")]
+    dirs = [d.resolve() for d in dirs if (d / "libcudart_static.a").is_file()]
+    if not dirs:
+        raise BuildError(f"{nvcc} -dryrun names no folder with libcudart_static.a",
+                         "install the CUDA toolkit's runtime libraries (cudart) next to nvcc")
+    return dirs
+
+
+def generate_sources(info: HeaderInfo, header: Path, out: Path, family: str) -> list[Path]:
+    """Write include/flashcore_config.h, src/row_<i>.cu and src/flashcore_rows.h; return the row sources."""
+    include, src = out / "include", out / "src"
+    include.mkdir(parents=True, exist_ok=True)
+    src.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(header, include / "flashcore_config.h")
+    template = (HERE / "launch_row.cu.in").read_text()
+    sources = []
+    for i, names in enumerate(info.rows):
+        inst = row_instantiation("flashcore_config.h", i, names, family,
+                                 kernel_name=f"flashcore_fwd_{i}", meta_name=f"flashcore_meta_{i}")
+        text = template.replace("@INSTANTIATION@", inst).replace("@INDEX@", str(i))
+        path = src / f"row_{i}.cu"
+        _write_if_changed(path, text)
+        sources.append(path)
+    decls = "\n".join(f'extern "C" int flashcore_ext_launch_{i}(const flashcore::Params*, void*, int, char*, int);'
+                      for i in range(len(info.rows)))
+    table = ",\n    ".join(f"flashcore_ext_launch_{i}" for i in range(len(info.rows)))
+    shadows = "\n".join(f"__attribute__((weak)) int32_t flashcore_meta_{i}[FLASHCORE_META_LEN];"
+                        for i in range(len(info.rows)))
+    _write_if_changed(src / "flashcore_rows.h", (
+        "// generated by scripts/build_extension.py: one launcher per row of flashcore_config.h\n"
+        "#pragma once\n#include \"flashcore/params.h\"\n"
+        f"{decls}\n"
+        "// nvcc gives `extern \"C\" __constant__ int32_t meta[] = {...}` (instantiate.cuh) no host shadow\n"
+        "// variable, yet the row objects' registration code references one (nm: U flashcore_meta_<i>).\n"
+        "// These weak, never-read definitions satisfy the link; the launchers read the table with\n"
+        "// cuModuleGetGlobal. A kernel source that defines the shadow itself overrides them.\n"
+        f"extern \"C\" {{\n{shadows}\n}}\n"
+        "using FlashcoreLaunch = int (*)(const flashcore::Params*, void* stream, int device, char* err, int err_len);\n"
+        f"static constexpr FlashcoreLaunch kLaunchers[] = {{\n    {table},\n}};\n"))
+    return sources
+
+
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+
+
+def compile_rows(nvcc: Path, arch: str, sources: list[Path], out: Path, includes: list[Path], jobs: int,
+                 timeout_s: float) -> list[Path]:
+    """``nvcc -c`` every row source (in parallel); raise BuildError naming the first row that failed."""
+    objdir = out / "obj"
+    objdir.mkdir(exist_ok=True)
+
+    def one(source: Path) -> tuple[Path, Path, object]:
+        obj = objdir / (source.stem + ".o")
+        argv = [str(nvcc), "-c", "-std=c++17", "-O3", gencode(arch), "-Xcompiler", "-fPIC",
+                "-I", str(out / "include"), *[f"-I{p}" for p in includes], str(source), "-o", str(obj)]
+        return source, obj, run(argv, cwd=out, timeout_s=timeout_s)
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        results = list(pool.map(one, sources))
+    for source, _, outcome in results:
+        if outcome.timed_out:  # type: ignore[attr-defined]
+            raise BuildError(f"nvcc timed out after {timeout_s:g} s on {source.name}", "raise --row-timeout")
+        if outcome.returncode != 0:  # type: ignore[attr-defined]
+            lines = [ln.strip() for ln in outcome.output.splitlines() if ln.strip()]  # type: ignore[attr-defined]
+            first = next((ln for ln in lines if "error" in ln), lines[-1] if lines else "no output")
+            raise BuildError(f"nvcc failed on {source.name}: {first}",
+                             "the header holds a config this kernel source rejects; re-export from a study "
+                             "built with the same kernel")
+    return [obj for _, obj, _ in results]
+
+
+_TORCH_STEP = r"""
+import json, sys
+from torch.utils import cpp_extension
+a = json.loads(sys.argv[1])
+cpp_extension.load(name=a["name"], sources=a["sources"], extra_include_paths=a["includes"],
+                   extra_cflags=["-O3"], extra_ldflags=a["ldflags"], build_directory=a["build_dir"],
+                   with_cuda=False, verbose=a["verbose"], is_python_module=True)
+"""
+
+
+def build_binding(objects: list[Path], out: Path, includes: list[Path], cuda_libs: list[Path], verbose: bool,
+                  timeout_s: float) -> Path:
+    """Build the torch binding with cpp_extension.load in a child process (so it has a timeout)."""
+    build_dir = out / "torch_build"
+    build_dir.mkdir(exist_ok=True)
+    ldflags = [str(o) for o in objects]
+    for d in cuda_libs:
+        ldflags += [f"-L{d}"]
+    ldflags += ["-lcudart_static", "-ldl", "-lrt", "-lpthread"]
+    args = {
+        "name": MODULE, "sources": [str(HERE / "flashcore_ext.cpp")],
+        "includes": [str(out / "include"), str(out / "src"), *map(str, includes)],
+        "ldflags": ldflags, "build_dir": str(build_dir), "verbose": verbose,
+    }
+    env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)))
+    try:
+        proc = subprocess.run([sys.executable, "-c", _TORCH_STEP, json.dumps(args)], cwd=out, env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"the torch binding build timed out after {timeout_s:g} s", "raise --torch-timeout") from None
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stdout + proc.stderr).strip().splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "error" in ln.lower()] or lines
+        raise BuildError(f"the torch binding did not build: {' | '.join(errors[-4:])}",
+                         "rerun with --verbose; torch and a host C++ compiler (g++) must be installed")
+    built = build_dir / f"{MODULE}.so"
+    if not built.is_file():
+        raise BuildError(f"the torch build finished but {built} is missing", "rerun with --verbose")
+    module = out / f"{MODULE}.so"
+    shutil.copyfile(built, module)
+    return module
+
+
+def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root: Path | None = None,
+          includes: tuple[Path, ...] = (), jobs: int | None = None, nvcc: str | None = None,
+          row_timeout_s: float = ROW_TIMEOUT_S, torch_timeout_s: float = TORCH_TIMEOUT_S,
+          verbose: bool = False) -> BuiltExtension:
+    start = time.monotonic()
+    header = Path(header).resolve()
+    info = read_header(header)
+    check_family(family)
+    root = (kernels_root or _kernels_root()).resolve()
+    inc = [*(Path(p).resolve() for p in includes), root]
+    if not any((p / family / "instantiate.cuh").is_file() for p in inc):
+        raise EvotunerError(f"kernel family {family!r}: no {family}/instantiate.cuh under {', '.join(map(str, inc))}",
+                            "pass --kernels-root (the folder holding <family>/instantiate.cuh)")
+    out = Path(output).resolve()
+    if out.exists() and not out.is_dir():
+        raise EvotunerError(f"--output {out} exists and is not a folder", "give a folder to build into")
+    out.mkdir(parents=True, exist_ok=True)
+    nvcc_path = find_nvcc(nvcc)
+    toolchain = probe(nvcc_path)
+    sources = generate_sources(info, header, out, family)
+    objects = compile_rows(nvcc_path, info.arch, sources, out, inc, jobs or os.cpu_count() or 1, row_timeout_s)
+    module = build_binding(objects, out, inc, cuda_library_dirs(nvcc_path, out / "obj"), verbose, torch_timeout_s)
+    (out / "build_info.json").write_text(json.dumps({
+        "module": module.name, "header": str(header),
+        "header_sha256": hashlib.sha256(header.read_bytes()).hexdigest(),
+        "rows": len(info.rows), "arch": info.arch, "family": family, "nvcc": toolchain.release,
+    }, indent=2) + "\n")
+    return BuiltExtension(module=module, rows=len(info.rows), arch=info.arch, seconds=time.monotonic() - start)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--header", required=True, type=Path, help="the header written by `evotuner export`")
+    ap.add_argument("--output", required=True, type=Path, help="folder to build into (created)")
+    ap.add_argument("--family", default="flashcore", help="kernel family folder (default flashcore)")
+    ap.add_argument("--kernels-root", type=Path, default=None,
+                    help="folder holding <family>/instantiate.cuh (default: the installed evotuner.kernels)")
+    ap.add_argument("--include", type=Path, action="append", default=[], help="extra include folder (repeatable)")
+    ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc processes (default: CPU count)")
+    ap.add_argument("--nvcc", default=None, help="nvcc to use (default: EVOTUNER_NVCC, PATH, CUDA_HOME)")
+    ap.add_argument("--row-timeout", type=float, default=ROW_TIMEOUT_S, help="seconds per row compile")
+    ap.add_argument("--torch-timeout", type=float, default=TORCH_TIMEOUT_S, help="seconds for the torch binding")
+    ap.add_argument("--verbose", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        built = build(a.header, a.output, family=a.family, kernels_root=a.kernels_root, includes=tuple(a.include),
+                      jobs=a.jobs, nvcc=a.nvcc, row_timeout_s=a.row_timeout, torch_timeout_s=a.torch_timeout,
+                      verbose=a.verbose)
+    except EvotunerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"built {built.module} ({built.rows} rows, {built.arch}) in {built.seconds:.0f} s")
+    print(f"use: import sys, torch; sys.path.insert(0, {str(built.module.parent)!r}); import {MODULE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
