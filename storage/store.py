@@ -71,8 +71,9 @@ PTXAS_FIGURES: dict[str, tuple[str, ...]] = {
 #: How much of a compile log is kept per build.
 LOG_TAIL_CHARS = 4000
 #: Device fingerprint keys containing one of these words change between runs on the
-#: same GPU (clocks at start, temperature); they are stored but not part of its identity.
-VOLATILE_DEVICE_WORDS = ("clock", "temp")
+#: same GPU (clocks at start, temperature, power draw, performance state), also inside nested
+#: readings; they are stored but not part of its identity.
+VOLATILE_DEVICE_WORDS = ("clock", "temp", "power", "pstate")
 
 
 def _now() -> _dt.datetime:
@@ -146,9 +147,15 @@ def ptxas_figures(report: Any) -> dict[str, int | None]:
     return out
 
 
+def _stable(value: Any) -> Any:
+    """``value`` without volatile keys, at every depth (the fingerprint nests nvidia-smi's readings)."""
+    if isinstance(value, Mapping):
+        return {k: _stable(v) for k, v in value.items() if not any(w in str(k).lower() for w in VOLATILE_DEVICE_WORDS)}
+    return value
+
+
 def _device_identity(fingerprint: Mapping[str, Any]) -> str:
-    stable = {k: v for k, v in fingerprint.items() if not any(w in k.lower() for w in VOLATILE_DEVICE_WORDS)}
-    blob = json.dumps(stable, sort_keys=True, default=str)
+    blob = json.dumps(_stable(fingerprint), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -161,7 +168,9 @@ def _trial_record(t: FrozenTrial, gate_from_build: dict[str, Any] | None = None)
         number=t.number,
         state=t.state.name,
         value=t.value if t.state == TrialState.COMPLETE else None,
-        params=dict(t.params),
+        # The loop records the config's values as user attr "config" (Optuna's params hold
+        # the sampler's encoding, e.g. BLOCK_M_index); trials without it keep their params.
+        params=dict(attrs["config"]) if isinstance(attrs.get("config"), Mapping) else dict(t.params),
         tflops=float(tflops) if isinstance(tflops, (int, float)) else None,
         gate=dict(gate) if isinstance(gate, Mapping) else gate_from_build,
         error=attrs.get(REASON_ATTR),
@@ -317,7 +326,7 @@ class StudyStore:
         listing = ", ".join(f"'{n}'" for n in names) if names else "there are none"
         raise StorageError(
             f"study '{name}' not found in {self.display_url}; existing studies: {listing}",
-            "check --study and --storage, or start it with `evotuner tune`",
+            "check --study and --storage, or start it with `evotuner search`",
         )
 
     def study_exists(self, name: str) -> bool:
@@ -359,7 +368,7 @@ class StudyStore:
         if self.study_exists(name):
             raise StorageError(
                 f"study '{name}' already exists in {self.display_url}",
-                "resume it (without --new) or choose another --study name",
+                "continue it with `evotuner resume`, or choose another --study name",
             )
         try:
             with self._optuna_call("creating the study"):

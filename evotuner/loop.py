@@ -1,0 +1,446 @@
+"""The search loop: the one place that knows the stage order.
+
+    ask ─► suggest ─► duplicates ─► constraints ─► build (pool) ─► gate ─► measure (serial) ─► tell
+
+and the one place where exceptions become trial states:
+
+* a config already finished in this study is never built or measured again:
+  the new trial is finished with the earlier result (same state, value and
+  ``reason``) and user attr ``duplicate_of`` = the earlier trial's number. The
+  same holds for a config proposed while its first trial is still in flight;
+  it is finished when that one is. (Samplers propose repeats, TPE on a
+  categorical space especially; copying keeps the study honest about what
+  was tried and costs nothing.) Repeats stop the search with ``exhausted``
+  once every config of the space is known, or after ``DUPLICATE_STREAK``
+  repeats in a row;
+* a config that breaks a static constraint of the space is told PRUNED at once
+  with the constraint's message as user attr ``reason``; it never reaches nvcc;
+* a failed build is FAIL (reason: the compiler's error), a build the ptxas
+  gate rejects is PRUNED (reason: the gate's), a measure failure is FAIL with
+  reason ``"<kind>: <reason>"``, a measurement is COMPLETE with value = median µs;
+* any unexpected exception while one trial is processed fails that trial with
+  the exception's text, and the search goes on; KeyboardInterrupt fails every
+  trial in flight with reason ``"interrupted by user"`` and is re-raised.
+
+``trials`` is the number of *finished* trials (COMPLETE + PRUNED + FAIL) the
+study should hold in total: the loop runs until the study has that many, so a
+second run with the same number does nothing and ``resume`` extends a study.
+
+Reproducibility: builds run in parallel and complete in any order, but their
+results are told in proposal order and new trials are asked only at those
+points, so a seed reproduces the study (timings aside). The measure queue
+waits on the oldest build; builds keep compiling meanwhile and the GPU is
+rarely the stage that waits (a compile takes seconds, a measurement less).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import optuna
+from optuna.trial import TrialState
+
+from evotuner import events as ev
+from evotuner.config import KernelConfig
+from evotuner.errors import EvotunerError
+from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
+from evotuner.problem import Problem
+
+#: How a search ended: ``done`` (the study has ``trials`` finished trials),
+#: ``already_done`` (it had them before this run started; nothing was asked),
+#: ``exhausted`` (every config of the space is known, or the sampler proposed
+#: only known configs ``DUPLICATE_STREAK`` times in a row; more trials would
+#: only repeat results).
+OUTCOMES = ("done", "already_done", "exhausted")
+
+#: Consecutive proposals of already-known configs after which the loop stops
+#: with ``exhausted`` instead of spinning (a sampler stuck on a small space).
+DUPLICATE_STREAK = 64
+
+#: Spaces up to this many configs are checked for full coverage before each ask.
+COVERAGE_LIMIT = 100_000
+
+#: Reason recorded for trials in flight when the user interrupts the search.
+INTERRUPTED = "interrupted by user"
+
+_STATES = {"COMPLETE": TrialState.COMPLETE, "PRUNED": TrialState.PRUNED, "FAIL": TrialState.FAIL}
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    study: str
+    outcome: str                        # one of OUTCOMES
+    target: int
+    finished: int                       # finished trials in the study at the end
+    new_trials: int                     # trials this run finished (zombies not counted)
+    counts: dict[str, int] = field(hash=False)
+    best: ev.Best | None = None
+    baselines: dict[str, float | None] | None = field(default=None, hash=False)
+    zombies: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Result:
+    """What a finished trial says; what a duplicate copies."""
+
+    number: int
+    state: str
+    value: float | None
+    reason: str | None
+    attrs: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+@dataclass
+class _InFlight:
+    trial: optuna.trial.Trial
+    config: KernelConfig
+    future: Any                         # concurrent.futures.Future[BuildResult]
+    followers: list[optuna.trial.Trial] = field(default_factory=list)
+
+
+def run_search(
+    *,
+    store: Any,
+    study_name: str,
+    problem: Problem,
+    space: Any,
+    sampler: optuna.samplers.BaseSampler,
+    seed: int | None,
+    trials: int,
+    builder: Any,
+    measure: MeasureStage,
+    on_event: Callable[[object], None] | None = None,
+    batch: int | None = None,
+) -> SearchResult:
+    """Run the study ``study_name`` (already created) until it has ``trials`` finished trials.
+
+    ``store`` is an :class:`evotuner.storage.StudyStore`; ``space`` the study's
+    :class:`evotuner.space.SearchSpace`; ``builder`` an
+    :class:`evotuner.build.Builder`; ``measure`` any :class:`MeasureStage`.
+    ``seed`` is recorded only (the sampler already carries it).
+    """
+    if trials < 1:
+        raise EvotunerError(f"--trials: {trials} is not a positive number of trials", "e.g. --trials 64")
+    search = _Search(
+        store=store, study_name=study_name, problem=problem, space=space, sampler=sampler,
+        trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch,
+    )
+    return search.run()
+
+
+class _Search:
+    def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch):
+        self.store = store
+        self.name = study_name
+        self.problem = problem
+        self.space = space
+        self.builder = builder
+        self.measure = measure
+        self.target = trials
+        self.on_event = on_event or (lambda event: None)
+        jobs = getattr(builder, "jobs", None) or os.cpu_count() or 1
+        self.batch = max(1, int(batch if batch is not None else jobs))
+        self.study = store.load_study(study_name, problem=problem, space=space, sampler=sampler)
+        self.pending: deque[_InFlight] = deque()
+        self.by_config: dict[KernelConfig, _InFlight] = {}
+        self.known: dict[KernelConfig, _Result] = {}
+        self.counts = {state: 0 for state in ev.STATES}
+        self.finished = 0
+        self.new_trials = 0
+        self.best: ev.Best | None = None
+        self.baselines: dict[str, float | None] | None = None
+        self.dup_streak = 0
+        self.current: optuna.trial.Trial | None = None   # asked, not yet placed anywhere
+        self._unseen: set[KernelConfig] | None = None
+
+    # -- the run ---------------------------------------------------------------------
+
+    def run(self) -> SearchResult:
+        zombies = []
+        for zombie in self.store.fail_zombies(self.name):
+            zombies.append(zombie.number)
+            if zombie.requeue:
+                self.study.enqueue_trial(zombie.params)
+        zombies = tuple(zombies)
+        self._load_history()
+        self.emit(ev.SearchStarted(self.name, self.target, self.finished, zombies, self.batch))
+        if self.finished >= self.target:
+            self.emit(ev.SearchFinished("already_done", self.finished, self.target))
+            return self._result("already_done", zombies)
+        self._device_and_baselines()
+        outcome = "done"
+        try:
+            while True:
+                exhausted = self._fill()
+                if not self.pending:
+                    outcome = "exhausted" if exhausted and self.finished < self.target else "done"
+                    break
+                self._collect(self.pending.popleft())
+        except KeyboardInterrupt:
+            self._interrupt()
+            raise
+        self.emit(ev.SearchFinished(outcome, self.finished, self.target))
+        return self._result(outcome, zombies)
+
+    def _result(self, outcome: str, zombies: tuple[int, ...]) -> SearchResult:
+        return SearchResult(
+            study=self.name, outcome=outcome, target=self.target, finished=self.finished,
+            new_trials=self.new_trials, counts=dict(self.counts), best=self.best,
+            baselines=self.baselines, zombies=zombies,
+        )
+
+    def emit(self, event: object) -> None:
+        self.on_event(event)
+
+    def _load_history(self) -> None:
+        """Finished trials so far: counts, best, and the configs a duplicate copies.
+
+        A trial failed because its run was interrupted (a killed process, or the
+        user) is not finished: it does not count towards ``trials`` and its
+        config may be proposed and built again.
+        """
+        for rec in self.store.summary(self.name).trials:
+            if rec.state not in _STATES or _interrupted(rec.error):
+                continue
+            self.finished += 1
+            self.counts[rec.state] = self.counts.get(rec.state, 0) + 1
+            config = config_of(rec.params, self.space)
+            if config is None:
+                continue
+            if rec.duplicate_of is None and config not in self.known:
+                attrs = {"tflops": rec.tflops} if rec.tflops is not None else {}
+                self.known[config] = _Result(rec.number, rec.state, rec.value, rec.error, attrs)
+            if rec.state == "COMPLETE" and rec.value is not None:
+                self._offer_best(rec.number, config, rec.value, rec.tflops)
+
+    def _device_and_baselines(self) -> None:
+        """Record this run's device; measure SDPA baselines once per study and device."""
+        device = self.measure.device()
+        if device is not None:
+            self.store.record_device(self.name, device)
+        recorded = {k: v for k, v in self.store.summary(self.name).baselines.items()}
+        if not recorded:
+            recorded = dict(self.measure.baselines(self.problem))
+            self.store.record_baselines(self.name, device, self.problem, recorded)
+        self.baselines = recorded
+        self.emit(ev.BaselinesMeasured(dict(recorded)))
+
+    # -- asking --------------------------------------------------------------------------
+
+    def _builds_in_flight(self) -> int:
+        """nvcc builds queued or compiling now (the Builder's count when it keeps one)."""
+        count = getattr(self.builder, "in_flight", None)
+        return count if isinstance(count, int) else sum(1 for p in self.pending if not p.future.done())
+
+    def _in_flight_trials(self) -> int:
+        return sum(1 + len(p.followers) for p in self.pending)
+
+    def _fill(self) -> bool:
+        """Ask trials until ``batch`` builds are in flight or the target is covered.
+
+        Returns True when it stopped because the space is exhausted.
+        """
+        while len(self.pending) < self.batch and self.finished + self._in_flight_trials() < self.target:
+            if self._space_exhausted() or self.dup_streak >= DUPLICATE_STREAK:
+                return True
+            self._ask_one()
+        return False
+
+    def _space_exhausted(self) -> bool:
+        """True when every config of the space is finished or in flight (spaces up to
+        ``COVERAGE_LIMIT`` configs; larger ones rely on ``DUPLICATE_STREAK``)."""
+        if self.space.size > COVERAGE_LIMIT:
+            return False
+        if self._unseen is None:
+            self._unseen = set(self.space.configs())
+        self._unseen -= self.known.keys()
+        self._unseen -= self.by_config.keys()
+        return not self._unseen
+
+    def _ask_one(self) -> None:
+        trial = self.current = self.study.ask()
+        config: KernelConfig | None = None
+        try:
+            config = self._suggest(trial)
+            self.emit(ev.TrialStarted(trial.number, config))
+            earlier = self.known.get(config)
+            if earlier is not None:
+                self.dup_streak += 1
+                self._finish(trial, config, earlier.state, earlier.value, earlier.reason,
+                             dict(earlier.attrs), duplicate_of=earlier.number)
+                return
+            running = self.by_config.get(config)
+            if running is not None:
+                self.dup_streak += 1
+                running.followers.append(trial)
+                self.current = None
+                return
+            self.dup_streak = 0
+            constraint = self.space.violated(config, self.problem)
+            if constraint is not None:
+                self._finish(trial, config, "PRUNED", None, _message(constraint), {})
+                return
+            future = self.builder.submit(config, self.problem)
+            flight = _InFlight(trial, config, future)
+            self.pending.append(flight)
+            self.by_config[config] = flight
+            self.current = None
+            self.emit(ev.BuildStarted(trial.number, config, self._builds_in_flight()))
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- any stage error fails this trial only
+            if self.current is trial:
+                self._finish(trial, config, "FAIL", None, _describe(exc), {})
+
+    def _suggest(self, trial: optuna.trial.Trial) -> KernelConfig:
+        from evotuner.propose import suggest
+
+        return suggest(trial, self.space)
+
+    # -- collecting ----------------------------------------------------------------------
+
+    def _collect(self, flight: _InFlight) -> None:
+        """Wait for the oldest build, then gate, measure and tell it (and its followers)."""
+        try:
+            state, value, reason, attrs = self._process(flight)
+        except KeyboardInterrupt:
+            self.pending.appendleft(flight)   # still in flight: _interrupt() fails it
+            raise
+        except Exception as exc:  # noqa: BLE001 -- any stage error fails this trial only
+            state, value, reason, attrs = "FAIL", None, _describe(exc), {}
+        self.by_config.pop(flight.config, None)
+        self._finish(flight.trial, flight.config, state, value, reason, attrs)
+        for follower in flight.followers:
+            self._finish(follower, flight.config, state, value, reason, dict(attrs),
+                         duplicate_of=flight.trial.number)
+
+    def _process(self, flight: _InFlight) -> tuple[str, float | None, str | None, dict[str, Any]]:
+        from evotuner.gate import apply_gate
+
+        number = flight.trial.number
+        build = flight.future.result()   # the Builder never raises for a compile error
+        self.emit(ev.BuildFinished(number, flight.config, build.ok, build.cached, build.seconds,
+                                   self._builds_in_flight()))
+        if not build.ok or build.artifact is None:
+            self.store.record_build(self.name, number, build, None)
+            return "FAIL", None, f"build failed: {build.error or 'no artifact'}", {}
+        gate = apply_gate(build, self.space.gate)
+        self.store.record_build(self.name, number, build, gate)
+        if not gate.passed:
+            return "PRUNED", None, gate.reason, {}
+        outcome = self.measure.measure(build.artifact, self.problem)
+        self.store.record_measurement(self.name, number, flight.config, outcome)
+        if isinstance(outcome, MeasureFailure):
+            return "FAIL", None, f"{outcome.kind}: {outcome.reason}", {}
+        if not isinstance(outcome, Measurement):
+            raise TypeError(f"measure stage returned {type(outcome).__name__}, not a Measurement")
+        attrs = {
+            "tflops": outcome.tflops, "max_error": outcome.max_error,
+            "p20_us": outcome.p20_us, "p80_us": outcome.p80_us,
+        }
+        return "COMPLETE", outcome.median_us, None, attrs
+
+    # -- telling -------------------------------------------------------------------------
+
+    def _finish(self, trial, config, state, value, reason, attrs, duplicate_of=None) -> None:
+        attrs = dict(attrs)
+        if config is not None:
+            attrs["config"] = config.as_dict()     # the values; Optuna's params are the sampler's encoding
+        if reason is not None:
+            attrs["reason"] = reason
+        if duplicate_of is not None:
+            attrs["duplicate_of"] = duplicate_of
+        for key, val in attrs.items():
+            trial.set_user_attr(key, val)
+        self._tell(trial, state, value)
+        if self.current is trial:
+            self.current = None
+        self.finished += 1
+        self.new_trials += 1
+        self.counts[state] = self.counts.get(state, 0) + 1
+        if config is not None and duplicate_of is None and config not in self.known:
+            copied = {"tflops": attrs["tflops"]} if "tflops" in attrs else {}
+            self.known[config] = _Result(trial.number, state, value, reason, copied)
+        tflops = attrs.get("tflops")
+        self.emit(ev.TrialFinished(trial.number, config, state, value, reason, tflops, duplicate_of))
+        if state == "COMPLETE" and value is not None:
+            self._offer_best(trial.number, config, value, tflops)
+        self.emit(ev.Progress(self.finished, self.target, dict(self.counts),
+                              self._builds_in_flight(), self.best))
+
+    def _tell(self, trial: optuna.trial.Trial, state: str, value: float | None) -> None:
+        try:
+            if state == "COMPLETE":
+                self.study.tell(trial, value)
+            else:
+                self.study.tell(trial, state=_STATES[state])
+        except RuntimeError as exc:
+            # GridSampler calls study.stop() once its grid is covered, which only
+            # optimize() can honour; by then the trial is already told.
+            if "Study.stop" not in str(exc):
+                raise
+
+    def _offer_best(self, number: int, config: KernelConfig, value: float, tflops: float | None) -> None:
+        if self.best is None or value < self.best.median_us:
+            self.best = ev.Best(number, config, value, tflops)
+
+    def _interrupt(self) -> None:
+        """Fail everything in flight, cancel queued builds; the caller re-raises."""
+        stranded: list[tuple[optuna.trial.Trial, KernelConfig | None]] = []
+        if self.current is not None:
+            stranded.append((self.current, None))
+        for flight in self.pending:
+            flight.future.cancel()
+            stranded.append((flight.trial, flight.config))
+            stranded.extend((f, flight.config) for f in flight.followers)
+        self.pending.clear()
+        self.by_config.clear()
+        for trial, _config in stranded:
+            try:
+                trial.set_user_attr("reason", INTERRUPTED)
+                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
+            except Exception:  # noqa: BLE001 -- best effort; fail_zombies() catches the rest next run
+                pass
+        self.current = None
+
+
+def _message(constraint: object) -> str:
+    return str(getattr(constraint, "message", None) or constraint)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for a trial's ``reason``: the exception type and text, and where it was raised."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
+
+
+def count_finished(store: Any, study_name: str) -> int:
+    """Finished trials as ``trials`` counts them: COMPLETE, PRUNED and FAIL, less the
+    trials failed because their run was interrupted (a killed process, or the user)."""
+    return sum(1 for rec in store.summary(study_name).trials
+               if rec.state in _STATES and not _interrupted(rec.error))
+
+
+def config_of(params: dict[str, int], space: Any) -> KernelConfig | None:
+    """The config of a recorded trial: its values (the loop's ``config`` attr) or, for a
+    trial recorded with the sampler's encoding only, decoded through the space."""
+    from evotuner.propose import config_from_params
+
+    if not params:
+        return None
+    if set(params) == set(space.names):
+        return KernelConfig.of(params)
+    return config_from_params(params, space)
+
+
+def _interrupted(reason: str | None) -> bool:
+    from evotuner.storage import INTERRUPTED_REASON
+
+    return reason in (INTERRUPTED, INTERRUPTED_REASON)
+
