@@ -6,6 +6,7 @@
     evotuner show    --study NAME [--top 10] [--json]
     evotuner export  --study NAME [--study OTHER ...] --output flashcore_config.h
     evotuner compile --config BLOCK_M=128,... --shape D=64 [--dtype ...] [--causal] [--json] [--space FILE]
+    evotuner bench   --study NAME [--top 5] [--json] [--budget 1.0] [--no-record] [--storage URL]
 
 This is the only module that prints. Every command parses its options into
 frozen values, calls the library, and renders what comes back. ``main`` is the
@@ -100,6 +101,15 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object ins
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best trials to list.")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="The C++ header to write.")]
 ConfigOpt = Annotated[str, typer.Option("--config", help="Kernel config NAME=VALUE,... (every space parameter).")]
+BenchTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best configs to re-measure.")]
+BudgetOpt = Annotated[
+    Optional[float],
+    typer.Option("--budget", min=0.05, help="Timing budget per config and per SDPA backend, seconds "
+                                            "[default: the measure stage's, 0.5]."),
+]
+RecordOpt = Annotated[
+    bool, typer.Option("--record/--no-record", help="Store this run's device and SDPA baselines with the study."),
+]
 
 #: Trials ``resume`` adds when --trials is not given.
 RESUME_STEP = 32
@@ -305,6 +315,86 @@ def compile_cmd(
     verdict = Text("passed", style="green") if gate.passed else Text(f"rejected: {gate.reason}", style="red")
     table.add_row("gate", verdict)
     _io.out.print(table)
+
+
+@app.command()
+def bench(
+    study: StudyOpt,
+    top: BenchTopOpt = 5,
+    as_json: JsonOpt = False,
+    budget: BudgetOpt = None,
+    record: RecordOpt = True,
+    storage: StorageOpt = None,
+) -> None:
+    """Re-measure the study's best configs and SDPA's backends side by side in one run on this GPU.
+
+    ratio = SDPA µs / our µs (above 1: faster than that SDPA backend). Configs are
+    rebuilt through the build cache (hits when the study ran on this machine).
+    """
+    from evotuner.bench import bench_study
+    from evotuner.space import parse_space
+
+    measure_factory = _measure_factory()          # refuses at once without a GPU
+    if budget is not None:
+        measure_factory = _with_budget(measure_factory, budget)
+    store = _open_store(storage, must_exist=True)
+    with ExitStack() as stack:
+        stack.callback(store.close)
+        summary = store.summary(study)            # StorageError naming the study if not found
+        space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
+        builder = _builder(space, 1, stack)
+        measure = stack.enter_context(measure_factory())
+        result = bench_study(store, study, builder=builder, measure=measure, top=top, record_baselines=record)
+    if as_json:
+        _print_json(result.as_json())
+        return
+    _io.out.print(_bench_table(result))
+    for name, why in result.baseline_reasons.items():
+        _io.err.print(f"{name}: not measured: {_one_line(why)}", markup=False, highlight=False)
+
+
+def _with_budget(factory: Callable[[], MeasureStage], budget: float) -> Callable[[], MeasureStage]:
+    """The GPU stage with ``budget_s``; a test-only hook factory takes no options and is kept as is."""
+    from evotuner.measure import GpuMeasure
+
+    if isinstance(factory, type) and issubclass(factory, GpuMeasure):
+        return lambda: factory(budget_s=budget)
+    return factory
+
+
+def _bench_table(result: Any) -> Table:
+    from rich import box
+
+    from evotuner.bench import BASELINE_NAMES
+
+    p = result.problem
+    device = (result.device or {}).get("name", "unknown device")
+    names = [n for n in BASELINE_NAMES if n in result.baselines] + \
+            [n for n in result.baselines if n not in BASELINE_NAMES]
+    table = Table(title=f"{result.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} on {device}",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, caption_justify="left",
+                  caption=f"{', '.join(n.removeprefix('sdpa_') for n in names)}: ratio = SDPA µs / µs "
+                          "(>1: faster than that SDPA backend); was: the µs the study recorded")
+    table.add_column("#", justify="right", no_wrap=True)
+    table.add_column("config", overflow="fold", min_width=16, ratio=1)   # folds on a narrow terminal
+    for col in ("µs", "TFLOPS", *(n.removeprefix("sdpa_") for n in names), "was"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for row in result.rows:
+        if row.ok:
+            cells = [f"{row.median_us:.1f}", f"{row.tflops:.1f}" if row.tflops else "-",
+                     *(f"{row.ratios[n]:.2f}x" if row.ratios.get(n) else "-" for n in names)]
+        else:
+            cells = [Text("failed", style="red"), "-", *(["-"] * len(names))]
+        recorded = f"{row.recorded_us:.1f}" if row.recorded_us is not None else "-"
+        config = str(row.config) if row.ok else f"{row.config}\nfailed: {_one_line(row.failure)}"
+        table.add_row(str(row.trial), config, *cells, recorded)
+    table.add_section()
+    for name in names:
+        us = result.baselines.get(name)
+        tflops = result.baseline_tflops.get(name)
+        table.add_row("", name, f"{us:.1f}" if us else "cannot run", f"{tflops:.1f}" if tflops else "-",
+                      *(["1.00x" if n == name and us else "-" for n in names]), "-")
+    return table
 
 
 # -- the search run and its live view ------------------------------------------------------

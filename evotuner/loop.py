@@ -36,6 +36,7 @@ rarely the stage that waits (a compile takes seconds, a measurement less).
 from __future__ import annotations
 
 import os
+import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
@@ -81,6 +82,16 @@ class SearchResult:
     best: ev.Best | None = None
     baselines: dict[str, float | None] | None = field(default=None, hash=False)
     zombies: tuple[int, ...] = ()
+    #: Wall seconds this run spent in each part of the loop's thread (see ``TIMING_KEYS``);
+    #: builds run in a pool, so ``build_wait`` is only the time the loop was blocked on one.
+    timings: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+
+
+#: Keys of ``SearchResult.timings``: ``baselines`` (device fingerprint + SDPA baselines at
+#: the start), ``ask`` (sampler ask + suggest), ``build_wait`` (blocked on the oldest build),
+#: ``gate`` (ptxas gate), ``measure`` (the measure stage's call), ``record`` (study writes:
+#: build/measurement rows and Optuna's tell).
+TIMING_KEYS = ("baselines", "ask", "build_wait", "gate", "measure", "record")
 
 
 @dataclass(frozen=True)
@@ -156,6 +167,13 @@ class _Search:
         self.dup_streak = 0
         self.current: optuna.trial.Trial | None = None   # asked, not yet placed anywhere
         self._unseen: set[KernelConfig] | None = None
+        self.timings = {key: 0.0 for key in TIMING_KEYS}
+
+    def _tally(self, key: str, since: float) -> float:
+        """Add the wall seconds since ``since`` to ``timings[key]``; returns now."""
+        now = time.perf_counter()
+        self.timings[key] += now - since
+        return now
 
     # -- the run ---------------------------------------------------------------------
 
@@ -190,7 +208,7 @@ class _Search:
         return SearchResult(
             study=self.name, outcome=outcome, target=self.target, finished=self.finished,
             new_trials=self.new_trials, counts=dict(self.counts), best=self.best,
-            baselines=self.baselines, zombies=zombies,
+            baselines=self.baselines, zombies=zombies, timings=dict(self.timings),
         )
 
     def emit(self, event: object) -> None:
@@ -219,6 +237,7 @@ class _Search:
 
     def _device_and_baselines(self) -> None:
         """Record this run's device; measure SDPA baselines once per study and device."""
+        started = time.perf_counter()
         device = self.measure.device()
         if device is not None:
             self.store.record_device(self.name, device)
@@ -227,6 +246,7 @@ class _Search:
             recorded = dict(self.measure.baselines(self.problem))
             self.store.record_baselines(self.name, device, self.problem, recorded)
         self.baselines = recorded
+        self._tally("baselines", started)
         self.emit(ev.BaselinesMeasured(dict(recorded)))
 
     # -- asking --------------------------------------------------------------------------
@@ -262,10 +282,12 @@ class _Search:
         return not self._unseen
 
     def _ask_one(self) -> None:
+        started = time.perf_counter()
         trial = self.current = self.study.ask()
         config: KernelConfig | None = None
         try:
             config = self._suggest(trial)
+            self._tally("ask", started)
             self.emit(ev.TrialStarted(trial.number, config))
             earlier = self.known.get(config)
             if earlier is not None:
@@ -322,18 +344,26 @@ class _Search:
         from evotuner.gate import apply_gate
 
         number = flight.trial.number
+        t = time.perf_counter()
         build = flight.future.result()   # the Builder never raises for a compile error
+        t = self._tally("build_wait", t)
         self.emit(ev.BuildFinished(number, flight.config, build.ok, build.cached, build.seconds,
                                    self._builds_in_flight()))
         if not build.ok or build.artifact is None:
             self.store.record_build(self.name, number, build, None)
+            self._tally("record", t)
             return "FAIL", None, f"build failed: {build.error or 'no artifact'}", {}
+        t = time.perf_counter()
         gate = apply_gate(build, self.space.gate)
+        t = self._tally("gate", t)
         self.store.record_build(self.name, number, build, gate)
+        t = self._tally("record", t)
         if not gate.passed:
             return "PRUNED", None, gate.reason, {}
         outcome = self.measure.measure(build.artifact, self.problem)
+        t = self._tally("measure", t)
         self.store.record_measurement(self.name, number, flight.config, outcome)
+        self._tally("record", t)
         if isinstance(outcome, MeasureFailure):
             return "FAIL", None, f"{outcome.kind}: {outcome.reason}", {}
         if not isinstance(outcome, Measurement):
@@ -354,9 +384,11 @@ class _Search:
             attrs["reason"] = reason
         if duplicate_of is not None:
             attrs["duplicate_of"] = duplicate_of
+        started = time.perf_counter()
         for key, val in attrs.items():
             trial.set_user_attr(key, val)
         self._tell(trial, state, value)
+        self._tally("record", started)
         if self.current is trial:
             self.current = None
         self.finished += 1

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 import traceback
 import warnings
 from pathlib import Path
@@ -111,7 +112,11 @@ class Worker:
         seed = int(args.get("seed", 0))
         budget_s = float(args.get("budget_s", 0.5))
 
+        # Wall seconds per phase (load, correctness, timing), returned in ``detail["phases"]``
+        # for scripts/bench_tuner.py's time shares; perf_counter only, no extra sync.
+        t0 = time.perf_counter()
         module = KernelModule.load(artifact, device=self.device_index, cache=False)
+        t1 = time.perf_counter()
         try:
             study = self._check(module, problem, seed)
             if isinstance(study, Reply):
@@ -121,9 +126,12 @@ class Worker:
             ragged = self._check(module, ragged_problem, seed + 1_000_003)
             if isinstance(ragged, Reply):
                 return _annotate(ragged, f"at the ragged shape {ragged_problem.shape}")
+            t2 = time.perf_counter()
             timing = self._time(module, problem, seed, budget_s)
+            t3 = time.perf_counter()
         finally:
             _unload_if_healthy(module, cuda)
+        phases = {"load_s": t1 - t0, "check_s": t2 - t1, "time_s": t3 - t2}
         median, p20, p80, reps = timing
         return Reply.success({
             "measurement": {
@@ -131,7 +139,7 @@ class Worker:
                 "max_error": study["max_error"], "tolerance": study["tolerance"], "repetitions": reps,
             },
             "detail": {"ragged_max_error": ragged["max_error"], "ragged_tolerance": ragged["tolerance"],
-                       "ragged_shape": str(ragged_problem.shape), "seed": seed},
+                       "ragged_shape": str(ragged_problem.shape), "seed": seed, "phases": phases},
         })
 
     def _check(self, module: Any, problem: Problem, seed: int) -> dict[str, float] | Reply:
