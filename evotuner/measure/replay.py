@@ -1,0 +1,465 @@
+"""Replay: answer the build and measure stages from a recorded sweep, on any machine.
+
+A *sweep* (``scripts/sweep.py``) records every config of a space at one problem:
+one CSV row per config and a sidecar ``<csv>.json`` with the problem, the space
+fingerprint, the device fingerprint and the SDPA baselines of the same run.
+
+CSV columns, in this order::
+
+    <one column per space parameter>, status, median_us, tflops, max_error,
+    registers, spill_bytes, smem_bytes, reason,
+    p20_us, p80_us, tolerance, repetitions, failure_kind, meta, ptxas_log
+
+``status`` is ``ok`` (measured), ``gated`` (rejected before the GPU: by a static
+constraint, ``failure_kind`` empty and no ptxas log; or by the ptxas gate,
+``failure_kind`` = ``gate``) or ``failed`` (``failure_kind`` = ``build`` for a
+compile error, else one of :data:`~evotuner.measure.base.FAILURE_KINDS`).
+``meta`` is the artifact's ``flashcore_meta`` table as JSON and ``ptxas_log``
+the build's ``-Xptxas -v`` output verbatim (newlines written as ``\\n``);
+empty where the config never compiled.
+
+How a replayed search runs (no nvcc, no GPU, no change to the loop)::
+
+    replay = ReplayMeasure(csv, problem, space)
+    run_search(..., builder=replay.builder(), measure=replay)
+
+:class:`ReplayBuilder` stands in for :class:`~evotuner.build.Builder`: its
+futures are already done and hold the *recorded* build (the real ptxas report,
+the real meta table, or the recorded compiler error), so the loop's real gate
+(:func:`evotuner.gate.apply_gate`) re-judges the recorded report and reaches the
+sweep's verdict. The artifact it hands on names no cubin that can be loaded: its
+``cubin`` is the sweep CSV and its ``key`` is ``replay:<csv sha256[:16]>:<config>``,
+from which :meth:`ReplayMeasure.measure` reads the config back. Code that wants a
+config's recorded outcome without the loop (the sampler benchmark) calls
+:meth:`ReplayMeasure.lookup`.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import re
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+from evotuner.build.result import Artifact, BuildResult
+from evotuner.config import KernelConfig
+from evotuner.errors import EvotunerError, StudyMismatchError
+from evotuner.measure.base import FAILURE_KINDS, MeasureFailure, MeasureOutcome, Measurement, MeasureStage
+from evotuner.problem import Problem
+
+#: Sweep row statuses.
+STATUSES = ("ok", "gated", "failed")
+#: The columns after the parameter columns; the first eight are the issue's contract.
+RESULT_COLUMNS = (
+    "status", "median_us", "tflops", "max_error", "registers", "spill_bytes", "smem_bytes", "reason",
+    "p20_us", "p80_us", "tolerance", "repetitions", "failure_kind", "meta", "ptxas_log",
+)
+#: ``failure_kind`` of a ptxas-gated row and of a failed compile.
+GATE_KIND = "gate"
+BUILD_KIND = "build"
+#: Sidecar keys every sweep writes (``problem`` is Problem.as_dict()).
+SIDECAR_KEYS = ("problem", "space_fingerprint", "device", "baselines")
+#: ``ptxas_log`` cells escape backslash and newline (``\\`` and ``\n``): one CSV line per row.
+_UNESCAPE = re.compile(r"\\(.)")
+#: Prefix of a replayed artifact's key.
+KEY_PREFIX = "replay:"
+
+
+class ReplayError(EvotunerError):
+    """A sweep file is missing, malformed, or does not fit the study."""
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One config of a sweep, as recorded."""
+
+    config: KernelConfig
+    status: str
+    reason: str = ""
+    median_us: float | None = None
+    p20_us: float | None = None
+    p80_us: float | None = None
+    tflops: float | None = None
+    max_error: float | None = None
+    tolerance: float | None = None
+    repetitions: int | None = None
+    registers: int | None = None
+    spill_bytes: int | None = None
+    smem_bytes: int | None = None
+    failure_kind: str = ""
+    meta: dict[str, int] = field(default_factory=dict, hash=False, compare=False)
+    ptxas_log: str = ""
+
+    @property
+    def compiled(self) -> bool:
+        """True when the sweep has the config's build (a meta table and a ptxas report)."""
+        return bool(self.meta) and bool(self.ptxas_log)
+
+    @property
+    def statically_pruned(self) -> bool:
+        return self.status == "gated" and self.failure_kind != GATE_KIND
+
+    def measurement(self) -> Measurement:
+        if self.status != "ok" or self.median_us is None:
+            raise ValueError(f"{self.config} was not measured (status {self.status})")
+        return Measurement(
+            median_us=self.median_us,
+            p20_us=self.p20_us if self.p20_us is not None else self.median_us,
+            p80_us=self.p80_us if self.p80_us is not None else self.median_us,
+            tflops=self.tflops if self.tflops is not None else math.nan,
+            max_error=self.max_error if self.max_error is not None else math.nan,
+            tolerance=self.tolerance if self.tolerance is not None else math.nan,
+            repetitions=self.repetitions or 0,
+        )
+
+    def as_csv(self, names: tuple[str, ...]) -> list[str]:
+        def num(v: float | int | None) -> str:
+            return "" if v is None else repr(v) if isinstance(v, float) else str(v)
+
+        return [str(self.config[n]) for n in names] + [
+            self.status, num(self.median_us), num(self.tflops), num(self.max_error), num(self.registers),
+            num(self.spill_bytes), num(self.smem_bytes), _one_line(self.reason), num(self.p20_us), num(self.p80_us),
+            num(self.tolerance), num(self.repetitions), self.failure_kind,
+            json.dumps(self.meta, sort_keys=True, separators=(",", ":")) if self.meta else "",
+            self.ptxas_log.replace("\\", "\\\\").replace("\n", "\\n"),
+        ]
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """What the sweep says about one config, in the loop's terms.
+
+    ``state`` is the trial state the loop would record (COMPLETE, PRUNED, FAIL);
+    ``outcome`` the Measurement or MeasureFailure of a config that reached the
+    GPU (None for pruned configs and failed builds); ``reason`` the one line.
+    """
+
+    config: KernelConfig
+    state: str
+    reason: str | None
+    outcome: MeasureOutcome | None
+    row: SweepRow = field(compare=False, repr=False)
+
+    @property
+    def value(self) -> float | None:
+        return self.outcome.median_us if isinstance(self.outcome, Measurement) else None
+
+    @property
+    def evaluated(self) -> bool:
+        """True when finding this out cost a compile (everything but static pruning)."""
+        return not self.row.statically_pruned
+
+
+@dataclass(frozen=True)
+class SweepTable:
+    """A sweep read from disk: its sidecar and its rows by config."""
+
+    path: Path
+    sha256: str
+    names: tuple[str, ...]
+    header: dict[str, Any] = field(hash=False)
+    rows: dict[KernelConfig, SweepRow] = field(hash=False)
+
+    @property
+    def problem(self) -> Problem:
+        return Problem.from_dict(self.header["problem"])
+
+    def optimum(self) -> SweepRow | None:
+        ok = [r for r in self.rows.values() if r.status == "ok" and r.median_us is not None]
+        return min(ok, key=lambda r: r.median_us) if ok else None
+
+
+# --------------------------------------------------------------------------- files
+
+
+def sidecar_path(csv_path: str | Path) -> Path:
+    p = Path(csv_path)
+    return p.with_name(p.name + ".json")
+
+
+def write_sweep(path: str | Path, names: Iterable[str], rows: Iterable[SweepRow], header: Mapping[str, Any]) -> Path:
+    """Write a whole sweep (CSV + sidecar). ``header`` must hold :data:`SIDECAR_KEYS`."""
+    names = tuple(names)
+    missing = [k for k in SIDECAR_KEYS if k not in header]
+    if missing:
+        raise ValueError(f"sweep header lacks {', '.join(missing)}")
+    path = Path(path)
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(list(names) + list(RESULT_COLUMNS))
+        for row in rows:
+            w.writerow(row.as_csv(names))
+    write_sidecar(path, header)
+    return path
+
+
+def write_sidecar(path: str | Path, header: Mapping[str, Any]) -> Path:
+    side = sidecar_path(path)
+    tmp = side.with_name(side.name + ".tmp")
+    tmp.write_text(json.dumps(dict(header), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    tmp.replace(side)
+    return side
+
+
+def read_sweep(path: str | Path) -> SweepTable:
+    """Read and validate a sweep CSV and its sidecar; ReplayError names the file, line and column."""
+    path = Path(path)
+    if not path.is_file():
+        raise ReplayError(f"--replay {path}: sweep file not found", "produce one with scripts/sweep.py")
+    side = sidecar_path(path)
+    if not side.is_file():
+        raise ReplayError(f"--replay {path}: its sidecar {side.name} is missing",
+                          "keep the .json that scripts/sweep.py writes beside the CSV")
+    try:
+        header = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ReplayError(f"{side}: cannot read the sweep sidecar: {exc}") from None
+    if not isinstance(header, dict):
+        raise ReplayError(f"{side}: the sweep sidecar is not a JSON object")
+    for key in SIDECAR_KEYS:
+        if key not in header:
+            raise ReplayError(f"{side}: sidecar key {key!r} is missing", "rerun scripts/sweep.py")
+    try:
+        Problem.from_dict(header["problem"])
+    except (EvotunerError, KeyError, TypeError, ValueError) as exc:
+        raise ReplayError(f"{side}: sidecar 'problem' is not a problem: {exc}") from None
+    data = path.read_bytes()
+    text = data.decode("utf-8", errors="replace")
+    reader = csv.reader(text.splitlines())
+    try:
+        columns = next(reader)
+    except StopIteration:
+        raise ReplayError(f"{path}: empty sweep file") from None
+    n_params = len(columns) - len(RESULT_COLUMNS)
+    if n_params < 1 or tuple(columns[n_params:]) != RESULT_COLUMNS:
+        raise ReplayError(
+            f"{path}: header must be the parameter columns then {', '.join(RESULT_COLUMNS)}",
+            "this file was not written by scripts/sweep.py (or by an incompatible version)",
+        )
+    names = tuple(columns[:n_params])
+    rows: dict[KernelConfig, SweepRow] = {}
+    for lineno, cells in enumerate(reader, start=2):
+        if not cells:
+            continue
+        if len(cells) != len(columns):
+            raise ReplayError(f"{path}:{lineno}: {len(cells)} cells, the header has {len(columns)}")
+        row = parse_row(path, lineno, names, cells)
+        if row.config in rows:
+            raise ReplayError(f"{path}:{lineno}: config {row.config} appears twice")
+        rows[row.config] = row
+    return SweepTable(path=path, sha256=hashlib.sha256(data).hexdigest(), names=names, header=header, rows=rows)
+
+
+def parse_row(path: Path, lineno: int, names: tuple[str, ...], cells: list[str]) -> SweepRow:
+    where = f"{path}:{lineno}"
+    values = dict(zip(names + RESULT_COLUMNS, cells))
+
+    def num(col: str, kind: type = float) -> Any:
+        raw = values[col].strip()
+        if not raw:
+            return None
+        try:
+            return kind(raw)
+        except ValueError:
+            raise ReplayError(f"{where}: column {col}: {raw!r} is not a number") from None
+
+    try:
+        config = KernelConfig.of({n: values[n] for n in names})
+    except EvotunerError as exc:
+        raise ReplayError(f"{where}: {exc.message}") from None
+    status = values["status"].strip()
+    if status not in STATUSES:
+        raise ReplayError(f"{where}: column status: {status!r} is not one of {', '.join(STATUSES)}")
+    kind = values["failure_kind"].strip()
+    try:
+        meta = json.loads(values["meta"]) if values["meta"].strip() else {}
+    except ValueError:
+        raise ReplayError(f"{where}: column meta is not JSON") from None
+    log = _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), values["ptxas_log"])
+    row = SweepRow(
+        config=config, status=status, reason=values["reason"], median_us=num("median_us"), p20_us=num("p20_us"),
+        p80_us=num("p80_us"), tflops=num("tflops"), max_error=num("max_error"), tolerance=num("tolerance"),
+        repetitions=num("repetitions", int), registers=num("registers", int), spill_bytes=num("spill_bytes", int),
+        smem_bytes=num("smem_bytes", int), failure_kind=kind, meta=meta, ptxas_log=log,
+    )
+    if status == "ok" and (row.median_us is None or not row.median_us > 0):
+        raise ReplayError(f"{where}: status ok needs a positive median_us")
+    if status == "ok" and not row.compiled:
+        raise ReplayError(f"{where}: status ok needs the build's meta and ptxas_log")
+    if status == "gated" and kind not in ("", GATE_KIND):
+        raise ReplayError(f"{where}: a gated row has failure_kind '' (static constraint) or '{GATE_KIND}'")
+    if status == "gated" and kind == GATE_KIND and not row.compiled:
+        raise ReplayError(f"{where}: a ptxas-gated row needs the build's meta and ptxas_log")
+    if status == "failed" and kind not in (BUILD_KIND,) + FAILURE_KINDS:
+        raise ReplayError(f"{where}: column failure_kind: {kind!r} is not {BUILD_KIND} or one of {', '.join(FAILURE_KINDS)}")
+    if status == "failed" and kind != BUILD_KIND and not row.compiled:
+        raise ReplayError(f"{where}: a measure failure needs the build's meta and ptxas_log")
+    return row
+
+
+# --------------------------------------------------------------------------- the stages
+
+
+class ReplayMeasure(MeasureStage):
+    """The measure stage answered from a sweep (see the module docstring).
+
+    Construction checks that the sweep was recorded for ``problem`` (shape, dtype,
+    causal) and, given ``space``, that it has the same parameters and fingerprint
+    and a row for every config of the space; each mismatch is a ReplayError naming
+    the file and what differs. ``calls`` counts :meth:`measure` calls.
+    """
+
+    def __init__(self, path: str | Path, problem: Problem, space: Any = None) -> None:
+        self.table = read_sweep(path)
+        self.problem = problem
+        self.calls = 0
+        recorded = self.table.problem
+        if recorded != problem:
+            raise StudyMismatchError(
+                f"--replay {self.table.path}: recorded for {_describe(recorded)}; the study is {_describe(problem)}",
+                "replay a sweep of the same shape, dtype and causal flag (scripts/sweep.py --shape ...)",
+            )
+        if space is not None:
+            self._check_space(space)
+
+    def _check_space(self, space: Any) -> None:
+        path = self.table.path
+        if set(space.names) != set(self.table.names):
+            raise ReplayError(
+                f"--replay {path}: parameters {', '.join(self.table.names)} differ from the space's "
+                f"{', '.join(space.names)}",
+                "replay a sweep of this search space",
+            )
+        recorded = self.table.header.get("space_fingerprint")
+        if recorded != space.fingerprint():
+            raise ReplayError(
+                f"--replay {path}: recorded with space fingerprint {str(recorded)[:12]}, this space is "
+                f"{space.fingerprint()[:12]} ({space.path})",
+                "replay with the space file the sweep used, or sweep this space again",
+            )
+        missing = [c for c in space.configs() if c not in self.table.rows]
+        if missing:
+            raise ReplayError(f"--replay {path}: no row for {len(missing)} config(s) of the space, e.g. {missing[0]}",
+                              "sweep the whole space (scripts/sweep.py without --limit)")
+
+    # -- lookups -------------------------------------------------------------------------
+
+    def row(self, config: KernelConfig) -> SweepRow:
+        try:
+            return self.table.rows[config]
+        except KeyError:
+            raise ReplayError(f"--replay {self.table.path}: no row for config {config}",
+                              "replay a sweep of this search space") from None
+
+    def lookup(self, config: KernelConfig) -> Replayed:
+        """The recorded outcome of ``config`` as the loop would record it."""
+        row = self.row(config)
+        if row.status == "ok":
+            return Replayed(config, "COMPLETE", None, row.measurement(), row)
+        if row.status == "gated":
+            return Replayed(config, "PRUNED", row.reason, None, row)
+        if row.failure_kind == BUILD_KIND:
+            return Replayed(config, "FAIL", f"build failed: {row.reason}", None, row)
+        failure = MeasureFailure(row.failure_kind, row.reason)
+        return Replayed(config, "FAIL", f"{failure.kind}: {failure.reason}", failure, row)
+
+    def artifact_key(self, config: KernelConfig) -> str:
+        return f"{KEY_PREFIX}{self.table.sha256[:16]}:{config}"
+
+    def config_of(self, artifact: Artifact) -> KernelConfig:
+        prefix = f"{KEY_PREFIX}{self.table.sha256[:16]}:"
+        if not artifact.key.startswith(prefix):
+            raise ReplayError(f"replay: artifact {artifact.key!r} was not built by this replay ({self.table.path})",
+                              "pass ReplayMeasure.builder() to the loop as its builder")
+        return KernelConfig.parse(artifact.key[len(prefix):])
+
+    def builder(self, jobs: int = 4) -> "ReplayBuilder":
+        return ReplayBuilder(self, jobs=jobs)
+
+    # -- MeasureStage -------------------------------------------------------------------
+
+    def measure(self, artifact: Artifact, problem: Problem) -> MeasureOutcome:
+        if problem != self.problem:
+            raise ReplayError(f"replay: asked for {_describe(problem)}, the sweep is {_describe(self.problem)}")
+        config = self.config_of(artifact)
+        self.calls += 1
+        replayed = self.lookup(config)
+        if replayed.outcome is None:
+            raise ReplayError(
+                f"--replay {self.table.path}: {config} passed the gate but the sweep did not measure it "
+                f"(recorded {replayed.row.status}: {_one_line(replayed.row.reason)})",
+                "the gate thresholds differ from the sweep's; sweep again with this space",
+            )
+        return replayed.outcome
+
+    def baselines(self, problem: Problem) -> dict[str, float | None]:
+        return {str(k): (float(v) if v is not None else None) for k, v in dict(self.table.header["baselines"]).items()}
+
+    def device(self) -> dict[str, object] | None:
+        device = dict(self.table.header.get("device") or {})
+        device["replayed"] = True
+        device["replay_sha256"] = self.table.sha256
+        return device
+
+
+class ReplayBuilder:
+    """Stands in for :class:`evotuner.build.Builder` in a replayed search: every
+    future is already done and holds the sweep's recorded build. Never runs nvcc."""
+
+    def __init__(self, replay: ReplayMeasure, jobs: int = 4) -> None:
+        self.replay = replay
+        self.jobs = max(1, int(jobs))
+        self.submitted = 0
+
+    def cache_key(self, config: KernelConfig, problem: Problem) -> str:
+        return self.replay.artifact_key(config)
+
+    def build(self, config: KernelConfig, problem: Problem) -> BuildResult:
+        if problem != self.replay.problem:
+            raise ReplayError(f"replay: asked to build for {_describe(problem)}, "
+                              f"the sweep is {_describe(self.replay.problem)}")
+        row = self.replay.row(config)
+        key = self.cache_key(config, problem)
+        if not row.compiled:
+            why = row.reason if row.failure_kind == BUILD_KIND else f"the sweep never compiled it: {row.reason}"
+            return BuildResult(config, key, False, None, row.ptxas_log, 0.0, True, error=why or "no build recorded")
+        artifact = Artifact(cubin=self.replay.table.path, key=key, sha256=self.replay.table.sha256,
+                            meta={k: int(v) for k, v in row.meta.items()})
+        return BuildResult(config, key, True, artifact, row.ptxas_log, 0.0, True)
+
+    def submit(self, config: KernelConfig, problem: Problem) -> "Future[BuildResult]":
+        future: Future[BuildResult] = Future()
+        self.submitted += 1
+        try:
+            future.set_result(self.build(config, problem))
+        except Exception as exc:  # noqa: BLE001 -- a future carries its error, as the Builder's do
+            future.set_exception(exc)
+        return future
+
+    def source_hash(self) -> str:
+        return str(self.replay.table.header.get("source_hash") or f"replay:{self.replay.table.sha256}")
+
+    def nvcc_version(self) -> str:
+        return str(self.replay.table.header.get("nvcc_version") or "replay (no nvcc)")
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "ReplayBuilder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _describe(problem: Problem) -> str:
+    return f"{problem.shape} {problem.dtype} {'causal' if problem.causal else 'non-causal'}"
+
+
+def _one_line(text: str | None) -> str:
+    return " ".join((text or "").split())

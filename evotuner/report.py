@@ -1,0 +1,218 @@
+"""Study reports: PNG plots (and HTML where plotly is installed) of one study.
+
+``write_report(store, study, output_dir)`` writes
+
+* ``history.png`` -- every COMPLETE trial's median µs by trial number, the best
+  so far as a step line, and the study's SDPA baselines as horizontal lines;
+* ``importances.png`` -- Optuna's parameter importances (fANOVA by default);
+  needs at least two COMPLETE trials with differing parameters;
+* ``resources.png`` -- latency against registers per thread and against shared
+  memory per block, from the ptxas figures the gate recorded;
+* ``history.html`` / ``importances.html`` -- optuna.visualization's interactive
+  versions, only when plotly is installed;
+* ``report.json`` -- the files written and, for every plot left out, why.
+
+Matplotlib (the ``report`` extra) renders with the Agg backend; nothing is shown
+or printed. Parameter names are the space's (BLOCK_M), not Optuna's index names.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evotuner.errors import EvotunerError
+
+#: Optuna's parameter names are ``<NAME>_index`` (evotuner.propose.INDEX_SUFFIX).
+_INDEX_SUFFIX = "_index"
+
+
+class ReportError(EvotunerError):
+    """A report cannot be written (matplotlib missing, output not writable)."""
+
+
+@dataclass(frozen=True)
+class Report:
+    files: tuple[Path, ...]
+    skipped: dict[str, str] = field(default_factory=dict, hash=False)   # plot -> why it is missing
+
+
+def write_report(store: Any, study_name: str, output_dir: str | Path) -> list[Path]:
+    """Write the study's plots into ``output_dir`` (created); return the files written."""
+    return list(make_report(store, study_name, output_dir).files)
+
+
+def make_report(store: Any, study_name: str, output_dir: str | Path) -> Report:
+    """Like :func:`write_report`, also saying which plots were left out and why."""
+    plt = _pyplot()
+    out = Path(output_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ReportError(f"--output {out}: cannot create the report folder: {exc.strerror}",
+                          "pass a writable folder") from None
+    summary = store.summary(study_name)
+    files: list[Path] = []
+    skipped: dict[str, str] = {}
+    complete = [t for t in summary.trials if t.state == "COMPLETE" and t.value is not None]
+
+    files.append(_history(plt, summary, complete, out / "history.png"))
+
+    importances, why = _importances(store, study_name, complete)
+    if importances is None:
+        skipped["importances.png"] = why
+    else:
+        files.append(_importance_plot(plt, summary, importances, out / "importances.png"))
+
+    with_gate = [t for t in complete if t.gate and t.gate.get("registers") is not None]
+    if with_gate:
+        files.append(_resources(plt, summary, with_gate, out / "resources.png"))
+    else:
+        skipped["resources.png"] = "no COMPLETE trial has recorded ptxas figures"
+
+    if importlib.util.find_spec("plotly") is None:
+        skipped["*.html"] = "plotly is not installed (pip install plotly for the interactive HTML plots)"
+    else:
+        files.extend(_html(store, study_name, importances is not None, out))
+
+    index = out / "report.json"
+    index.write_text(json.dumps({
+        "study": summary.study, "trials": len(summary.trials), "complete": len(complete),
+        "files": [f.name for f in files], "skipped": skipped,
+    }, indent=2) + "\n", encoding="utf-8")
+    files.append(index)
+    return Report(tuple(files), skipped)
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _pyplot() -> Any:
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ReportError("evotuner report needs matplotlib, which is not installed",
+                          "pip install 'evotuner[report]' (or pip install matplotlib)")
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _title(summary: Any) -> str:
+    p = summary.problem
+    device = (summary.device or {}).get("name", "no device")
+    return f"{summary.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} on {device}"
+
+
+def _history(plt: Any, summary: Any, complete: list[Any], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    if complete:
+        own = [t for t in complete if t.duplicate_of is None]
+        copies = [t for t in complete if t.duplicate_of is not None]
+        ax.scatter([t.number for t in own], [t.value for t in own], s=16, color="tab:blue", alpha=0.7,
+                   label="COMPLETE trial (median µs)")
+        if copies:
+            ax.scatter([t.number for t in copies], [t.value for t in copies], s=16, facecolors="none",
+                       edgecolors="tab:blue", alpha=0.5, label="repeat of an earlier config (not re-measured)")
+        best, bx, by = math.inf, [], []
+        for t in sorted(complete, key=lambda t: t.number):
+            best = min(best, t.value)
+            bx.append(t.number)
+            by.append(best)
+        last = max(t.number for t in summary.trials)
+        ax.step(bx + [last], by + [by[-1]], where="post", color="tab:red", linewidth=2, label="best so far")
+    else:
+        ax.text(0.5, 0.5, "no COMPLETE trial yet", transform=ax.transAxes, ha="center", va="center")
+    styles = iter(["--", ":", "-.", (0, (5, 1))])
+    for name, us in sorted(summary.baselines.items()):
+        if us is not None:
+            ax.axhline(us, color="grey", linestyle=next(styles, "--"), linewidth=1.2, label=f"{name} {us:.1f} µs")
+    ax.set_xlabel("trial number")
+    ax.set_ylabel("median latency (µs, lower is better)")
+    ax.set_title(_title(summary), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _importances(store: Any, study_name: str, complete: list[Any]) -> tuple[dict[str, float] | None, str]:
+    if len(complete) < 2:
+        return None, f"parameter importances need at least 2 COMPLETE trials; the study has {len(complete)}"
+    import optuna
+
+    study = store.optuna_study(study_name)
+    try:
+        raw = optuna.importance.get_param_importances(study)
+    except (ValueError, RuntimeError) as exc:   # e.g. every COMPLETE trial has the same params
+        return None, f"optuna could not compute parameter importances: {str(exc).splitlines()[0]}"
+    if not raw:
+        return None, "optuna found no parameter that varies across COMPLETE trials"
+    return {_display(k): float(v) for k, v in raw.items()}, ""
+
+
+def _display(name: str) -> str:
+    return name[: -len(_INDEX_SUFFIX)] if name.endswith(_INDEX_SUFFIX) else name
+
+
+def _importance_plot(plt: Any, summary: Any, importances: dict[str, float], path: Path) -> Path:
+    names = list(importances)[::-1]
+    fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.6))
+    ax.barh(names, [importances[n] for n in names], color="tab:green")
+    for i, n in enumerate(names):
+        ax.text(importances[n], i, f" {importances[n]:.2f}", va="center", fontsize=8)
+    ax.set_xlabel("importance for median latency (fANOVA, sums to 1)")
+    ax.set_xlim(0, max(1.0, max(importances.values()) * 1.15))
+    ax.set_title(_title(summary), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _resources(plt: Any, summary: Any, trials: list[Any], path: Path) -> Path:
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
+    ys = [t.value for t in trials]
+    for ax, key, label in ((axes[0], "registers", "registers per thread"),
+                           (axes[1], "smem", "shared memory per block (KiB)")):
+        xs = [t.gate.get(key) for t in trials]
+        pts = [(x / 1024 if key == "smem" else x, y) for x, y in zip(xs, ys) if x is not None]
+        if pts:
+            ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=16, alpha=0.7, color="tab:purple")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("median latency (µs)")
+    best = min(trials, key=lambda t: t.value)
+    for ax, key in ((axes[0], "registers"), (axes[1], "smem")):
+        x = best.gate.get(key)
+        if x is not None:
+            ax.scatter([x / 1024 if key == "smem" else x], [best.value], s=60, color="tab:red", marker="*",
+                       label=f"best #{best.number}")
+            ax.legend(fontsize=8)
+    fig.suptitle(_title(summary), fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _html(store: Any, study_name: str, importances: bool, out: Path) -> list[Path]:
+    import optuna
+
+    study = store.optuna_study(study_name)
+    files = []
+    fig = optuna.visualization.plot_optimization_history(study)
+    fig.write_html(str(out / "history.html"))
+    files.append(out / "history.html")
+    if importances:
+        fig = optuna.visualization.plot_param_importances(study)
+        fig.write_html(str(out / "importances.html"))
+        files.append(out / "importances.html")
+    return files

@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""Which sampler finds the optimum in the fewest evaluations? Measured on replayed sweeps.
+
+    python scripts/sampler_benchmark.py tests/data/sweep_h100_d64.csv tests/data/sweep_h100_d128.csv \\
+        --seeds 50 --output-dir bench/          # table on stdout, samplers.png, samplers.json, samplers.md
+
+For every sweep, sampler and seed an in-memory Optuna study is driven with the
+search loop's semantics (evotuner.loop): ``make_sampler``'s sampler, ``suggest``
+for the config, and
+
+* a config already finished in the study is told again with its earlier result
+  and costs nothing (the loop copies it, ``duplicate_of``);
+* a config a static constraint rejects is told PRUNED and costs nothing (the
+  loop never compiles it);
+* every other config costs ONE EVALUATION -- a compile plus, when the ptxas gate
+  passes, a GPU measurement -- and is told what the sweep recorded (COMPLETE
+  with the median µs, PRUNED by the gate, FAIL).
+
+So "evaluations" counts distinct configs that reach the build stage, and the
+space's size for the budgets is the number of such configs (the statically
+feasible ones). ``--batch B`` asks B trials before telling any, as the loop does
+with B parallel builds (default 1: one at a time).
+
+Reported per sweep and sampler, over the seeds (plus a ``random-exact`` row:
+random search without replacement computed exactly, the baseline the issue's
+"1/3 of random search's median evaluations" is measured against):
+
+* evaluations until the best latency found is within 2% of the sweep's optimum
+  (median and p90). A run that never gets there is *censored* and counts as the
+  number of feasible configs + 1: it ended as the loop ends a search --
+  ``DUPLICATE_STREAK`` proposals of known configs in a row (a sampler stuck on
+  its favourite; statically pruned configs are known too) -- or after 20 asks
+  per config of the space;
+* the P-score at budgets of 10%, 25% and 50% of the feasible configs, after the
+  autotuning-methodology paper (Willemsen et al. 2024): mean over seeds of
+  ``(E_random[b] - best[b]) / (E_random[b] - optimum)``, where E_random[b] is
+  the exact expected best of b configs drawn without replacement (configs with
+  no latency count as the worst latency): 0 = as good as random search, 1 =
+  the optimum. Before a run finds any latency its best is the worst latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from evotuner.loop import DUPLICATE_STREAK
+
+TARGET = 1.02
+BUDGETS = (0.10, 0.25, 0.50)
+
+
+@dataclass(frozen=True)
+class Run:
+    sweep: str
+    sampler: str
+    seed: int
+    evals_to_target: int | None     # None: censored
+    best_at_budget: tuple[float, ...]
+    evals: int
+    asks: int
+    seconds: float
+    trace: tuple[float, ...]        # best-so-far latency after each evaluation (inf before any)
+
+
+# --------------------------------------------------------------------------- samplers
+
+
+def build_sampler(spec: str, space: Any, seed: int) -> optuna.samplers.BaseSampler:
+    """``name`` is ``make_sampler(name)``; ``tpe:startup=N``, ``tpe:univariate``, ``nsga2:pop=N``,
+    ``cmaes:startup=N`` are variants with one setting changed (for tuning the default)."""
+    from evotuner.propose import make_sampler, startup_trials
+
+    name, _, opts = spec.partition(":")
+    if not opts:
+        return make_sampler(name, space, seed)
+    settings = dict(o.partition("=")[::2] for o in opts.split(","))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            return optuna.samplers.TPESampler(
+                seed=seed, n_startup_trials=int(settings.get("startup", startup_trials(space))),
+                multivariate="univariate" not in settings, constant_liar=True,
+                n_ei_candidates=int(settings.get("ei", 24)),
+            )
+        if name == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=int(settings["pop"]))
+        if name == "cmaes":
+            return optuna.samplers.CmaEsSampler(
+                seed=seed, n_startup_trials=int(settings["startup"]), with_margin=True,
+                independent_sampler=optuna.samplers.RandomSampler(seed=seed),
+            )
+    raise SystemExit(f"unknown sampler variant {spec!r}")
+
+
+# --------------------------------------------------------------------------- one run
+
+
+def _load(path: str, space_path: str | None):
+    from evotuner.measure.replay import ReplayMeasure, read_sweep
+    from evotuner.space import load_space
+
+    table = read_sweep(path)
+    space = load_space(space_path)
+    replay = ReplayMeasure(path, table.problem, space)
+    return space, replay
+
+
+_CACHE: dict[tuple[str, str | None], Any] = {}
+
+
+def simulate(path: str, spec: str, seed: int, *, space_path: str | None = None, batch: int = 1,
+             max_asks: int | None = None, stop_at_budget: bool = True) -> Run:
+    """One seeded run of sampler ``spec`` on sweep ``path`` with the loop's semantics (module docstring)."""
+    from evotuner.propose import suggest
+
+    key = (path, space_path)
+    if key not in _CACHE:
+        _CACHE[key] = _load(path, space_path)
+    space, replay = _CACHE[key]
+    problem = replay.problem
+    feasible = [c for c in space.configs() if replay.lookup(c).evaluated]
+    n = len(feasible)
+    optimum = replay.table.optimum().median_us
+    stop_evals = math.ceil(max(BUDGETS) * n)
+    max_asks = max_asks or 20 * space.size
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="minimize", sampler=build_sampler(spec, space, seed))
+    known: dict[Any, tuple[str, float | None]] = {}
+    best = math.inf
+    trace: list[float] = []
+    reached: int | None = None
+    asks = 0
+    started = time.perf_counter()
+    streak = 0
+    while asks < max_asks and len(trace) < n and streak < DUPLICATE_STREAK:
+        if reached is not None and (not stop_at_budget or len(trace) >= stop_evals):
+            break
+        trials = []
+        in_batch: dict[Any, tuple[str, float | None]] = {}
+        for _ in range(batch):
+            trial = study.ask()
+            asks += 1
+            config = suggest(trial, space)
+            if config in known or config in in_batch:
+                streak += 1
+                trials.append((trial, known.get(config) or in_batch[config]))
+                continue
+            streak = 0
+            r = replay.lookup(config)
+            result = (r.state, r.value)
+            if r.evaluated:
+                trace_value = best = min(best, r.value) if r.value is not None else best
+                trace.append(trace_value)
+                if reached is None and best <= TARGET * optimum:
+                    reached = len(trace)
+            in_batch[config] = result
+            trials.append((trial, result))
+        for trial, (state, value) in trials:
+            _tell(study, trial, state, value)
+        known.update(in_batch)
+    worst = max(r.median_us for r in replay.table.rows.values() if r.median_us is not None)
+    at_budget = []
+    for frac in BUDGETS:
+        b = math.ceil(frac * n)
+        got = trace[b - 1] if len(trace) >= b else (trace[-1] if trace else math.inf)
+        at_budget.append(worst if math.isinf(got) else got)
+    return Run(Path(path).name, spec, seed, reached, tuple(at_budget), len(trace), asks,
+               time.perf_counter() - started, tuple(trace))
+
+
+def _tell(study: optuna.Study, trial: optuna.trial.Trial, state: str, value: float | None) -> None:
+    from optuna.trial import TrialState
+
+    try:
+        if state == "COMPLETE":
+            study.tell(trial, value)
+        else:
+            study.tell(trial, state=TrialState.PRUNED if state == "PRUNED" else TrialState.FAIL)
+    except RuntimeError as exc:  # GridSampler's study.stop(), as in the loop
+        if "Study.stop" not in str(exc):
+            raise
+
+
+# --------------------------------------------------------------------------- scores
+
+
+def random_expectation(values: list[float], n: int, b: int) -> float:
+    """Expected minimum of ``b`` of ``n`` configs drawn without replacement; ``values`` holds the
+    latencies of the configs that have one, the other ``n - len(values)`` count as the worst."""
+    worst = max(values)
+    w = sorted(values) + [worst] * (n - len(values))
+    total = math.comb(n, b)
+    return sum(w[k] * (math.comb(n - k, b) - math.comb(n - k - 1, b)) / total for k in range(n))
+
+
+def random_hits(n: int, good: int, q: float) -> int:
+    """Exact q-quantile of the evaluations random search without replacement needs to draw one
+    of ``good`` configs among ``n``: the smallest t with P(hit within t) >= q."""
+    for t in range(1, n + 1):
+        if 1 - math.comb(n - good, t) / math.comb(n, t) >= q:
+            return t
+    return n
+
+
+def random_exact(path: str, space_path: str | None) -> dict[str, Any]:
+    """The 'random-exact' row: random search without replacement, computed, not sampled."""
+    space, replay = _CACHE.get((path, space_path)) or _load(path, space_path)
+    n = sum(1 for c in space.configs() if replay.lookup(c).evaluated)
+    values = [r.median_us for r in replay.table.rows.values() if r.status == "ok" and r.median_us is not None]
+    good = sum(1 for v in values if v <= TARGET * min(values))
+    return {"seeds": 0, "feasible": n, "optimum_us": min(values), "worst_us": max(values), "good": good,
+            "median_evals": random_hits(n, good, 0.5), "p90_evals": random_hits(n, good, 0.9), "censored": 0,
+            "mean_evals": (n + 1) / (good + 1), "p_score": {f"{int(f * 100)}%": 0.0 for f in BUDGETS},
+            "budgets": [math.ceil(f * n) for f in BUDGETS], "seconds_per_run": 0.0}
+
+
+def summarize(runs: list[Run], path: str, space_path: str | None) -> dict[str, Any]:
+    space, replay = _CACHE.get((path, space_path)) or _load(path, space_path)
+    values = [r.median_us for r in replay.table.rows.values() if r.status == "ok" and r.median_us is not None]
+    n = sum(1 for c in space.configs() if replay.lookup(c).evaluated)
+    optimum = min(values)
+    expected = [random_expectation(values, n, math.ceil(f * n)) for f in BUDGETS]
+    hits = [r.evals_to_target if r.evals_to_target is not None else n + 1 for r in runs]
+    p_scores, p_errors = [], []
+    for i, e in enumerate(expected):
+        scores = [(e - r.best_at_budget[i]) / (e - optimum) if e > optimum else 1.0 for r in runs]
+        p_scores.append(statistics.fmean(scores))
+        p_errors.append(statistics.stdev(scores) / math.sqrt(len(scores)) if len(scores) > 1 else math.nan)
+    return {
+        "seeds": len(runs), "feasible": n, "optimum_us": optimum, "worst_us": max(values),
+        "median_evals": statistics.median(hits), "p90_evals": _quantile(hits, 0.9),
+        "censored": sum(1 for r in runs if r.evals_to_target is None),
+        "p_score": dict(zip((f"{int(f * 100)}%" for f in BUDGETS), p_scores)),
+        "p_score_stderr": dict(zip((f"{int(f * 100)}%" for f in BUDGETS), p_errors)),
+        "budgets": [math.ceil(f * n) for f in BUDGETS],
+        "seconds_per_run": statistics.fmean(r.seconds for r in runs),
+    }
+
+
+def _quantile(xs: list[int], q: float) -> float:
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def _job(args: tuple[str, str, int, str | None, int]) -> Run:
+    path, spec, seed, space_path, batch = args
+    return simulate(path, spec, seed, space_path=space_path, batch=batch)
+
+
+def table_text(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+    lines = []
+    for sweep, by_sampler in results.items():
+        any_row = next(iter(by_sampler.values()))
+        lines.append(f"{sweep}: {any_row['feasible']} feasible configs, optimum {any_row['optimum_us']:.1f} us, "
+                     f"budgets {any_row['budgets']} evaluations")
+        lines.append(f"| sampler | evals to 2% (median) | p90 | censored | P@10% | P@25% | P@50% | s/run |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for spec, s in by_sampler.items():
+            p = s["p_score"]
+            lines.append(f"| {spec} | {s['median_evals']:.1f} | {s['p90_evals']:.1f} | {s['censored']}/{s['seeds']} "
+                         f"| {p['10%']:.2f} | {p['25%']:.2f} | {p['50%']:.2f} | {s['seconds_per_run']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(runs: dict[str, list[Run]], results: dict[str, Any], output: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sweeps = list(results)
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(6.5 * len(sweeps), 4.6), squeeze=False)
+    for ax, sweep in zip(axes[0], sweeps):
+        optimum = next(iter(results[sweep].values()))["optimum_us"]
+        worst = next(iter(results[sweep].values()))["worst_us"]
+        for spec in results[sweep]:
+            if spec == "random-exact":
+                continue
+            traces = [[v if math.isfinite(v) else worst for v in r.trace] for r in runs[f"{sweep}|{spec}"]]
+            length = max(len(t) for t in traces)
+            xs = list(range(1, length + 1))
+            ys = [statistics.median(t[i] if i < len(t) else t[-1] for t in traces if t) / optimum for i in xs]
+            ax.plot(xs, ys, label=spec, drawstyle="steps-post")
+        ax.axhline(TARGET, color="grey", linestyle=":", linewidth=1, label="optimum + 2%")
+        for b in next(iter(results[sweep].values()))["budgets"]:
+            ax.axvline(b, color="lightgrey", linewidth=0.8)
+        ax.set_ylim(0.98, min(2.0, ax.get_ylim()[1]))
+        ax.set_xlabel("evaluations (distinct compiled configs)")
+        ax.set_ylabel("median over seeds of best latency / optimum")
+        ax.set_title(sweep)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(output, dpi=120)
+    plt.close(fig)
+    return output
+
+
+def main(argv: list[str] | None = None) -> int:
+    from evotuner.propose import SAMPLERS
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("sweeps", nargs="+", help="sweep CSVs (scripts/sweep.py)")
+    ap.add_argument("--samplers", default=",".join(SAMPLERS),
+                    help=f"comma-separated, default {','.join(SAMPLERS)}; variants: tpe:startup=N, nsga2:pop=N")
+    ap.add_argument("--seeds", type=int, default=50)
+    ap.add_argument("--batch", type=int, default=1, help="trials asked before telling (the loop's build batch)")
+    ap.add_argument("--space", default=None, help="the space the sweeps were made with (default: packaged)")
+    ap.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
+    ap.add_argument("--output-dir", type=Path, default=Path("sampler_benchmark"))
+    args = ap.parse_args(argv)
+
+    specs = [s.strip() for s in args.samplers.split(",") if s.strip()]
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    jobs = [(p, spec, seed, args.space, args.batch) for p in args.sweeps for spec in specs for seed in range(args.seeds)]
+    runs: dict[str, list[Run]] = {}
+    started = time.time()
+    with ProcessPoolExecutor(max_workers=args.workers) as pool:
+        for i, run in enumerate(pool.map(_job, jobs, chunksize=1), start=1):
+            runs.setdefault(f"{run.sweep}|{run.sampler}", []).append(run)
+            if i % max(1, len(jobs) // 20) == 0 or i == len(jobs):
+                print(f"  {i}/{len(jobs)} runs, {time.time() - started:.0f} s", file=sys.stderr, flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    for p in args.sweeps:
+        name = Path(p).name
+        results[name] = {"random-exact": random_exact(p, args.space)}
+        results[name].update({spec: summarize(runs[f"{name}|{spec}"], p, args.space) for spec in specs})
+    text = table_text(results)
+    print(text)
+    (args.output_dir / "samplers.md").write_text(text + "\n")
+    (args.output_dir / "samplers.json").write_text(json.dumps(
+        {"results": results, "batch": args.batch, "seeds": args.seeds,
+         "runs": [asdict(r) | {"trace": None} for rs in runs.values() for r in rs]}, indent=1, default=str))
+    png = plot(runs, results, args.output_dir / "samplers.png")
+    print(f"wrote {png}, samplers.md, samplers.json in {args.output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
