@@ -7,6 +7,14 @@ ever compiled), checks them against an fp32 torch reference on ragged shapes
 and times them next to SDPA's flash and cuDNN backends, all in one process.
 
     python scripts/kernel_smoke.py --out DIR [--no-timing] [--no-faults]
+    python scripts/kernel_smoke.py --out DIR --focus d128 [--ref-kernels OLD_ROOT]
+
+--focus d128: all correctness configs (plus the D128 candidates) on the ragged
+shapes, the in-process faults (3-6), then only the D=128 candidates, the D=64
+recommended configs and SDPA flash/cuDNN, timed in interleaved rounds (each
+round times SDPA-FA2 again, so every ratio is taken against a neighbour).
+--ref-kernels ROOT also builds the candidates from ROOT/flashcore (an older
+kernel) for an A/B in the same process.
 
 The product's own loader is evotuner.runtime; this script exists so the kernel
 could be developed before it landed, and as a record of how the numbers in
@@ -48,6 +56,8 @@ class Cfg:
     minb: int = 1
     fault: int = 0
     qreg: int = -1  # FLASHCORE_Q_IN_REGS: -1 auto (not defined), 0, 1
+    resc: int = -1  # FLASHCORE_RESCALE_LOG2 (kernel A/B knob): -1 kernel default
+    root: str = ""  # "" = kernels/, "ref" = the --ref-kernels include root
 
     def source(self) -> str:
         lines = [
@@ -60,12 +70,16 @@ class Cfg:
             lines.append(f"#define FLASHCORE_FAULT {self.fault}")
         if self.qreg >= 0:
             lines.append(f"#define FLASHCORE_Q_IN_REGS {self.qreg}")
+        if self.resc >= 0:
+            lines.append(f"#define FLASHCORE_RESCALE_LOG2 {self.resc}")
         lines.append('#include "flashcore/instantiate.cuh"')
         return "\n".join(lines) + "\n"
 
     def tag(self) -> str:
         s = f"d{self.d}{'c' if self.causal else ''}{'bf' if self.dtype else 'fp'}_m{self.bm}n{self.bn}w{self.warps}s{self.stages}b{self.minb}"
-        return s + (f"_f{self.fault}" if self.fault else "") + (f"q{self.qreg}" if self.qreg >= 0 else "")
+        return (s + (f"_f{self.fault}" if self.fault else "") + (f"q{self.qreg}" if self.qreg >= 0 else "")
+                + (f"r{self.resc}" if self.resc >= 0 else "")
+                + (f"_{self.root}" if self.root else ""))
 
     def smem(self) -> int:
         return (self.bm + 2 * self.stages * self.bn) * self.d * 2
@@ -83,12 +97,15 @@ class Built:
     spill: int | None = None
 
 
+ROOTS = {"": KERNELS}  # include roots by Cfg.root; --ref-kernels adds "ref"
+
+
 def build(cfg: Cfg, workdir: Path) -> Built:
     src = workdir / f"{cfg.tag()}.cu"
     out = workdir / f"{cfg.tag()}.cubin"
     src.write_text(cfg.source())
     try:
-        r = subprocess.run(["nvcc", *NVCC_FLAGS, "-I", str(KERNELS), "-o", str(out), str(src)],
+        r = subprocess.run(["nvcc", *NVCC_FLAGS, "-I", str(ROOTS[cfg.root]), "-o", str(out), str(src)],
                            capture_output=True, text=True, timeout=300)
     except subprocess.TimeoutExpired:
         return Built(cfg, None, "nvcc timed out")
@@ -204,12 +221,29 @@ def check(torch, runner: Runner, cfg: Cfg, shape, gen, layout="bhsd"):
     runner(q, k, v, o, lse, scale)
     torch.cuda.synchronize()
     ref, ref_lse = reference(torch, q, k, v, bool(cfg.causal), scale)
-    low = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(cfg.causal), scale=scale)
+    # The project's rule (evotuner/runtime/check.py, FA2's test): 2 x the error of PyTorch's
+    # attention computed in the inputs' own precision (SDPA math backend, no upcast) + 1e-5.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    be = torch.backends.cuda
+    toggle = hasattr(be, "allow_fp16_bf16_reduction_math_sdp")
+    saved = be.fp16_bf16_reduction_math_sdp_allowed() if toggle else None
+    with sdpa_kernel(SDPBackend.MATH):
+        if toggle:
+            be.allow_fp16_bf16_reduction_math_sdp(True)
+        try:
+            low = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(cfg.causal), scale=scale)
+        finally:
+            if toggle:
+                be.allow_fp16_bf16_reduction_math_sdp(saved)
     tol = 2 * (low.float() - ref).abs().max().item() + 1e-5
+    # Informative only: the same bound against SDPA's default (flash) backend, which is much
+    # tighter (a kernel rounding like FA2 sits at ~0.5 of it).
+    fa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=bool(cfg.causal), scale=scale)
+    tol_fa = 2 * (fa.float() - ref).abs().max().item() + 1e-5
     err = (o.float() - ref).abs().max().item() if torch.isfinite(o).all() else float("nan")
     lse_err = (lse - ref_lse).abs().max().item() if torch.isfinite(lse).all() else float("nan")
     ok = err <= tol and lse_err <= 1e-3
-    return ok, err, tol, lse_err
+    return ok, err, tol, lse_err, err / tol_fa
 
 
 def bench(torch, fn, reps=30, warmup=5):
@@ -264,13 +298,39 @@ def timing_cfgs(d, causal):
     return out
 
 
+# --focus d128: the issue-3 shape first, then the D64 and causal guards.
+FOCUS_SHAPES = [(8, 16, 2048, 128, 0), (16, 16, 2048, 64, 0), (4, 32, 4096, 128, 1), (4, 16, 4096, 64, 1)]
+
+
+def focus_cfgs(d, causal, ref: bool):
+    if d == 128:
+        base = [Cfg(128, causal, 0, 128, 64, 4, 2), Cfg(128, causal, 0, 128, 32, 4, 2),
+                Cfg(128, causal, 0, 128, 128, 8, 2), Cfg(128, causal, 0, 128, 128, 8, 3)]
+        if not causal:
+            base += [Cfg(128, 0, 0, 128, 64, 4, 2, resc=0), Cfg(128, 0, 0, 128, 32, 4, 2, resc=0),
+                     Cfg(128, 0, 0, 128, 64, 4, 1)]
+        olds = [Cfg(128, causal, 0, 128, 32, 4, 2, root="ref"), Cfg(128, causal, 0, 128, 64, 4, 2, root="ref")]
+        if causal:
+            olds.append(Cfg(128, 1, 0, 128, 128, 8, 2, root="ref"))
+    else:
+        base = [Cfg(64, causal, 0, 128, 64, 4, 2), Cfg(64, causal, 0, 128, 64, 4, 2, resc=0),
+                Cfg(64, causal, 0, 128, 64, 4, 3)]
+        olds = [Cfg(64, causal, 0, 128, 64, 4, 2, root="ref")]
+    return base + (olds if ref else [])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-faults", action="store_true")
+    ap.add_argument("--focus", choices=["d128"], default=None)
+    ap.add_argument("--ref-kernels", type=Path, default=None, help="include root of an older flashcore/ (A/B)")
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fault-child", type=str, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.ref_kernels is not None:
+        ROOTS["ref"] = args.ref_kernels.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
 
     import torch
@@ -299,7 +359,16 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="fc_"))
     cfgs = correctness_cfgs()
     faults = [] if args.no_faults else [Cfg(64, 0, 0, 64, 64, 4, 2, fault=f) for f in range(1, 7)]
-    tcfgs = [] if args.no_timing else [c for (_, _, _, d, cz) in TIME_SHAPES for c in timing_cfgs(d, cz)]
+    if args.focus:
+        ref = args.ref_kernels is not None
+        tcfgs = [] if args.no_timing else [c for (_, _, _, d, cz) in FOCUS_SHAPES for c in focus_cfgs(d, cz, ref)]
+        # every current-kernel candidate (and its bf16 twin) is also checked on the ragged shapes
+        cur = [c for c in tcfgs if not c.root]
+        cfgs = list(dict.fromkeys(cfgs + cur + [Cfg(c.d, c.causal, 1, c.bm, c.bn, c.warps, c.stages, resc=c.resc)
+                                                 for c in cur]))
+        faults = [c for c in faults if c.fault >= 3]  # in-process ones; 1 and 2 need child processes
+    else:
+        tcfgs = [] if args.no_timing else [c for (_, _, _, d, cz) in TIME_SHAPES for c in timing_cfgs(d, cz)]
     allc = list(dict.fromkeys(cfgs + faults + tcfgs))
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 8) as ex:
         builts = {b.cfg: b for b in ex.map(lambda c: build(c, work), allc)}
@@ -323,15 +392,17 @@ def main() -> int:
             continue
         run = Runner(torch, drv, b)
         assert run.meta["smem_bytes"] == cfg.smem(), (run.meta, cfg)
-        worst = []
+        worst, worst_fa = [], []
         for shape in CHECK_SHAPES:
             for layout in ("bhsd", "bshd") if shape[2] == 97 else ("bhsd",):
-                ok, err, tol, lerr = check(torch, run, cfg, shape, gen, layout)
+                ok, err, tol, lerr, r_fa = check(torch, run, cfg, shape, gen, layout)
                 if not ok:
                     nfail += 1
                     say(f"  FAIL {cfg.tag()} {shape} {layout} err={err:.3g} tol={tol:.3g} lse_err={lerr:.3g}")
                 worst.append(err / tol if tol else 0)
-        say(f"check {cfg.tag():34s} regs={b.regs} spill={b.spill} worst err/tol={max(worst):.3f}")
+                worst_fa.append(r_fa)
+        say(f"check {cfg.tag():34s} regs={b.regs} spill={b.spill} worst err/tol={max(worst):.3f} "
+            f"(vs 2x SDPA-flash error: {max(worst_fa):.3f})")
     say(f"correctness: {nfail} failures")
 
     for cfg in faults:
@@ -347,12 +418,14 @@ def main() -> int:
             continue
         try:
             run = Runner(torch, drv, b)
-            ok, err, tol, lerr = check(torch, run, cfg, (1, 2, 300, 300), gen)
+            ok, err, tol, lerr, _ = check(torch, run, cfg, (1, 2, 300, 300), gen)
             say(f"fault {cfg.fault}: meta={run.meta} ok={ok} err={err:.3g} tol={tol:.3g}")
         except CudaError as e:
             say(f"fault {cfg.fault}: {e}")
 
-    if not args.no_timing:
+    if args.focus and not args.no_timing:
+        time_focus(torch, drv, builts, tcfgs, args.rounds, say, args.out)
+    elif not args.no_timing:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         rows = []
         for (B, H, S, D, causal) in TIME_SHAPES:
@@ -405,6 +478,48 @@ def main() -> int:
         with open(args.out / "timing.json", "w") as f:
             json.dump(rows, f, indent=1)
     return 1 if nfail else 0
+
+
+def time_focus(torch, drv, builts, tcfgs, rounds, say, out_dir: Path) -> None:
+    """Interleaved rounds: per shape and round, SDPA-FA2, cuDNN, then every candidate."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    rows = []
+    for (B, H, S, D, causal) in FOCUS_SHAPES:
+        q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=torch.float16) for _ in range(3))
+        o = torch.empty_like(q)
+        flops = 4.0 * B * H * S * S * D / (2 if causal else 1)
+        cands = [c for c in tcfgs if c.d == D and c.causal == causal and builts[c].cubin is not None]
+        runners = {c: Runner(torch, drv, builts[c]) for c in cands}
+        times: dict[str, list[float]] = {}
+        for _ in range(rounds):
+            for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+                try:
+                    with sdpa_kernel(be):
+                        us = bench(torch, lambda: torch.nn.functional.scaled_dot_product_attention(
+                            q, k, v, is_causal=bool(causal)))
+                    times.setdefault(name, []).append(us)
+                except Exception as e:  # backend cannot run the shape
+                    say(f"  {name}: {type(e).__name__}")
+            for c in cands:
+                try:
+                    times.setdefault(c.tag(), []).append(bench(torch, lambda: runners[c](q, k, v, o)))
+                except CudaError as e:
+                    say(f"  {c.tag()}: {e}")
+        fl = statistics.median(times["sdpa_flash"]) if "sdpa_flash" in times else None
+        say(f"focus B{B} H{H} S{S} D{D} causal={causal} ({rounds} rounds, median of round medians; "
+            f"ratio = SDPA-FA2 us / config us)")
+        order = sorted(times, key=lambda t: statistics.median(times[t]))
+        for tag in order:
+            us = statistics.median(times[tag])
+            b = next((builts[c] for c in cands if c.tag() == tag), None)
+            extra = f"regs={b.regs} spill={b.spill}" if b else ""
+            say(f"   {tag:40s} {us:9.1f}us {flops / (us * 1e-6) / 1e12:6.1f} TF  x{(fl / us) if fl else float('nan'):.3f}"
+                f"  rounds=[{', '.join(f'{t:.1f}' for t in times[tag])}] {extra}")
+            rows.append({"shape": [B, H, S, D, causal], "cfg": tag, "us": us, "rounds": times[tag],
+                         "tflops": flops / (us * 1e-6) / 1e12, "ratio_fa2": (fl / us) if fl else None,
+                         "regs": b.regs if b else None, "spill": b.spill if b else None})
+    with open(out_dir / "focus.json", "w") as f:
+        json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@
 //
 // It defines
 //   extern "C" __global__ void FLASHCORE_KERNEL_NAME(const __grid_constant__ flashcore::Params)
-//   extern "C" __constant__ int32_t FLASHCORE_META_NAME[FLASHCORE_META_LEN]
+//   extern "C" { __constant__ int32_t FLASHCORE_META_NAME[FLASHCORE_META_LEN]; }
 // (defaults flashcore_fwd / flashcore_meta). Every FLASHCORE_* macro is #undef'd at
 // the end, so one translation unit may define and include several configs, each
 // with its own FLASHCORE_KERNEL_NAME and FLASHCORE_META_NAME.
@@ -88,7 +88,13 @@ using FLASHCORE_TRAITS_ =
     flashcore::Traits<FLASHCORE_HEAD_DIM, FLASHCORE_BLOCK_M, FLASHCORE_BLOCK_N, FLASHCORE_NUM_WARPS, FLASHCORE_STAGES,
                       FLASHCORE_MIN_BLOCKS, FLASHCORE_IS_CAUSAL != 0, FLASHCORE_ELEMENT_, FLASHCORE_Q_IN_REGS>;
 
-extern "C" __constant__ int32_t FLASHCORE_META_NAME[FLASHCORE_META_LEN] = {
+// The braces matter: `extern "C" __constant__ T x[] = {...}` (no braces) is only a
+// declaration on the host side of `nvcc -c` (host + device, as the torch extension is
+// built), so the host stub's reference stayed undefined (`nm`: U flashcore_meta_<i>).
+// Inside a linkage block it is a definition on both sides; the cubin still holds the
+// plain symbol flashcore_meta (readelf -sW).
+extern "C" {
+__constant__ int32_t FLASHCORE_META_NAME[FLASHCORE_META_LEN] = {
     FLASHCORE_ABI_VERSION,                                                 // FLASHCORE_META_ABI
     FLASHCORE_FAULT == 6 ? 2048 : FLASHCORE_TRAITS_::kThreads,             // FLASHCORE_META_THREADS
     FLASHCORE_FAULT == 5 ? 300 * 1024 : FLASHCORE_TRAITS_::kSmemBytes,     // FLASHCORE_META_SMEM_BYTES
@@ -99,6 +105,7 @@ extern "C" __constant__ int32_t FLASHCORE_META_NAME[FLASHCORE_META_LEN] = {
     FLASHCORE_TRAITS_::kDtype,                                             // FLASHCORE_META_DTYPE
     FLASHCORE_TRAITS_::kMinBlocks,                                         // FLASHCORE_META_MIN_BLOCKS
 };
+}
 
 extern "C" __global__ void __launch_bounds__(FLASHCORE_TRAITS_::kThreads, FLASHCORE_TRAITS_::kMinBlocks)
     FLASHCORE_KERNEL_NAME(const __grid_constant__ flashcore::Params params) {
@@ -121,3 +128,4 @@ extern "C" __global__ void __launch_bounds__(FLASHCORE_TRAITS_::kThreads, FLASHC
 #undef FLASHCORE_KERNEL_NAME
 #undef FLASHCORE_META_NAME
 #undef FLASHCORE_FAULT
+#undef FLASHCORE_RESCALE_LOG2

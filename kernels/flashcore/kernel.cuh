@@ -26,26 +26,57 @@ __device__ volatile int fault_spin_flag = 0;  // never set: fault 2 spins on it
 
 // Copy a [ROWS][HEAD_DIM] tile starting at global row `row0` into swizzled shared
 // memory with 16-byte cp.async; rows >= rows_total are zero-filled, never read.
+// When the threads cover whole rows in multiples of the swizzle period (D = 32, 64,
+// 128 at 128 threads), every row a thread copies has one swizzle key: one source
+// pointer stepped by a stride and one shared address plus immediates, the fewest
+// live registers inside the main loop (ptxas, D128 128x64 4w: 72 -> 12 spill bytes
+// from this loader alone, see README).
 template <typename T, int ROWS>
 __device__ __forceinline__ void load_tile(uint32_t smem, const typename T::Element* head, int64_t row_stride,
                                           int row0, int rows_total, int tid) {
     constexpr int kChunks = ROWS * T::kChunksPerRow;
     constexpr int kIters = (kChunks + T::kThreads - 1) / T::kThreads;
+    constexpr int kRowsPerIter = T::kThreads / T::kChunksPerRow;
+    constexpr bool kUniform = T::kThreads % T::kChunksPerRow == 0 && kRowsPerIter % 8 == 0 && kChunks % T::kThreads == 0;
+    if constexpr (kUniform) {
+        const int row = tid / T::kChunksPerRow;
+        const int chunk = tid % T::kChunksPerRow;
+        const int left = rows_total - row0 - row;  // rows it*kRowsPerIter < left are in range
+        const typename T::Element* src = head + static_cast<int64_t>(row0 + row) * row_stride + chunk * 8;
+        const uint32_t dst = smem + T::smem_offset(row, chunk) * 2;
 #pragma unroll
-    for (int it = 0; it < kIters; ++it) {
-        const int idx = tid + it * T::kThreads;
-        if (kChunks % T::kThreads == 0 || idx < kChunks) {
-            const int row = idx / T::kChunksPerRow;
-            const int chunk = idx % T::kChunksPerRow;
-            const bool valid = row0 + row < rows_total;
-            const typename T::Element* src = valid ? head + (row0 + row) * row_stride + chunk * 8 : head;
-            cp_async_16(smem + T::smem_offset(row, chunk) * 2, src, valid);
+        for (int it = 0; it < kIters; ++it) {
+            const bool valid = it * kRowsPerIter < left;
+            cp_async_16(dst + it * kRowsPerIter * T::kHeadDim * 2, valid ? src : head, valid);
+            src += kRowsPerIter * row_stride;
+        }
+    } else {
+#pragma unroll
+        for (int it = 0; it < kIters; ++it) {
+            const int idx = tid + it * T::kThreads;
+            if (kChunks % T::kThreads == 0 || idx < kChunks) {
+                const int row = idx / T::kChunksPerRow;
+                const int chunk = idx % T::kChunksPerRow;
+                const bool valid = row0 + row < rows_total;
+                const typename T::Element* src = valid ? head + (row0 + row) * row_stride + chunk * 8 : head;
+                cp_async_16(smem + T::smem_offset(row, chunk) * 2, src, valid);
+            }
         }
     }
 }
 
 // Compile-time tags selecting the masked / unmasked inner step.
 template <bool B> struct MaskTag { static constexpr bool value = B; };
+
+// Lazy rescale threshold in log2 units (see the softmax in fwd): P <= 2^kRescaleLog2.
+// FLASHCORE_RESCALE_LOG2 overrides it for kernel A/B runs only (scripts/kernel_smoke.py;
+// read once per translation unit, not part of the build contract); 0 = rescale whenever
+// a row max grows.
+#ifdef FLASHCORE_RESCALE_LOG2
+constexpr float kRescaleLog2 = FLASHCORE_RESCALE_LOG2;
+#else
+constexpr float kRescaleLog2 = 8.f;
+#endif
 
 template <typename T, int kFault>
 __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
@@ -123,18 +154,19 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
     const int swz = T::swizzle_key(lane & 7);
     const int g = lane >> 2;        // mma row within an 8-row half
     const int tq = lane & 3;        // mma column pair
-    uint32_t q_lane[T::kSwzPeriod], k_lane[T::kSwzPeriod], v_lane[T::kSwzPeriod];
+    // One lane -> (row, chunk) pattern serves all three operands: lane l addresses row
+    // 8*((l >> 3) & 1) + (l & 7) of a 16-row slab at logical chunk 2*ks + (l >> 4). For Q
+    // (ldmatrix) that is the A fragment {a0..a3}; for V (ldmatrix.trans) the B fragments
+    // of n-tiles (2dp, 2dp+1); for K (ldmatrix) it yields {b0(2np), b0(2np+1), b1(2np),
+    // b1(2np+1)}, which the QK^T loop pairs up accordingly. So kSwzPeriod lane registers
+    // in all (a per-operand pattern cost 3x as many; D128 128x64 spilled for them).
+    uint32_t lane_off[T::kSwzPeriod];
     {
-        const int q_row = warp * RPW + (lane & 15), q_b = lane >> 4;
-        const int k_row = ((lane >> 4) & 1) * 8 + (lane & 7), k_b = (lane >> 3) & 1;
-        const int v_row = ((lane >> 3) & 1) * 8 + (lane & 7), v_b = lane >> 4;
+        const int row = ((lane >> 3) & 1) * 8 + (lane & 7), b = lane >> 4;
 #pragma unroll
-        for (int j = 0; j < T::kSwzPeriod; ++j) {
-            q_lane[j] = sQ_u + (q_row * D + (((2 * j + q_b) ^ swz) << 3)) * 2;
-            k_lane[j] = (k_row * D + (((2 * j + k_b) ^ swz) << 3)) * 2;
-            v_lane[j] = (v_row * D + (((2 * j + v_b) ^ swz) << 3)) * 2;
-        }
+        for (int j = 0; j < T::kSwzPeriod; ++j) lane_off[j] = (row * D + (((2 * j + b) ^ swz) << 3)) * 2;
     }
+    const uint32_t q_warp = sQ_u + warp * RPW * D * 2;
     // Byte immediate of logical chunk pair `c2` (chunk 2*c2) beyond the lane part.
     auto chunk_imm = [](int c2) { return ((2 * c2) & ~T::kSwzMask) * 8 * 2; };
 
@@ -163,7 +195,7 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
         for (int mt = 0; mt < T::kMTiles; ++mt) {
 #pragma unroll
             for (int ks = 0; ks < T::kKStepsQK; ++ks) {
-                ldmatrix_x4(q_frag[mt][ks], q_lane[ks % T::kSwzPeriod] + mt * 16 * D * 2 + chunk_imm(ks));
+                ldmatrix_x4(q_frag[mt][ks], q_warp + lane_off[ks % T::kSwzPeriod] + mt * 16 * D * 2 + chunk_imm(ks));
             }
         }
     }
@@ -192,17 +224,17 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
 #pragma unroll
                     for (int r = 0; r < 4; ++r) a[mt][r] = q_frag[mt][ks][r];
                 } else {
-                    ldmatrix_x4(a[mt], q_lane[ks % T::kSwzPeriod] + mt * 16 * D * 2 + chunk_imm(ks));
+                    ldmatrix_x4(a[mt], q_warp + lane_off[ks % T::kSwzPeriod] + mt * 16 * D * 2 + chunk_imm(ks));
                 }
             }
 #pragma unroll
             for (int np = 0; np < T::kNTilesS / 2; ++np) {
                 uint32_t b[4];
-                ldmatrix_x4(b, k_u + k_lane[ks % T::kSwzPeriod] + np * 16 * D * 2 + chunk_imm(ks));
+                ldmatrix_x4(b, k_u + lane_off[ks % T::kSwzPeriod] + np * 16 * D * 2 + chunk_imm(ks));
 #pragma unroll
                 for (int mt = 0; mt < T::kMTiles; ++mt) {
-                    M::run(s[mt][2 * np], a[mt], b[0], b[1]);
-                    M::run(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+                    M::run(s[mt][2 * np], a[mt], b[0], b[2]);
+                    M::run(s[mt][2 * np + 1], a[mt], b[1], b[3]);
                 }
             }
         }
@@ -227,57 +259,77 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
             }
         }
 
-        // Online softmax: new row max, rescale the running sum and O, P = 2^(s*c - m).
+        // Online softmax, lazily rescaled: the row max used for the exponent (row_max)
+        // only moves when some row of the warp grew by more than kRescaleLog2 (or had
+        // none yet); otherwise P = 2^(s*c - m_stale) <= 2^kRescaleLog2 stays exact in
+        // fp16/bf16 and the rescale of O (4*kNTilesO FMUL per m-tile) is skipped.
+        // The decision is warp-uniform (__any_sync), so no lane diverges.
+        float mx[T::kMTiles][2];
+        bool grow = false;
 #pragma unroll
         for (int mt = 0; mt < T::kMTiles; ++mt) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                float mx = s[mt][0][2 * h];
+                float m = s[mt][0][2 * h];
 #pragma unroll
-                for (int j = 0; j < T::kNTilesS; ++j) {
-                    mx = fmaxf(mx, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
-                }
-                mx = quad_max(mx) * scale_log2;
-                const float m_new = fmaxf(row_max[mt][h], mx);
-                // A row with every score masked so far keeps m = -inf; subtract 0 then
-                // (2^-inf = 0), never -inf - -inf = NaN.
-                const float m_use = m_new == -INFINITY ? 0.f : m_new;
-                const float alpha = exp2_approx(row_max[mt][h] - m_use);
-                row_max[mt][h] = m_new;
-                float sum = 0.f;
+                for (int j = 0; j < T::kNTilesS; ++j) m = fmaxf(m, fmaxf(s[mt][j][2 * h], s[mt][j][2 * h + 1]));
+                mx[mt][h] = quad_max(m) * scale_log2;
+                grow |= mx[mt][h] > row_max[mt][h] + kRescaleLog2;
+            }
+        }
+        if (__any_sync(0xffffffffu, grow)) {
 #pragma unroll
-                for (int j = 0; j < T::kNTilesS; ++j) {
+            for (int mt = 0; mt < T::kMTiles; ++mt) {
 #pragma unroll
-                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                        s[mt][j][e] = exp2_approx(fmaf(s[mt][j][e], scale_log2, -m_use));
-                        sum += s[mt][j][e];
+                for (int h = 0; h < 2; ++h) {
+                    const float m_new = fmaxf(row_max[mt][h], mx[mt][h]);
+                    // A row with every score masked so far keeps m = -inf; alpha = 2^(-inf - 0) = 0
+                    // then, never -inf - -inf = NaN (row_sum and O are still 0 anyway).
+                    const float alpha = exp2_approx(row_max[mt][h] - (m_new == -INFINITY ? 0.f : m_new));
+                    row_max[mt][h] = m_new;
+                    row_sum[mt][h] *= alpha;
+#pragma unroll
+                    for (int j = 0; j < T::kNTilesO; ++j) {
+                        o[mt][j][2 * h] *= alpha;
+                        o[mt][j][2 * h + 1] *= alpha;
                     }
-                }
-                row_sum[mt][h] = row_sum[mt][h] * alpha + sum;
-#pragma unroll
-                for (int j = 0; j < T::kNTilesO; ++j) {
-                    o[mt][j][2 * h] *= alpha;
-                    o[mt][j][2 * h + 1] *= alpha;
                 }
             }
         }
+        float m_use[T::kMTiles][2];
+#pragma unroll
+        for (int mt = 0; mt < T::kMTiles; ++mt) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) m_use[mt][h] = row_max[mt][h] == -INFINITY ? 0.f : row_max[mt][h];
+        }
 
-        // O += P V. The C fragments of S n-tiles (2kk, 2kk+1) are, element for
-        // element, the A fragment of k-step kk: P never leaves registers.
+        // P = 2^(s*c - m) and O += P V, one k16 step at a time: the C fragments of S
+        // n-tiles (2kk, 2kk+1) are, element for element, the A fragment of k-step kk,
+        // packed to 16 bits as soon as they are exponentiated, so the fp32 S registers
+        // of step kk die before step kk+1 (P never leaves registers).
+        // (Tried: ex2.{f16x2,bf16x2} on exponents rounded to 16 bits, row sums by an extra
+        // P x ones mma: slower on the H100 (2 MUFU.EX2.F16 per pair in SASS) and bf16 LSE
+        // off by 3.5e-3; see README.)
 #pragma unroll
         for (int kk = 0; kk < T::kKStepsPV; ++kk) {
             uint32_t pa[T::kMTiles][4];
 #pragma unroll
             for (int mt = 0; mt < T::kMTiles; ++mt) {
-                pa[mt][0] = M::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pa[mt][1] = M::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pa[mt][2] = M::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pa[mt][3] = M::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+#pragma unroll
+                for (int t = 0; t < 2; ++t) {
+                    float* e = s[mt][2 * kk + t];
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) e[i] = exp2_approx(fmaf(e[i], scale_log2, -m_use[mt][i >> 1]));
+                    row_sum[mt][0] += e[0] + e[1];
+                    row_sum[mt][1] += e[2] + e[3];
+                    pa[mt][2 * t] = M::pack(e[0], e[1]);
+                    pa[mt][2 * t + 1] = M::pack(e[2], e[3]);
+                }
             }
 #pragma unroll
             for (int dp = 0; dp < T::kNTilesO / 2; ++dp) {
                 uint32_t b[4];
-                ldmatrix_x4_trans(b, v_u + v_lane[dp % T::kSwzPeriod] + kk * 16 * D * 2 + chunk_imm(dp));
+                ldmatrix_x4_trans(b, v_u + lane_off[dp % T::kSwzPeriod] + kk * 16 * D * 2 + chunk_imm(dp));
 #pragma unroll
                 for (int mt = 0; mt < T::kMTiles; ++mt) {
                     M::run(o[mt][2 * dp], pa[mt], b[0], b[1]);
