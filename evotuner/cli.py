@@ -97,6 +97,11 @@ JobsOpt = Annotated[
     Optional[int], typer.Option("--jobs", min=1, help="Parallel nvcc builds [default: the number of CPUs].")
 ]
 SpaceOpt = Annotated[Optional[Path], typer.Option("--space", help="Search-space TOML [default: the packaged default.toml].")]
+ReplayOpt = Annotated[
+    Optional[Path],
+    typer.Option("--replay", help="Answer builds and measurements from a recorded sweep CSV (scripts/sweep.py); needs no GPU or nvcc."),
+]
+ReportDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Folder for the report's PNG (and HTML) files.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best trials to list.")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="The C++ header to write.")]
@@ -144,6 +149,7 @@ def search(
     jobs: JobsOpt = None,
     space: SpaceOpt = None,
     storage: StorageOpt = None,
+    replay: ReplayOpt = None,
 ) -> None:
     """Tune the kernel for one problem: run the study until it has --trials finished trials.
 
@@ -157,11 +163,12 @@ def search(
     problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
     search_space = load_space(space)
     make_sampler(sampler, search_space, seed)     # an unknown sampler is refused here
-    measure_factory = _measure_factory()          # refuses at once without a GPU
+    stages = _stages(replay)                      # refuses at once without a GPU (unless replaying)
     store = _open_store(storage)
     with ExitStack() as stack:
         stack.callback(store.close)
-        if store.study_exists(study):
+        exists = store.study_exists(study)
+        if exists:
             store.load_study(study, problem=problem, space=search_space)   # refuses a mismatch
             recorded = store.summary(study)
             if (recorded.sampler, recorded.seed) != (sampler, seed):
@@ -170,14 +177,13 @@ def search(
                     f"not {sampler} with seed {seed}",
                     f"continue it with `evotuner resume --study {study}`, or choose another --study name",
                 )
-            builder = _builder(search_space, jobs, stack)
-        else:
-            builder = _builder(search_space, jobs, stack)
+        builder, measure = stages(problem, search_space, jobs, stack)
+        if not exists:
             store.create_study(
                 study, problem, search_space, sampler, seed,
                 source_hash=builder.source_hash(), nvcc_version=builder.nvcc_version(),
             )
-        _run(store, study, problem, search_space, sampler, seed, trials, builder, measure_factory, stack)
+        _run(store, study, problem, search_space, sampler, seed, trials, builder, measure)
 
 
 @app.command()
@@ -188,6 +194,7 @@ def resume(
     shape: ResumeShapeOpt = None,
     space: SpaceOpt = None,
     storage: StorageOpt = None,
+    replay: ReplayOpt = None,
 ) -> None:
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
     from evotuner.loop import count_finished
@@ -195,7 +202,7 @@ def resume(
 
     wanted_shape = Shape.parse(shape) if shape is not None else None
     wanted_space = load_space(space) if space is not None else None
-    measure_factory = _measure_factory()
+    stages = _stages(replay)                      # refuses at once without a GPU (unless replaying)
     store = _open_store(storage, must_exist=True)
     with ExitStack() as stack:
         stack.callback(store.close)
@@ -214,8 +221,8 @@ def resume(
                 "drop --space (resume reads it from the study), or start a new study",
             )
         target = trials if trials is not None else count_finished(store, study) + RESUME_STEP
-        builder = _builder(search_space, jobs, stack)
-        _run(store, study, problem, search_space, info.sampler, info.seed, target, builder, measure_factory, stack)
+        builder, measure = stages(problem, search_space, jobs, stack)
+        _run(store, study, problem, search_space, info.sampler, info.seed, target, builder, measure)
 
 
 @app.command()
@@ -238,6 +245,27 @@ def show(
         _print_json(_decoded_json(summary, space))
         return
     _render_summary(summary, top, space)
+
+
+@app.command()
+def report(
+    study: StudyOpt,
+    output: ReportDirOpt,
+    storage: StorageOpt = None,
+) -> None:
+    """Write a study's plots: optimization history (SDPA baselines as lines),
+    parameter importances, latency against registers and shared memory."""
+    from evotuner.report import make_report
+
+    store = _open_store(storage, must_exist=True)
+    try:
+        result = make_report(store, study, output)
+    finally:
+        store.close()
+    for path in result.files:
+        _io.out.print(f"wrote {path}")
+    for name, why in result.skipped.items():
+        _io.out.print(f"[dim]left out {name}: {why}[/dim]")
 
 
 @app.command("export")
@@ -400,12 +428,11 @@ def _bench_table(result: Any) -> Table:
 # -- the search run and its live view ------------------------------------------------------
 
 
-def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure_factory, stack) -> None:
+def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure) -> None:
     from evotuner.loop import run_search
     from evotuner.propose import make_sampler
 
     sampler = make_sampler(sampler_name, space, seed)
-    measure = stack.enter_context(measure_factory())
     view = _SearchView(study, problem)
     with view.live():
         result = run_search(
@@ -615,6 +642,29 @@ def _builder(space: Any, jobs: int | None, stack: ExitStack) -> Any:
     from evotuner.build import Builder
 
     return stack.enter_context(Builder(space.kernel, arch=space.arch, jobs=jobs))
+
+
+Stages = Callable[[Problem, Any, Optional[int], ExitStack], tuple[Any, MeasureStage]]
+
+
+def _stages(replay: Path | None) -> Stages:
+    """The (builder, measure) pair for search/resume, made once the study's problem and
+    space are known: nvcc + the GPU worker, or a recorded sweep (``--replay``), which
+    needs neither. Without a GPU and without --replay this refuses at once, before
+    any database is opened."""
+    if replay is not None:
+        def replayed(problem: Problem, space: Any, jobs: int | None, stack: ExitStack) -> tuple[Any, MeasureStage]:
+            from evotuner.measure.replay import ReplayMeasure
+
+            measure = stack.enter_context(ReplayMeasure(replay, problem, space))
+            return measure.builder(jobs or os.cpu_count() or 1), measure
+        return replayed
+    measure_factory = _measure_factory()
+
+    def real(problem: Problem, space: Any, jobs: int | None, stack: ExitStack) -> tuple[Any, MeasureStage]:
+        builder = _builder(space, jobs, stack)
+        return builder, stack.enter_context(measure_factory())
+    return real
 
 
 def _measure_factory() -> Callable[[], MeasureStage]:
