@@ -77,17 +77,20 @@ def make_inputs(shape: Shape, dtype: str | torch.dtype, *, layout: str = "bhsd",
     [B, S, H, D] contiguous (FlashAttention's layout), so strides differ.
     """
     dt = torch_dtype(dtype)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    # Drawn on the target device: at a study's shape (100M+ elements) a CPU draw
+    # took most of a trial's correctness time (bench_tuner on the H100).
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
     B, H, Sq, Sk, D = shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k, shape.head_dim
 
     def one(S: int) -> torch.Tensor:
         if layout == "bhsd":
-            t = torch.randn(B, H, S, D, generator=gen, dtype=torch.float32)
+            t = torch.randn(B, H, S, D, generator=gen, dtype=torch.float32, device=device)
         elif layout == "bshd":
-            t = torch.randn(B, S, H, D, generator=gen, dtype=torch.float32).transpose(1, 2)
+            t = torch.randn(B, S, H, D, generator=gen, dtype=torch.float32, device=device).transpose(1, 2)
         else:
             raise ShapeError(f"layout: {layout!r} is not supported", f"use one of {', '.join(LAYOUTS)}")
-        return t.to(device=device, dtype=dt)  # keeps the strides (preserve_format)
+        return t.to(dtype=dt)  # keeps the strides (preserve_format)
 
     return one(Sq), one(Sk), one(Sk)
 
