@@ -432,12 +432,13 @@ def _run(store, study, problem, space, sampler_name, seed, trials, builder, meas
     from evotuner.loop import run_search
     from evotuner.propose import make_sampler
 
-    sampler = make_sampler(sampler_name, space, seed)
+    sampler = make_sampler(sampler_name, space, seed, problem)
     view = _SearchView(study, problem)
     with view.live():
         result = run_search(
             store=store, study_name=study, problem=problem, space=space, sampler=sampler, seed=seed,
             trials=trials, builder=builder, measure=measure, on_event=view.on_event,
+            start=_recommended(problem),
         )
     view.close(result, store.summary(study), space)
 
@@ -645,6 +646,16 @@ def _builder(space: Any, jobs: int | None, stack: ExitStack) -> Any:
 
 
 Stages = Callable[[Problem, Any, Optional[int], ExitStack], tuple[Any, MeasureStage]]
+
+
+def _recommended(problem: Problem) -> tuple[KernelConfig, ...]:
+    """The kernel's recommended config for the problem: a new study tries it first."""
+    from evotuner.defaults import default_config
+
+    try:
+        return (default_config(problem.shape.head_dim, problem.dtype, problem.causal),)
+    except EvotunerError:
+        return ()
 
 
 def _stages(replay: Path | None) -> Stages:

@@ -40,7 +40,7 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import optuna
 from optuna.trial import TrialState
@@ -126,26 +126,32 @@ def run_search(
     measure: MeasureStage,
     on_event: Callable[[object], None] | None = None,
     batch: int | None = None,
+    start: Sequence[KernelConfig] = (),
 ) -> SearchResult:
     """Run the study ``study_name`` (already created) until it has ``trials`` finished trials.
 
     ``store`` is an :class:`evotuner.storage.StudyStore`; ``space`` the study's
     :class:`evotuner.space.SearchSpace`; ``builder`` an
     :class:`evotuner.build.Builder`; ``measure`` any :class:`MeasureStage`.
-    ``seed`` is recorded only (the sampler already carries it).
+    ``seed`` is recorded only (the sampler already carries it). ``start`` lists
+    configs a NEW study tries first (the CLI passes the kernel's recommended
+    config: a warm start, as Triton's autotuner starts from its user configs);
+    those outside the space or breaking a static constraint are skipped.
     """
     if trials < 1:
         raise EvotunerError(f"--trials: {trials} is not a positive number of trials", "e.g. --trials 64")
     search = _Search(
         store=store, study_name=study_name, problem=problem, space=space, sampler=sampler,
-        trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch,
+        trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch, start=start,
     )
     return search.run()
 
 
 class _Search:
-    def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch):
+    def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch,
+                 start=()):
         self.store = store
+        self.start = tuple(start)
         self.name = study_name
         self.problem = problem
         self.space = space
@@ -184,6 +190,8 @@ class _Search:
             if zombie.requeue:
                 self.study.enqueue_trial(zombie.params)
         zombies = tuple(zombies)
+        if not self.study.get_trials(deepcopy=False):
+            self._enqueue_start()
         self._load_history()
         self.emit(ev.SearchStarted(self.name, self.target, self.finished, zombies, self.batch))
         if self.finished >= self.target:
@@ -203,6 +211,17 @@ class _Search:
             raise
         self.emit(ev.SearchFinished(outcome, self.finished, self.target))
         return self._result(outcome, zombies)
+
+    def _enqueue_start(self) -> None:
+        from evotuner.propose import params_for
+
+        for config in dict.fromkeys(self.start):
+            try:
+                self.space.validate(config)
+            except EvotunerError:
+                continue
+            if self.space.violated(config, self.problem) is None:
+                self.study.enqueue_trial(params_for(config, self.space))
 
     def _result(self, outcome: str, zombies: tuple[int, ...]) -> SearchResult:
         return SearchResult(

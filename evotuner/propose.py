@@ -31,6 +31,7 @@ from optuna.distributions import IntDistribution
 
 from evotuner.config import KernelConfig
 from evotuner.errors import SpaceError
+from evotuner.problem import Problem
 from evotuner.space import SearchSpace
 
 _BASE_SAMPLERS = ("tpe", "nsga2", "cmaes", "random", "grid")
@@ -63,8 +64,26 @@ def startup_trials(space: SearchSpace) -> int:
     return max(8, min(24, space.size // 10))
 
 
-def make_sampler(name: str, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
-    """An Optuna sampler over ``space``'s index representation; ``seed`` makes it reproducible."""
+#: Samplers proposed through :class:`evotuner.fresh.FreshSampler` (new, feasible configs only).
+FRESH_SAMPLERS = ("tpe", "random", "gp")
+
+
+def make_sampler(name: str, space: SearchSpace, seed: int | None, problem: Problem | None = None,
+                 *, fresh: bool = True) -> optuna.samplers.BaseSampler:
+    """An Optuna sampler over ``space``'s index representation; ``seed`` makes it reproducible.
+
+    With ``fresh`` (the default) TPE, random and GP propose only configs new to the
+    study and, given ``problem``, statically feasible (see :mod:`evotuner.fresh`).
+    """
+    base = _base_sampler(name, space, seed)
+    if fresh and name in FRESH_SAMPLERS:
+        from evotuner.fresh import FreshSampler
+
+        return FreshSampler(base, space, problem, seed)
+    return base
+
+
+def _base_sampler(name: str, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:
     n_startup = startup_trials(space)
     with warnings.catch_warnings():
         # multivariate/constant_liar/GP are marked experimental; evotuner uses them on purpose.

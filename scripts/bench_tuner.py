@@ -178,7 +178,7 @@ def run_phase(
                 search_started = time.perf_counter()
                 result = run_search(
                     store=store, study_name=study, problem=problem, space=space,
-                    sampler=make_sampler(sampler_name, space, seed), seed=seed, trials=trials,
+                    sampler=make_sampler(sampler_name, space, seed, problem), seed=seed, trials=trials,
                     builder=builder, measure=measure, on_event=on_event,
                 )
                 search_s = time.perf_counter() - search_started

@@ -77,14 +77,17 @@ class Run:
 # --------------------------------------------------------------------------- samplers
 
 
-def build_sampler(spec: str, space: Any, seed: int) -> optuna.samplers.BaseSampler:
-    """``name`` is ``make_sampler(name)``; ``tpe:startup=N``, ``tpe:univariate``, ``nsga2:pop=N``,
-    ``cmaes:startup=N`` are variants with one setting changed (for tuning the default)."""
+def build_sampler(spec: str, space: Any, seed: int, problem: Any = None) -> optuna.samplers.BaseSampler:
+    """``name`` is ``make_sampler(name, problem=...)`` as the loop uses it; ``name:plain`` is the
+    same sampler without evotuner.fresh's wrapper; ``tpe:startup=N``, ``tpe:univariate``,
+    ``nsga2:pop=N``, ``cmaes:startup=N`` are variants with one setting changed."""
     from evotuner.propose import make_sampler, startup_trials
 
     name, _, opts = spec.partition(":")
     if not opts:
-        return make_sampler(name, space, seed)
+        return make_sampler(name, space, seed, problem)
+    if opts == "plain":
+        return make_sampler(name, space, seed, problem, fresh=False)
     settings = dict(o.partition("=")[::2] for o in opts.split(","))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -136,7 +139,7 @@ def simulate(path: str, spec: str, seed: int, *, space_path: str | None = None, 
     stop_evals = math.ceil(max(BUDGETS) * n)
     max_asks = max_asks or 20 * space.size
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize", sampler=build_sampler(spec, space, seed))
+    study = optuna.create_study(direction="minimize", sampler=build_sampler(spec, space, seed, problem))
     known: dict[Any, tuple[str, float | None]] = {}
     best = math.inf
     trace: list[float] = []

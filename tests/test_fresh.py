@@ -1,0 +1,89 @@
+"""FreshSampler (evotuner.fresh): proposals new to the study and statically feasible;
+and the loop's warm start from the kernel's recommended config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from evotuner.defaults import default_config
+from evotuner.fresh import FreshSampler
+from evotuner.loop import run_search
+from evotuner.measure.replay import ReplayMeasure, read_sweep
+from evotuner.problem import Problem, Shape
+from evotuner.propose import make_sampler, suggest
+from evotuner.space import load_space
+from evotuner.storage import StudyStore
+
+D64 = Path(__file__).parent / "data" / "sweep_h100_d64.csv"
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def space():
+    return load_space(None)
+
+
+def _walk(sampler, space, n, *, batch=1):
+    study = optuna.create_study(sampler=sampler)
+    configs = []
+    while len(configs) < n:
+        trials = [study.ask() for _ in range(min(batch, n - len(configs)))]
+        for t in trials:
+            configs.append(suggest(t, space))
+        for t, c in zip(trials, configs[-len(trials):]):
+            study.tell(t, float(c["BLOCK_M"] * 7 + c["BLOCK_N"] + c["STAGES"]))
+    return configs
+
+
+@pytest.mark.parametrize("name", ["tpe", "random"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_every_proposal_is_new_and_feasible_until_the_space_is_used_up(space, name, head_dim):
+    problem = Problem(Shape(1, 1, 256, 256, head_dim))
+    feasible = {c for c in space.configs() if space.violated(c, problem) is None}
+    sampler = make_sampler(name, space, 3, problem)
+    assert isinstance(sampler, FreshSampler)
+    configs = _walk(sampler, space, len(feasible), batch=4)   # pending trials are avoided too
+    assert len(set(configs)) == len(configs) == len(feasible)
+    assert set(configs) == feasible
+
+
+def test_without_a_problem_only_repeats_are_avoided(space):
+    configs = _walk(make_sampler("random", space, 0), space, 40)
+    assert len(set(configs)) == 40
+    problem = Problem(Shape(1, 1, 256, 256, 128))
+    assert any(space.violated(c, problem) for c in configs)   # infeasible ones may be proposed
+
+
+def test_same_seed_same_proposals(space):
+    problem = Problem(Shape(1, 1, 256, 256, 64))
+    a = _walk(make_sampler("tpe", space, 11, problem), space, 30)
+    b = _walk(make_sampler("tpe", space, 11, problem), space, 30)
+    assert a == b
+
+
+def test_plain_samplers_stay_unwrapped(space):
+    problem = Problem(Shape(1, 1, 256, 256, 64))
+    for name in ("nsga2", "grid"):
+        assert not isinstance(make_sampler(name, space, 0, problem), FreshSampler)
+    assert not isinstance(make_sampler("tpe", space, 0, problem, fresh=False), FreshSampler)
+
+
+def test_a_new_study_tries_the_recommended_config_first_and_only_once(space, tmp_path):
+    table = read_sweep(D64)
+    problem = table.problem
+    start = default_config(problem.shape.head_dim, problem.dtype, problem.causal)
+    replay = ReplayMeasure(D64, problem, space)
+    with StudyStore(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        store.create_study("w", problem, space, sampler="tpe", seed=0, source_hash="replay",
+                           nvcc_version="replay")
+        for target in (5, 10):   # the second run resumes: no second warm start
+            run_search(store=store, study_name="w", problem=problem, space=space,
+                       sampler=make_sampler("tpe", space, 0, problem), seed=0, trials=target,
+                       builder=replay.builder(), measure=replay, start=(start,))
+        trials = store.summary("w").trials
+    assert trials[0].kernel_config == start and trials[0].state == "COMPLETE"
+    assert sum(1 for t in trials if t.kernel_config == start) == 1
+    assert len({t.kernel_config for t in trials}) == len(trials) == 10
