@@ -139,7 +139,15 @@ def simulate(path: str, spec: str, seed: int, *, space_path: str | None = None, 
     stop_evals = math.ceil(max(BUDGETS) * n)
     max_asks = max_asks or 20 * space.size
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="minimize", sampler=build_sampler(spec, space, seed, problem))
+    # "name+start": a new study's warm start, as the CLI runs it (the kernel's recommended config first).
+    sampler_spec, _, warm = spec.partition("+")
+    study = optuna.create_study(direction="minimize", sampler=build_sampler(sampler_spec, space, seed, problem))
+    if warm == "start":
+        from evotuner.defaults import default_config
+        from evotuner.propose import params_for
+
+        shape = problem.shape
+        study.enqueue_trial(params_for(default_config(shape.head_dim, problem.dtype, problem.causal), space))
     known: dict[Any, tuple[str, float | None]] = {}
     best = math.inf
     trace: list[float] = []
