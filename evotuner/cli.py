@@ -475,6 +475,9 @@ class _SearchView:
             if event.zombies:
                 self._log(f"failed {len(event.zombies)} trial(s) left running by a killed process "
                           f"({', '.join(map(str, event.zombies))}); their configs are queued again")
+        elif isinstance(event, ev.DeviceChanged):
+            self._log(f"warning: this study was measured on another device before; now on "
+                      f"{event.device} (both are recorded; compare its timings with care)")
         elif isinstance(event, ev.BaselinesMeasured):
             self.baselines = dict(event.baselines)
             known = ", ".join(f"{k} {v:.1f} µs" for k, v in event.baselines.items() if v is not None)

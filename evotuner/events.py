@@ -36,6 +36,14 @@ class SearchStarted:
 
 
 @dataclass(frozen=True)
+class DeviceChanged:
+    """This run measures on another device than the study's last (both are recorded; the
+    study's earlier timings came from the other one)."""
+
+    device: str
+
+
+@dataclass(frozen=True)
 class BaselinesMeasured:
     """SDPA backends at the study's shape on this device (µs; None: cannot run)."""
 

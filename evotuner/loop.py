@@ -258,9 +258,10 @@ class _Search:
         """Record this run's device; measure SDPA baselines once per study and device."""
         started = time.perf_counter()
         device = self.measure.device()
-        if device is not None:
-            self.store.record_device(self.name, device)
-        recorded = {k: v for k, v in self.store.summary(self.name).baselines.items()}
+        if device is not None and self.store.record_device(self.name, device):
+            self.emit(ev.DeviceChanged(str(device.get("name", "unknown device"))))
+        # Baselines belong to a device: a resume on another GPU measures its own.
+        recorded = self.store.baselines(self.name, device)
         if not recorded:
             recorded = dict(self.measure.baselines(self.problem))
             self.store.record_baselines(self.name, device, self.problem, recorded)

@@ -3,6 +3,7 @@ studies, and the deterministic scaffold measure stage (tests/scaffold.py) in pla
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from evotuner.propose import make_sampler, params_for
 from evotuner.space import load_space, parse_space
 from evotuner.storage import INTERRUPTED_REASON, StudyStore
 
-from scaffold import ScaffoldMeasure, scaffold_median_us
+from scaffold import DEVICE, ScaffoldMeasure, scaffold_median_us
 
 DATA = Path(__file__).parent / "data"
 TINY = DATA / "loop_tiny.toml"
@@ -281,3 +282,28 @@ def test_a_failed_build_fails_the_trial_with_the_compiler_error(store, space, bu
     assert trials[0].error.startswith("build failed: ") and "BLOCK_N" in trials[0].error
     assert trials[1].state == "COMPLETE" and measure.calls == [SMALL]
     assert result.counts == {"COMPLETE": 1, "PRUNED": 0, "FAIL": 1}
+
+
+class _OtherGpu(ScaffoldMeasure):
+    """The scaffold on 'another GPU': same stage, a different device fingerprint."""
+
+    def device(self):
+        return {**super().device(), "name": "another GPU (test only)", "sm_count": 114}
+
+
+def test_a_resume_on_another_device_warns_and_measures_its_own_baselines(store, space, builder):
+    create(store, "dev", space, builder)
+    first = ScaffoldMeasure()
+    search(store, "dev", space, builder, first, 3)
+    assert first.baseline_calls == 1
+    events = []
+    again = ScaffoldMeasure()
+    search(store, "dev", space, builder, again, 4, events=events)          # same device: nothing new
+    assert again.baseline_calls == 0 and not any(isinstance(e, ev.DeviceChanged) for e in events)
+    other = _OtherGpu()
+    search(store, "dev", space, builder, other, 5, events=events)
+    assert other.baseline_calls == 1
+    changed = [e for e in events if isinstance(e, ev.DeviceChanged)]
+    assert [e.device for e in changed] == ["another GPU (test only)"]
+    devices = json.dumps(store.summary("dev").as_json()["devices"])
+    assert DEVICE["name"] in devices and "another GPU (test only)" in devices     # both recorded
