@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from evotuner import cli
+from cli_helpers import assert_one_line_error, run, scaffold_env
 
 TESTS = Path(__file__).parent
 TINY = TESTS / "data" / "loop_tiny.toml"
@@ -23,26 +24,9 @@ CONFIG = "BLOCK_M=64,BLOCK_N=32,NUM_WARPS=4,STAGES=1,MIN_BLOCKS=1"
 
 @pytest.fixture(autouse=True)
 def env(monkeypatch, build_cache_dir, tmp_path):
-    monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(build_cache_dir))
-    monkeypatch.setenv(cli.TEST_MEASURE_ENV, f"{TESTS / 'scaffold.py'}:make_measure")
-    monkeypatch.delenv(cli.STORAGE_ENV, raising=False)
-    monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
-    monkeypatch.chdir(tmp_path)
+    scaffold_env(monkeypatch, build_cache_dir, tmp_path)
 
 
-def run(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def assert_one_line_error(code, out, err, *fragments):
-    assert code != 0
-    assert "Traceback" not in out + err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0], (fragment, lines[0])
 
 
 def sha(path: Path) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from evotuner import cli
+from cli_helpers import run
 
 SWEEP = Path(__file__).parent / "data" / "replay" / "synthetic_d64.csv"
 SHAPE = "B=16,H=16,S=2048,D=64"
@@ -24,12 +25,6 @@ def env(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))      # no nvcc, no nvidia-smi
     monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
-
-
-def run(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_replayed_search_resume_show_and_report(capsys, tmp_path):
