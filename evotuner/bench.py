@@ -19,10 +19,11 @@ from typing import Any
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
+from evotuner.measure.gpu import BASELINES
 from evotuner.problem import Problem
 
 #: The baselines a ratio is given against, in column order (MeasureStage.baselines' keys).
-BASELINE_NAMES = ("sdpa_default", "sdpa_flash", "sdpa_efficient")
+BASELINE_NAMES = BASELINES
 
 
 @dataclass(frozen=True)

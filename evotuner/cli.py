@@ -197,7 +197,6 @@ def resume(
     replay: ReplayOpt = None,
 ) -> None:
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
-    from evotuner.loop import count_finished
     from evotuner.space import load_space, parse_space
 
     wanted_shape = Shape.parse(shape) if shape is not None else None
@@ -220,7 +219,7 @@ def resume(
                 f"study {study!r} was started with another search space than {wanted_space.path}",
                 "drop --space (resume reads it from the study), or start a new study",
             )
-        target = trials if trials is not None else count_finished(store, study) + RESUME_STEP
+        target = trials if trials is not None else store.count_finished(study) + RESUME_STEP
         builder, measure = stages(problem, search_space, jobs, stack)
         _run(store, study, problem, search_space, info.sampler, info.seed, target, builder, measure)
 
@@ -429,6 +428,7 @@ def _bench_table(result: Any) -> Table:
 
 
 def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure) -> None:
+    from evotuner.defaults import recommended
     from evotuner.loop import run_search
     from evotuner.propose import make_sampler
 
@@ -438,7 +438,7 @@ def _run(store, study, problem, space, sampler_name, seed, trials, builder, meas
         result = run_search(
             store=store, study_name=study, problem=problem, space=space, sampler=sampler, seed=seed,
             trials=trials, builder=builder, measure=measure, on_event=view.on_event,
-            start=_recommended(problem),
+            start=recommended(problem),
         )
     view.close(result, store.summary(study), space)
 
@@ -564,7 +564,8 @@ def _decoded_json(summary: Any, space: Any) -> dict[str, Any]:
 
 
 def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space: Any = None) -> Table:
-    done = sorted((t for t in summary.trials if t.state == "COMPLETE" and t.value is not None),
+    done = sorted((t for t in summary.trials
+                   if t.state == "COMPLETE" and t.value is not None and t.duplicate_of is None),
                   key=lambda t: t.value)[:top]
     table = Table(title=f"best {len(done)} of {len(summary.trials)} trials", title_justify="left")
     for col, just in (("#", "right"), ("config", "left"), ("µs", "right"), ("TFLOPS", "right"), ("vs SDPA", "right")):
@@ -649,16 +650,6 @@ def _builder(space: Any, jobs: int | None, stack: ExitStack) -> Any:
 
 
 Stages = Callable[[Problem, Any, Optional[int], ExitStack], tuple[Any, MeasureStage]]
-
-
-def _recommended(problem: Problem) -> tuple[KernelConfig, ...]:
-    """The kernel's recommended config for the problem: a new study tries it first."""
-    from evotuner.defaults import default_config
-
-    try:
-        return (default_config(problem.shape.head_dim, problem.dtype, problem.causal),)
-    except EvotunerError:
-        return ()
 
 
 def _stages(replay: Path | None) -> Stages:

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, ShapeError
-from evotuner.problem import DTYPES, HEAD_DIMS
+from evotuner.problem import DTYPES, HEAD_DIMS, Problem
 
 DEFAULTS_FILE = "defaults.toml"
 FAMILY = "flashcore"
@@ -53,6 +53,7 @@ def _collect(node: Any, cond: dict[str, Any], inherited: dict[str, int], out: li
     cond = dict(cond)
     params = dict(inherited)
     children: list[tuple[str, Any]] = []
+    own = 0   # parameters set by this table itself (an override of an inherited key counts)
     for key, value in node.items():
         if isinstance(value, (dict, list)) and not (isinstance(value, list) and all(
                 isinstance(x, (int, float, str)) for x in value)):
@@ -61,7 +62,8 @@ def _collect(node: Any, cond: dict[str, Any], inherited: dict[str, int], out: li
             cond["causal" if key == "is_causal" else key] = value
         elif key.isupper() and isinstance(value, int) and not isinstance(value, bool):
             params[key] = value
-    if len(params) > len(inherited) or (params and not children):
+            own += 1
+    if own or (params and not children):
         out.append((cond, params))
     for key, value in children:
         _collect(value, {**cond, **_key_condition(key)}, params, out, f"{where}.{key}")
@@ -137,3 +139,12 @@ def default_config(head_dim: int, dtype: str = "fp16", causal: bool = False,
             f"use D in {', '.join(map(str, supported_head_dims(entries)))}, or pass config={{...}}",
         )
     return KernelConfig.of(best[1])
+
+
+def recommended(problem: Problem) -> tuple[KernelConfig, ...]:
+    """The configs a new study of ``problem`` tries first: the kernel's recommended one
+    (none for a head dim the defaults do not cover)."""
+    try:
+        return (default_config(problem.shape.head_dim, problem.dtype, problem.causal),)
+    except EvotunerError:
+        return ()

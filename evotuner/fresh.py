@@ -25,6 +25,7 @@ generation state across draws and grid walks its own list.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Sequence
 
 import numpy as np
@@ -35,6 +36,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from evotuner.problem import Problem
 from evotuner.space import SearchSpace
+from evotuner.storage.records import INTERRUPTED_PREFIX, REASON_ATTR
 
 #: Draws from the wrapped sampler before falling back to a uniform unseen config.
 TRIES = 16
@@ -52,6 +54,7 @@ class FreshSampler(BaseSampler):
         self._rng = np.random.RandomState(seed)
         self._dists = distributions(space)
         self._keys = [param_key(p.name) for p in space.params]
+        self._all = list(itertools.product(*(range(len(p.values)) for p in space.params)))
         self._feasible_cache: dict[tuple[int, ...], bool] = {}
 
     # -- the proposal ---------------------------------------------------------------------
@@ -63,12 +66,16 @@ class FreshSampler(BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         seen = self._seen(study, trial)
         params: dict[str, Any] = {}
+        previous = None
         for _ in range(self.tries):
             params = self._draw(study, trial)
             key = self._key(params)
             if key not in seen and self._feasible(key):
                 return params
-        unseen = [key for key in self._all_keys() if key not in seen and self._feasible(key)]
+            if key == previous:   # a deterministic model (GP) repeats itself: asking again is wasted work
+                break
+            previous = key
+        unseen = [key for key in self._all if key not in seen and self._feasible(key)]
         if not unseen:
             return params
         # The sampler keeps drawing known configs: it has converged on a region. Take the
@@ -113,14 +120,15 @@ class FreshSampler(BaseSampler):
     def _seen(self, study: optuna.Study, trial: FrozenTrial) -> set[tuple[int, ...]]:
         seen = set()
         for t in study.get_trials(deepcopy=False):
-            if t.number != trial.number and all(k in t.params for k in self._keys):
-                seen.add(self._key(t.params))
+            # an enqueued (WAITING) trial holds its config in Optuna's fixed_params
+            params = t.params or t.system_attrs.get("fixed_params") or {}
+            if t.number == trial.number or not all(k in params for k in self._keys):
+                continue
+            reason = t.user_attrs.get(REASON_ATTR)
+            if t.state == TrialState.FAIL and isinstance(reason, str) and reason.startswith(INTERRUPTED_PREFIX):
+                continue   # an interrupted run: the loop builds its config again
+            seen.add(self._key(params))
         return seen
-
-    def _all_keys(self) -> list[tuple[int, ...]]:
-        import itertools
-
-        return list(itertools.product(*(range(len(p.values)) for p in self.space.params)))
 
     def _feasible(self, key: tuple[int, ...]) -> bool:
         if self.problem is None:

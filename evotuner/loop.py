@@ -240,9 +240,7 @@ class _Search:
         user) is not finished: it does not count towards ``trials`` and its
         config may be proposed and built again.
         """
-        for rec in self.store.summary(self.name).trials:
-            if rec.state not in _STATES or _interrupted(rec.error):
-                continue
+        for rec in self.store.finished_trials(self.name):
             self.finished += 1
             self.counts[rec.state] = self.counts.get(rec.state, 0) + 1
             config = config_of(rec.params, self.space)
@@ -291,12 +289,12 @@ class _Search:
         return False
 
     def _space_exhausted(self) -> bool:
-        """True when every config of the space is finished or in flight (spaces up to
+        """True when every statically feasible config is finished or in flight (spaces up to
         ``COVERAGE_LIMIT`` configs; larger ones rely on ``DUPLICATE_STREAK``)."""
         if self.space.size > COVERAGE_LIMIT:
             return False
-        if self._unseen is None:
-            self._unseen = set(self.space.configs())
+        if self._unseen is None:   # the configs that can run: static violations never will
+            self._unseen = {c for c in self.space.configs() if self.space.violated(c, self.problem) is None}
         self._unseen -= self.known.keys()
         self._unseen -= self.by_config.keys()
         return not self._unseen
@@ -425,16 +423,10 @@ class _Search:
                               self._builds_in_flight(), self.best))
 
     def _tell(self, trial: optuna.trial.Trial, state: str, value: float | None) -> None:
-        try:
-            if state == "COMPLETE":
-                self.study.tell(trial, value)
-            else:
-                self.study.tell(trial, state=_STATES[state])
-        except RuntimeError as exc:
-            # GridSampler calls study.stop() once its grid is covered, which only
-            # optimize() can honour; by then the trial is already told.
-            if "Study.stop" not in str(exc):
-                raise
+        if state == "COMPLETE":
+            self.study.tell(trial, value)
+        else:
+            self.study.tell(trial, state=_STATES[state])
 
     def _offer_best(self, number: int, config: KernelConfig, value: float, tflops: float | None) -> None:
         if self.best is None or value < self.best.median_us:
@@ -472,13 +464,6 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
 
 
-def count_finished(store: Any, study_name: str) -> int:
-    """Finished trials as ``trials`` counts them: COMPLETE, PRUNED and FAIL, less the
-    trials failed because their run was interrupted (a killed process, or the user)."""
-    return sum(1 for rec in store.summary(study_name).trials
-               if rec.state in _STATES and not _interrupted(rec.error))
-
-
 def config_of(params: dict[str, int], space: Any) -> KernelConfig | None:
     """The config of a recorded trial: its values (the loop's ``config`` attr) or, for a
     trial recorded with the sampler's encoding only, decoded through the space."""
@@ -489,10 +474,4 @@ def config_of(params: dict[str, int], space: Any) -> KernelConfig | None:
     if set(params) == set(space.names):
         return KernelConfig.of(params)
     return config_from_params(params, space)
-
-
-def _interrupted(reason: str | None) -> bool:
-    from evotuner.storage import INTERRUPTED_REASON
-
-    return reason in (INTERRUPTED, INTERRUPTED_REASON)
 

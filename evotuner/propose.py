@@ -124,9 +124,9 @@ class GridSweepSampler(optuna.samplers.GridSampler):
 
     GridSampler calls ``study.stop()`` once the last grid point is told, which
     raises RuntimeError outside ``study.optimize``; evotuner drives studies by
-    ask/tell, so this sampler never stops the study itself: the loop asks
-    :func:`exhausted` before asking for more trials. After exhaustion Optuna
-    re-proposes visited points.
+    ask/tell, so this sampler never stops the study itself: the loop stops once
+    every feasible config is known (or ``exhausted`` says the grid is covered).
+    After exhaustion Optuna re-proposes visited points.
     """
 
     def after_trial(self, study, trial, state, values) -> None:  # noqa: D102 - see the class docstring

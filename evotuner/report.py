@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from evotuner.errors import EvotunerError
+from evotuner.propose import INDEX_SUFFIX
 
-#: Optuna's parameter names are ``<NAME>_index`` (evotuner.propose.INDEX_SUFFIX).
-_INDEX_SUFFIX = "_index"
 
 
 class ReportError(EvotunerError):
@@ -159,7 +158,7 @@ def _importances(store: Any, study_name: str, complete: list[Any]) -> tuple[dict
 
 
 def _display(name: str) -> str:
-    return name[: -len(_INDEX_SUFFIX)] if name.endswith(_INDEX_SUFFIX) else name
+    return name[: -len(INDEX_SUFFIX)] if name.endswith(INDEX_SUFFIX) else name
 
 
 def _importance_plot(plt: Any, summary: Any, importances: dict[str, float], path: Path) -> Path:

@@ -35,6 +35,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
+from evotuner.build.instantiate import _PARAM_NAME, RESERVED  # each param becomes FLASHCORE_<NAME>
 from evotuner.config import KernelConfig
 from evotuner.errors import SpaceError
 from evotuner.problem import Problem
@@ -56,7 +57,6 @@ _TOP_KEYS = ("space", "params", "derived", "constraints", "device", "gate")
 _SPACE_KEYS = {"name": str, "kernel": str, "arch": str, "doc": str}
 _PARAM_KEYS = ("values", "doc")
 _CONSTRAINT_KEYS = ("name", "expr", "message")
-_PARAM_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")      # becomes the C macro FLASHCORE_<NAME>
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _MAX_EXPR_CHARS = 400
@@ -394,6 +394,8 @@ class _Loader:
         known: dict[str, str] = {n: "problem" for n in PROBLEM_NAMES}
         for k in _DEVICE_KEYS:
             known[k] = "device"
+        for k in RESERVED:   # FLASHCORE_<NAME> macros the build stage sets itself
+            known.setdefault(k, "build stage")
         for p in params:
             if p.name in known:
                 raise self.error(f"[params.{p.name}]", f"the name {p.name} is reserved for the {known[p.name]}",

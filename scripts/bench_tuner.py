@@ -51,6 +51,7 @@ from typing import Any, Callable, Sequence
 
 from evotuner import events as ev
 from evotuner.errors import EvotunerError, NoGpuError
+from evotuner.loop import TIMING_KEYS
 from evotuner.measure.base import MeasureOutcome, MeasureStage
 from evotuner.problem import Problem, Shape
 
@@ -155,6 +156,7 @@ def run_phase(
 ) -> PhaseReport:
     """One fresh study of ``trials`` trials against the build cache at ``cache_dir``."""
     from evotuner.build import Builder
+    from evotuner.defaults import recommended
     from evotuner.loop import run_search
     from evotuner.propose import make_sampler
     from evotuner.storage import StudyStore
@@ -179,7 +181,7 @@ def run_phase(
                 result = run_search(
                     store=store, study_name=study, problem=problem, space=space,
                     sampler=make_sampler(sampler_name, space, seed, problem), seed=seed, trials=trials,
-                    builder=builder, measure=measure, on_event=on_event,
+                    builder=builder, measure=measure, on_event=on_event, start=recommended(problem),
                 )
                 search_s = time.perf_counter() - search_started
     finally:
@@ -208,7 +210,7 @@ def _report(phase: str, wall: float, search_s: float, result: Any, builds: list[
     correctness = sums["check_s"] if have_phases else None
     timing = sums["time_s"] if have_phases else None
     overhead = measure_s - sums["check_s"] - sums["time_s"] if have_phases else measure_s
-    accounted = sum(loop.get(k, 0.0) for k in ("baselines", "ask", "build_wait", "gate", "measure", "record"))
+    accounted = sum(loop.get(k, 0.0) for k in TIMING_KEYS)
     shares = {
         "build": share(loop.get("build_wait")),
         "gate": share(loop.get("gate")),

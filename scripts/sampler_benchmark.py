@@ -194,14 +194,10 @@ def simulate(path: str, spec: str, seed: int, *, space_path: str | None = None, 
 def _tell(study: optuna.Study, trial: optuna.trial.Trial, state: str, value: float | None) -> None:
     from optuna.trial import TrialState
 
-    try:
-        if state == "COMPLETE":
-            study.tell(trial, value)
-        else:
-            study.tell(trial, state=TrialState.PRUNED if state == "PRUNED" else TrialState.FAIL)
-    except RuntimeError as exc:  # GridSampler's study.stop(), as in the loop
-        if "Study.stop" not in str(exc):
-            raise
+    if state == "COMPLETE":
+        study.tell(trial, value)
+    else:   # make_sampler's grid never calls study.stop() (propose.GridSweepSampler)
+        study.tell(trial, state=TrialState.PRUNED if state == "PRUNED" else TrialState.FAIL)
 
 
 # --------------------------------------------------------------------------- scores

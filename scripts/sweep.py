@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from evotuner.build.instantiate import evotuner_version
 from evotuner.build.result import BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
@@ -57,15 +58,6 @@ class SweepSummary:
     kept: int                      # rows taken over from an interrupted earlier run
     seconds: float
     counts: dict[str, int] = field(default_factory=dict)
-
-
-def _evotuner_version() -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version("evotuner")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def _figures(gate: Any) -> dict[str, int | None]:
@@ -174,7 +166,7 @@ def run_sweep(
         "device": device,
         "baselines": baselines,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "evotuner_version": _evotuner_version(),
+        "evotuner_version": evotuner_version(),
         "nvcc_version": builder.nvcc_version(),
         "source_hash": builder.source_hash(),
         "configs": len(configs),

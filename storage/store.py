@@ -26,7 +26,6 @@ import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
-from importlib import metadata as _metadata
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +37,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from evotuner.build.instantiate import evotuner_version
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StorageError, StudyMismatchError
 from evotuner.problem import Problem
@@ -78,13 +78,6 @@ VOLATILE_DEVICE_WORDS = ("clock", "temp", "power", "pstate")
 
 def _now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
-
-
-def _evotuner_version() -> str:
-    try:
-        return _metadata.version("evotuner")
-    except _metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def config_str(params: Mapping[str, Any]) -> str:
@@ -244,7 +237,7 @@ class StudyStore:
             if s.execute(select(schema.schema_version.c.version)).scalar() is None:
                 s.execute(
                     insert(schema.schema_version).values(
-                        id=1, version=schema.SCHEMA_VERSION, evotuner_version=_evotuner_version(), updated_at=_now()
+                        id=1, version=schema.SCHEMA_VERSION, evotuner_version=evotuner_version(), updated_at=_now()
                     )
                 )
 
@@ -390,7 +383,7 @@ class StudyStore:
                         sampler=sampler_name,
                         seed=seed,
                         created_at=_now(),
-                        evotuner_version=_evotuner_version(),
+                        evotuner_version=evotuner_version(),
                         source_hash=source_hash,
                         nvcc_version=nvcc_version,
                         **facts,

@@ -140,8 +140,12 @@ def test_key_depends_on_what_is_compiled_only(tmp_path):
         before = copied.source_hash()
         traits = copy / "toy" / "traits.cuh"
         traits.write_text(traits.read_text() + "\n// edited\n")
-        assert copied.source_hash() != before
-        assert copied.cache_key(TOY, P64) != key
+        # A builder keeps the sources it was made with (a study records that hash);
+        # the next builder sees the edit, and every key changes with it.
+        assert copied.source_hash() == before and copied.cache_key(TOY, P64) == key
+    with toy_builder(tmp_path, kernels_root=copy) as edited:
+        assert edited.source_hash() != before
+        assert edited.cache_key(TOY, P64) != key
     b.close()
 
 
@@ -277,6 +281,22 @@ def test_timeout_kills_the_compiler_and_is_not_cached(tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"compiler child {child} survived the timeout")
+
+
+def test_close_kills_running_compiles_instead_of_waiting_them_out(tmp_path):
+    slow = fake_nvcc(tmp_path, "sleep 60")
+    b = toy_builder(tmp_path, nvcc=slow, timeout_s=120)
+    future = b.submit(TOY, P64)
+    for _ in range(100):            # until the compile is running
+        if b._running:
+            break
+        time.sleep(0.05)
+    start = time.monotonic()
+    b.close()                       # what Ctrl-C in a search ends with
+    assert time.monotonic() - start < 10
+    result = future.result(timeout=10)
+    assert not result.ok and "killed by signal" in result.error
+    assert not b.cache.entry_dir(result.key).exists()     # never cached
 
 
 @needs_nvcc

@@ -279,3 +279,12 @@ def test_expression_runtime_errors_name_the_key():
         compile_expr("A ** B", "f", KNOWN).evaluate({"A": 2, "B": 1000})
     with pytest.raises(SpaceError, match="longer than"):
         compile_expr("A + " * 200 + "A", "f", KNOWN)
+
+
+def test_a_parameter_named_like_a_build_stage_macro_is_refused():
+    from evotuner.space import parse_space
+    from evotuner.errors import SpaceError
+    text = (Path(__file__).parent.parent / "search_spaces" / "default.toml").read_text()
+    bad = text.replace("MIN_BLOCKS", "KERNEL_NAME")
+    with pytest.raises(SpaceError, match=r"\[params.KERNEL_NAME\].*reserved for the build stage"):
+        parse_space(bad, "bad.toml")

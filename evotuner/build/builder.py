@@ -94,12 +94,16 @@ class Builder:
         self._pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="evotuner-build")
         self._lock = threading.Lock()
         self._pending: dict[str, Future[BuildResult]] = {}
+        self._running: set = set()    # nvcc processes now compiling (killed by close())
+        # The sources are hashed once: a kernel edited mid-study must not change the keys
+        # of the builds the study recorded with this source hash.
+        self._source_hash = hash_sources(source_files(self.kernels_root, self.family, self.params_h))
 
     # -- identity -------------------------------------------------------------------------
 
     def source_hash(self) -> str:
         """sha256 of the family's kernel sources and params.h (recorded by studies and exports)."""
-        return hash_sources(source_files(self.kernels_root, self.family, self.params_h))
+        return self._source_hash
 
     def nvcc_version(self) -> str:
         """nvcc's release, e.g. ``"13.0, V13.0.88"`` (the full text is ``toolchain.version``)."""
@@ -163,7 +167,7 @@ class Builder:
             for inc in self.include_dirs:
                 argv += ["-I", str(inc)]
             argv += ["-o", "kernel.cubin", "gen.cu"]
-            outcome = toolchain_mod.run(argv, cwd=workdir, timeout_s=self.timeout_s)
+            outcome = toolchain_mod.run(argv, cwd=workdir, timeout_s=self.timeout_s, live=self._running)
             log = outcome.output
             if outcome.timed_out or (outcome.returncode is not None and outcome.returncode < 0):
                 # Not the config's fault (or not known to be): never cached.
@@ -214,7 +218,8 @@ class Builder:
     # -- lifetime -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Cancel queued builds and wait for running ones (each is bounded by its timeout)."""
+        """Cancel queued builds and kill running ones (a Ctrl-C must not wait out nvcc)."""
+        toolchain_mod.kill(self._running)
         self._pool.shutdown(wait=True, cancel_futures=True)
         with self._lock:
             self._pending.clear()

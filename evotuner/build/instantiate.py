@@ -8,6 +8,8 @@ in, so one cubin serves every batch/heads/sequence length.
 
 from __future__ import annotations
 
+import functools
+
 import re
 from importlib import metadata
 
@@ -26,6 +28,7 @@ _FAMILY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ARCH = re.compile(r"^sm_(\d{2,3})([af]?)$")
 
 
+@functools.cache
 def evotuner_version() -> str:
     try:
         return metadata.version("evotuner")

@@ -100,11 +100,14 @@ def probe(nvcc: Path) -> Toolchain:
     return Toolchain(nvcc=nvcc, version=version, release=release)
 
 
-def run(argv: Sequence[str], *, cwd: Path | None, timeout_s: float) -> CompileOutcome:
+def run(argv: Sequence[str], *, cwd: Path | None, timeout_s: float,
+        live: set[subprocess.Popen[bytes]] | None = None) -> CompileOutcome:
     """Run one process in its own session; on timeout kill its whole process group.
 
     nvcc forks cicc/ptxas; killing only nvcc would leave them running, so the
-    child gets a new session and the group is killed.
+    child gets a new session and the group is killed. The new session also keeps
+    the terminal's Ctrl-C from reaching it, so the caller may pass ``live``: the
+    process is in that set while it runs, for :func:`kill` to end it early.
     """
     start = time.monotonic()
     try:
@@ -118,6 +121,8 @@ def run(argv: Sequence[str], *, cwd: Path | None, timeout_s: float) -> CompileOu
         )
     except OSError as exc:
         raise BuildError(f"cannot run {argv[0]}: {exc.strerror or exc}", _REMEDY) from None
+    if live is not None:
+        live.add(proc)
     try:
         out, _ = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -132,7 +137,16 @@ def run(argv: Sequence[str], *, cwd: Path | None, timeout_s: float) -> CompileOu
         _kill_group(proc)
         proc.wait()
         raise
+    finally:
+        if live is not None:
+            live.discard(proc)
     return CompileOutcome(proc.returncode, _decode(out), time.monotonic() - start, False)
+
+
+def kill(procs: set[subprocess.Popen[bytes]]) -> None:
+    """End the process groups of still-running compiles (their results read as killed)."""
+    for proc in list(procs):
+        _kill_group(proc)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
