@@ -304,10 +304,6 @@ def _join(values: tuple[int, ...]) -> str:
 # --------------------------------------------------------------------------- loading
 
 
-def default_space_path() -> str:
-    return str(resources.files("evotuner.search_spaces") / "default.toml")
-
-
 def load_space(path: str | Path | None = None) -> SearchSpace:
     """Read and check a space file; None reads the packaged ``default.toml``."""
     if path is None:

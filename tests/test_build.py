@@ -235,7 +235,7 @@ def test_meta_read_from_elf(tmp_path):
     blob = cubin_mod.read_symbol(data, "flashcore_meta")
     at = data.index(blob)
     patched = data[:at] + struct.pack("<i", 7) + data[at + 4:]
-    with pytest.raises(CubinError, match="abi=7"):
+    with pytest.raises(CubinError, match="ABI version 7, this evotuner expects 1"):
         read_meta(patched)
     with pytest.raises(CubinError, match="no symbol flashcore_nope"):
         read_meta(data, "flashcore_nope")

@@ -15,20 +15,10 @@ from pathlib import Path
 
 from evotuner.errors import EvotunerError
 
-#: FLASHCORE_META_* indices from kernels/flashcore/params.h (a test checks they match the header).
-META_FIELDS = (
-    "abi",          # FLASHCORE_META_ABI 0
-    "threads",      # FLASHCORE_META_THREADS 1
-    "smem_bytes",   # FLASHCORE_META_SMEM_BYTES 2
-    "block_m",      # FLASHCORE_META_BLOCK_M 3
-    "block_n",      # FLASHCORE_META_BLOCK_N 4
-    "head_dim",     # FLASHCORE_META_HEAD_DIM 5
-    "is_causal",    # FLASHCORE_META_IS_CAUSAL 6
-    "dtype",        # FLASHCORE_META_DTYPE 7
-    "min_blocks",   # FLASHCORE_META_MIN_BLOCKS 8
-)
-#: FLASHCORE_ABI_VERSION in params.h.
-ABI_VERSION = 1
+# The table's layout and checks are the runtime's (one definition, torch-free);
+# a test checks them against kernels/flashcore/params.h.
+from evotuner.runtime.params import ABI_VERSION, META_FIELDS, MetaError, decode_meta  # noqa: E402,F401
+
 META_SYMBOL = "flashcore_meta"
 
 _SHT_SYMTAB = 2
@@ -107,11 +97,7 @@ def read_meta(cubin: bytes | Path, symbol: str = META_SYMBOL) -> dict[str, int]:
             f"(FLASHCORE_META_LEN={len(META_FIELDS)} int32)",
             "the kernel and evotuner disagree on params.h; rebuild with matching versions",
         )
-    values = struct.unpack(f"<{len(META_FIELDS)}i", blob)
-    meta = dict(zip(META_FIELDS, values))
-    if meta["abi"] != ABI_VERSION:
-        raise CubinError(
-            f"cubin: {symbol} abi={meta['abi']}, evotuner expects FLASHCORE_ABI_VERSION={ABI_VERSION}",
-            "the kernel sources and evotuner come from different versions; reinstall one matching the other",
-        )
-    return meta
+    try:
+        return decode_meta(blob, source=f"cubin: {symbol}")
+    except MetaError as exc:
+        raise CubinError(exc.message, exc.remedy) from None

@@ -10,7 +10,6 @@ read is recorded as ``None`` with the reason under ``"unavailable"``.
 from __future__ import annotations
 
 import platform
-import re
 import shutil
 import subprocess
 from typing import Any
@@ -96,16 +95,13 @@ def parse_smi_line(line: str) -> dict[str, Any]:
     return parsed
 
 
-def nvcc_version(nvcc: str | None = None) -> tuple[str | None, str | None]:
-    """("13.0.88"-like release string, None) or (None, why) — ``nvcc --version`` with a timeout."""
-    exe = nvcc or shutil.which("nvcc")
-    if exe is None:
-        return None, "nvcc is not on PATH"
+def nvcc_version() -> tuple[str | None, str | None]:
+    """(release, None) of the nvcc the build stage uses (``evotuner.build.nvcc``: the same
+    search order, $EVOTUNER_NVCC first), or (None, why)."""
+    from evotuner.build.nvcc import find_nvcc, probe
+    from evotuner.errors import EvotunerError
+
     try:
-        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=_TIMEOUT_S)
-    except (subprocess.TimeoutExpired, OSError) as exc:
-        return None, f"nvcc --version failed ({exc})"
-    match = re.search(r"release\s+([\d.]+),\s*V([\d.]+)", out.stdout)
-    if not match:
-        return None, f"cannot read nvcc --version output: {out.stdout.strip()[-120:]!r}"
-    return match.group(2), None
+        return probe(find_nvcc()).release, None
+    except EvotunerError as exc:
+        return None, exc.message

@@ -162,11 +162,7 @@ def error_name(code: int) -> tuple[str, str]:
 def _check(lib: ctypes.CDLL, code: int, call: str) -> None:
     if code == 0:
         return
-    name, text = c_char_p(), c_char_p()
-    if lib.cuGetErrorName(code, byref(name)) == 0 and name.value:
-        lib.cuGetErrorString(code, byref(text))
-        raise CudaError(code, name.value.decode(), (text.value or b"").decode(), call)
-    raise CudaError(code, f"CUDA_ERROR_{code}", "unknown error code", call)
+    raise CudaError(code, *error_name(code), call)
 
 
 def check(code: int, call: str) -> None:
@@ -299,8 +295,3 @@ def stream_synchronize(stream: int, *, what: str = "cuStreamSynchronize") -> Non
     """Wait for ``stream``; an asynchronous kernel fault is raised here as CudaError."""
     lib = driver()
     _check(lib, lib.cuStreamSynchronize(CUstream(stream or None)), what)
-
-
-def context_synchronize(*, what: str = "cuCtxSynchronize") -> None:
-    lib = driver()
-    _check(lib, lib.cuCtxSynchronize(), what)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -36,16 +35,6 @@ class SharedMemoryError(EvotunerError):
     """The kernel needs more dynamic shared memory than the device allows per block."""
 
     failure_kind = "smem"
-
-
-@dataclass(frozen=True)
-class FunctionAttributes:
-    """What the driver reports for the loaded entry (for logs and the device fingerprint)."""
-
-    num_regs: int
-    local_bytes: int
-    static_smem_bytes: int
-    max_threads_per_block: int
 
 
 class KernelModule:
@@ -131,15 +120,6 @@ class KernelModule:
             raise
         return cls(module, function, meta, device, key, entry, source)
 
-    @classmethod
-    def clear_cache(cls) -> None:
-        """Unload every cached module (the context must still be healthy)."""
-        with cls._cache_lock:
-            mods, cls._cache = list(cls._cache.values()), {}
-        for m in mods:
-            cuda.ensure_context(m.device)
-            cuda.module_unload(m.module)
-
     # -- facts -------------------------------------------------------------------
 
     @property
@@ -161,15 +141,6 @@ class KernelModule:
     @property
     def causal(self) -> bool:
         return bool(self.meta["is_causal"])
-
-    def attributes(self) -> FunctionAttributes:
-        f = self.function
-        return FunctionAttributes(
-            num_regs=cuda.func_get_attribute(f, cuda.FUNC_ATTRIBUTE_NUM_REGS),
-            local_bytes=cuda.func_get_attribute(f, cuda.FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
-            static_smem_bytes=cuda.func_get_attribute(f, cuda.FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
-            max_threads_per_block=cuda.func_get_attribute(f, cuda.FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
-        )
 
     def grid(self, batch: int, heads: int, seqlen_q: int) -> tuple[int, int, int]:
         return (math.ceil(seqlen_q / self.block_m), heads, batch)
