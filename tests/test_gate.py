@@ -48,7 +48,7 @@ def test_parse_spilling_report():
 
 def test_parse_picks_the_entry_among_several_functions():
     text = log("two_entries")
-    r = parse_ptxas(text)
+    r = parse_ptxas(text, "flashcore_fwd")
     assert (r.registers, r.stack, r.static_smem, r.barriers) == (64, 192, 1024, 1)
     other = parse_ptxas(text, "other_kernel")
     # other_kernel's own frame is 0 bytes; its non-inlined callee makes the cumulative stack 32
@@ -70,7 +70,7 @@ def test_missing_entry_lists_what_is_there():
     msg = str(e.value)
     assert "no entry function 'flashcore_fwd_v2'" in msg
     assert "flashcore_fwd for sm_90a, other_kernel for sm_90a" in msg
-    assert "FLASHCORE_KERNEL_NAME" in msg
+    assert "KernelFamily.entry" in msg
     with pytest.raises(GateError, match="no 'Compiling entry function' line at all"):
         parse_ptxas("nvcc error   : 'ptxas' died due to signal 9")
 
@@ -105,7 +105,7 @@ def test_spills_fail_with_figures_threshold_and_remedy(thresholds):
 
 
 def test_stack_fails(thresholds):
-    g = apply_gate(parse_ptxas(log("two_entries")), thresholds, threads=128, min_blocks=1, dynamic_smem=0)
+    g = apply_gate(parse_ptxas(log("two_entries"), "flashcore_fwd"), thresholds, threads=128, min_blocks=1, dynamic_smem=0)
     assert g.check == "stack"
     assert g.reason.startswith("stack frame 192 bytes > max_stack_bytes=0: ")
     assert "raise [gate] max_stack_bytes" in g.reason

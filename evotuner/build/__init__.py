@@ -2,7 +2,7 @@
 
 from evotuner.build.builder import Builder, packaged_kernels_root
 from evotuner.build.cache import BuildCache, default_cache_root
-from evotuner.build.cubin import META_FIELDS, CubinError, read_meta
+from evotuner.build.cubin import CubinError, read_meta
 from evotuner.build.instantiate import render_source
 from evotuner.build.nvcc import Toolchain, find_nvcc
 from evotuner.build.result import Artifact, BuildResult
@@ -13,7 +13,6 @@ __all__ = [
     "BuildResult",
     "Builder",
     "CubinError",
-    "META_FIELDS",
     "Toolchain",
     "default_cache_root",
     "find_nvcc",

@@ -14,7 +14,7 @@ CSV columns, in this order::
 constraint, ``failure_kind`` empty and no ptxas log; or by the ptxas gate,
 ``failure_kind`` = ``gate``) or ``failed`` (``failure_kind`` = ``build`` for a
 compile error, else one of :data:`~evotuner.measure.base.FAILURE_KINDS`).
-``meta`` is the artifact's ``flashcore_meta`` table as JSON and ``ptxas_log``
+``meta`` is the artifact's meta table (evotuner/abi.py) as JSON and ``ptxas_log``
 the build's ``-Xptxas -v`` output verbatim (newlines written as ``\\n``);
 empty where the config never compiled.
 
@@ -317,6 +317,8 @@ class ReplayMeasure(MeasureStage):
     def __init__(self, path: str | Path, problem: Problem, space: Any = None) -> None:
         self.table = read_sweep(path)
         self.problem = problem
+        #: The kernel family of the space replayed ("" when no space is given).
+        self.family = str(getattr(space, "kernel", "") or "") if space is not None else ""
         self.calls = 0
         recorded = self.table.problem
         if recorded != problem:
@@ -429,7 +431,7 @@ class ReplayBuilder:
             why = row.reason if row.failure_kind == BUILD_KIND else f"the sweep never compiled it: {row.reason}"
             return BuildResult(config, key, False, None, row.ptxas_log, 0.0, True, error=why or "no build recorded")
         artifact = Artifact(cubin=self.replay.table.path, key=key, sha256=self.replay.table.sha256,
-                            meta={k: int(v) for k, v in row.meta.items()})
+                            meta={k: int(v) for k, v in row.meta.items()}, family=self.replay.family)
         return BuildResult(config, key, True, artifact, row.ptxas_log, 0.0, True)
 
     def submit(self, config: KernelConfig, problem: Problem) -> "Future[BuildResult]":
