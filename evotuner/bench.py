@@ -21,6 +21,7 @@ from evotuner.errors import EvotunerError
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
 from evotuner.measure.gpu import BASELINES
 from evotuner.problem import Problem
+from evotuner.vocabulary import config_of
 
 #: The baselines a ratio is given against, in column order (MeasureStage.baselines' keys).
 BASELINE_NAMES = BASELINES
@@ -111,7 +112,6 @@ def best_configs(summary: Any, space: Any, top: int) -> list[tuple[int, KernelCo
     A duplicate trial copies an earlier one's result, so each config is listed
     once, under the trial that measured it.
     """
-    from evotuner.loop import config_of
 
     if top < 1:
         raise EvotunerError(f"--top: {top} is not a positive number of configs", "e.g. --top 5")
