@@ -3,8 +3,8 @@
 ``ScaffoldMeasure`` answers from a fixed function of the config (a sha256 of
 its parameters), so a study run against it is reproducible and the loop's
 bookkeeping can be checked exactly. It is never offered to users: it lives in
-tests/, is not installed, and the CLI only reaches it through the test-only
-hook ``EVOTUNER_TEST_MEASURE=tests/scaffold.py:make_measure``.
+tests/, is not installed, and the CLI only runs it when a test injects it
+(``cli.main(argv, measure_factory=make_measure)``, see tests/cli_helpers.py).
 
 It still checks what a real stage would receive: the artifact's cubin must
 exist on disk (the loop test builds with the real Builder).
@@ -85,7 +85,7 @@ def _config_of(artifact: Artifact) -> KernelConfig:
 
 
 def make_measure() -> ScaffoldMeasure:
-    """Factory for the CLI's test-only hook EVOTUNER_TEST_MEASURE."""
+    """The factory the CLI tests inject (``cli.main(..., measure_factory=make_measure)``)."""
     fail = {KernelConfig.parse(c) for c in os.environ.get("EVOTUNER_SCAFFOLD_FAIL", "").split(";") if c.strip()}
     calls = os.environ.get("EVOTUNER_SCAFFOLD_CALLS")
     return ScaffoldMeasure(fail=fail, calls_file=Path(calls) if calls else None)
