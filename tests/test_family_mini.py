@@ -160,3 +160,20 @@ def test_replayed_search_resume_show_and_export(capsys, tmp_path, sweep):
                            capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr
     assert subprocess.run([str(tmp_path / "use")], timeout=30).returncode == 0
+
+
+def test_flash_attention_picks_the_fastest_family_and_falls_back_to_flashcore(monkeypatch):
+    attention = pytest.importorskip("evotuner.runtime.attention")
+    mini = get_family("mini")
+    d32 = Problem(Shape(1, 2, 64, 64, 32), "fp16", False)
+    tie = attention.choose(d32)
+    assert tie.family == "flashcore"                                   # no figure: the default family
+    monkeypatch.setattr(mini, "expected_speed", lambda problem: 1.0)   # mini's figure beats FlashCore's
+    fast = attention.choose(d32)
+    assert fast.family == "mini" and fast.config["ROWS"] == 64 and "fastest" in fast.why
+    d128 = attention.choose(Problem(Shape(1, 2, 64, 64, 128), "fp16", False))
+    assert d128.family == "flashcore" and "mini" in d128.why            # mini does not support D=128
+    bf16 = attention.choose(Problem(Shape(1, 2, 64, 64, 32), "bf16", False))
+    assert bf16.family == "flashcore"
+    asked = attention.choose(d32, family="flashcore")
+    assert asked.family == "flashcore" and asked.why == "asked for"

@@ -66,7 +66,7 @@ class Mini(KernelFamily):
         return (KernelConfig.of({"ROWS": 64, "UNROLL": 1, "PERSISTENT": 1}),)
 
     def expected_speed(self, problem: Problem) -> float:
-        return 0.1   # made up for the test of flash_attention's choice; nothing measured
+        return 0.0   # nothing measured: FlashCore (the default family) wins the tie
 
     def gate_hint(self, check: str, meta: Mapping[str, int]) -> str:
         return {"spills": "lower UNROLL or use a smaller head dim", "registers": "lower UNROLL"}.get(
