@@ -144,7 +144,7 @@ def bench_study(
     """Re-measure the best ``top`` configs of ``study`` and SDPA's backends in one run.
 
     ``store`` is an :class:`evotuner.storage.StudyStore`; ``builder`` an
-    :class:`evotuner.build.Builder` for the study's kernel family; ``measure``
+    :class:`evotuner.compiler.Builder` for the study's kernel family; ``measure``
     any MeasureStage (GpuMeasure on a GPU). With ``record_baselines`` the
     device and the baselines measured here are written to the study (the
     study's summary then shows this device's baselines). Raises

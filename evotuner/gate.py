@@ -26,7 +26,7 @@ import math
 import re
 from dataclasses import dataclass, replace
 
-from evotuner.build.result import BuildResult
+from evotuner.compiler.result import BuildResult
 from evotuner.errors import EvotunerError
 from evotuner.family import DEFAULT_FAMILY, KernelFamily, get_family
 from evotuner.space import DeviceLimits, GateThresholds

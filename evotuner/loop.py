@@ -135,7 +135,7 @@ def run_search(
 
     ``store`` is an :class:`evotuner.storage.StudyStore`; ``space`` the study's
     :class:`evotuner.space.SearchSpace`; ``builder`` an
-    :class:`evotuner.build.Builder`; ``measure`` any :class:`MeasureStage`.
+    :class:`evotuner.compiler.Builder`; ``measure`` any :class:`MeasureStage`.
     ``seed`` is recorded only (the sampler already carries it). ``start`` lists
     configs a NEW study tries first (the CLI passes the kernel's recommended
     config: a warm start, as Triton's autotuner starts from its user configs);

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import evotuner.measure as measure_pkg
-from evotuner.build import Builder
+from evotuner.compiler import Builder
 from evotuner.defaults import recommended
 from evotuner.errors import NoGpuError, StorageError, StudyMismatchError
 from evotuner.loop import SearchResult, run_search

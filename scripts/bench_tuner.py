@@ -50,7 +50,7 @@ from typing import Any, Callable, Sequence
 
 from evotuner import events as ev
 from evotuner import session
-from evotuner.build import Builder
+from evotuner.compiler import Builder
 from evotuner.errors import EvotunerError, NoGpuError
 from evotuner.loop import TIMING_KEYS
 from evotuner.measure.base import MeasureOutcome, MeasureStage

@@ -37,7 +37,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from evotuner.build.instantiate import evotuner_version
+from evotuner.compiler.instantiate import evotuner_version
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StorageError, StudyMismatchError
 from evotuner.family import DEFAULT_FAMILY

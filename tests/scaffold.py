@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from evotuner.build.result import Artifact
+from evotuner.compiler.result import Artifact
 from evotuner.config import KernelConfig
 from evotuner.measure.base import MeasureFailure, MeasureOutcome, Measurement, MeasureStage
 from evotuner.problem import Problem
@@ -79,7 +79,7 @@ class ScaffoldMeasure(MeasureStage):
 def _config_of(artifact: Artifact) -> KernelConfig:
     """The config the artifact was built for: the stage is handed only the artifact,
     so the scaffold reads the build record the build cache keeps beside the cubin
-    (``build.json``, written by evotuner.build.cache)."""
+    (``build.json``, written by evotuner.compiler.cache)."""
     record = json.loads((artifact.cubin.parent / "build.json").read_text())
     return KernelConfig.of(record["config"])
 

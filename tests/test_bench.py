@@ -16,7 +16,7 @@ import cli_helpers
 from cli_helpers import assert_one_line_error as one_line_error, run, scaffold_env
 from scaffold import make_measure
 from evotuner.bench import BenchResult, bench_study, ratios
-from evotuner.build import Builder
+from evotuner.compiler import Builder
 from evotuner.config import KernelConfig
 from evotuner.problem import Problem, Shape
 from evotuner.space import load_space

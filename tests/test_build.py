@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from evotuner import abi
-from evotuner.build import Builder, BuildCache, CubinError, packaged_kernels_root, read_meta
+from evotuner.compiler import Builder, BuildCache, CubinError, packaged_kernels_root, read_meta
 from evotuner.kernels.flashcore.params import META_FIELDS as FC_FIELDS
-from evotuner.build import cubin as cubin_mod
-from evotuner.build import nvcc as nvcc_mod
-from evotuner.build.cache import default_cache_root, source_files
-from evotuner.build.instantiate import gencode
-from evotuner.build.nvcc import find_nvcc
+from evotuner.compiler import cubin as cubin_mod
+from evotuner.compiler import nvcc as nvcc_mod
+from evotuner.compiler.cache import default_cache_root, source_files
+from evotuner.compiler.instantiate import gencode
+from evotuner.compiler.nvcc import find_nvcc
 from evotuner.config import KernelConfig
 from evotuner.errors import BuildError, SpaceError
 from evotuner.problem import Problem, Shape

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from evotuner.build.cubin import read_meta
+from evotuner.compiler.cubin import read_meta
 from evotuner.kernels.flashcore.params import META_FIELDS as FC_FIELDS
-from evotuner.build.instantiate import compile_flags
-from evotuner.build.nvcc import find_nvcc, run
+from evotuner.compiler.instantiate import compile_flags
+from evotuner.compiler.nvcc import find_nvcc, run
 from evotuner.errors import BuildError, EvotunerError
 from evotuner.export import (
     BUCKET_EDGES, OPEN_BUCKET, ExportError, export_header, read_header, row_instantiation, seqlen_bucket,

@@ -23,7 +23,7 @@ import pytest
 
 from cli_helpers import run
 from evotuner import cli
-from evotuner.build import Builder
+from evotuner.compiler import Builder
 from evotuner.family import AttentionArgs, DeviceInfo, TensorView, get_family
 from evotuner.measure.base import Measurement, MeasureStage
 from evotuner.problem import Problem, Shape

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evotuner.build.result import Artifact, BuildResult
+from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
 from evotuner.gate import GateError, GateResult, PtxasReport, apply_gate, parse_ptxas
 from evotuner.space import load_space

@@ -30,7 +30,7 @@ import threading
 from functools import lru_cache
 from typing import Any, Sequence
 
-from evotuner.build.result import Artifact
+from evotuner.compiler.result import Artifact
 from evotuner.errors import NoGpuError
 from evotuner.measure.base import MeasureFailure, MeasureOutcome, MeasureStage
 from evotuner.measure.protocol import (

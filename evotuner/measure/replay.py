@@ -23,7 +23,7 @@ How a replayed search runs (no nvcc, no GPU, no change to the loop)::
     replay = ReplayMeasure(csv, problem, space)
     run_search(..., builder=replay.builder(), measure=replay)
 
-:class:`ReplayBuilder` stands in for :class:`~evotuner.build.Builder`: its
+:class:`ReplayBuilder` stands in for :class:`~evotuner.compiler.Builder`: its
 futures are already done and hold the *recorded* build (the real ptxas report,
 the real meta table, or the recorded compiler error), so the loop's real gate
 (:func:`evotuner.gate.apply_gate`) re-judges the recorded report and reaches the
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from evotuner.build.result import Artifact, BuildResult
+from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StudyMismatchError
 from evotuner.measure.base import FAILURE_KINDS, MeasureFailure, MeasureOutcome, Measurement, MeasureStage
@@ -410,7 +410,7 @@ class ReplayMeasure(MeasureStage):
 
 
 class ReplayBuilder:
-    """Stands in for :class:`evotuner.build.Builder` in a replayed search: every
+    """Stands in for :class:`evotuner.compiler.Builder` in a replayed search: every
     future is already done and holds the sweep's recorded build. Never runs nvcc."""
 
     def __init__(self, replay: ReplayMeasure, jobs: int = 4) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 from evotuner.abi import DTYPE_CODES
-from evotuner.build.result import Artifact
+from evotuner.compiler.result import Artifact
 from evotuner.measure.protocol import (
     PipeClosed, ProtocolError, Reply, Request, read_message_blocking, write_message,
 )

@@ -8,7 +8,7 @@ recommended config is fastest by its own measured figure
 :class:`Choice` says which and why (``flash_attention(..., return_choice=True)``).
 
 The first call for a (device, family, head dim, dtype, causal, config) builds the cubin
-through :class:`evotuner.build.Builder` (cached on disk by content) and loads it
+through :class:`evotuner.compiler.Builder` (cached on disk by content) and loads it
 through the driver (cached in the process); later calls only validate,
 allocate and launch on torch's current stream.
 """
@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import torch
 
-from evotuner.build import Builder
+from evotuner.compiler import Builder
 from evotuner.config import KernelConfig
 from evotuner.defaults import default_config, parse_defaults, supported_head_dims  # noqa: F401 (public names)
 from evotuner.errors import BuildError, ShapeError, SpaceError

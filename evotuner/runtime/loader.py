@@ -19,7 +19,7 @@ from typing import Mapping
 import torch
 
 from evotuner.abi import DTYPE_NAMES, MetaError, decode_meta, meta_mismatch
-from evotuner.build.result import Artifact
+from evotuner.compiler.result import Artifact
 from evotuner.errors import EvotunerError, ShapeError
 from evotuner.family import DEFAULT_FAMILY, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView, get_family
 from evotuner.runtime import cuda

@@ -172,7 +172,7 @@ def test_every_gated_config_of_the_default_space(head_dim: int, dtype: str, caus
 # --------------------------------------------------------------------------- faults and timing
 
 def _fault_artifact(fault: int):
-    from evotuner.build import Builder
+    from evotuner.compiler import Builder
     from evotuner.config import KernelConfig
 
     problem = Problem(Shape(1, 2, 256, 256, 64), "fp16", False)

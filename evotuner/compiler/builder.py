@@ -19,11 +19,11 @@ from importlib import resources
 from pathlib import Path
 
 from evotuner.abi import ABI_HEADER, DTYPE_CODES
-from evotuner.build import nvcc as toolchain_mod
-from evotuner.build.cache import BuildCache, CacheEntry, build_key, hash_sources, source_files
-from evotuner.build.cubin import CubinError, read_meta
-from evotuner.build.instantiate import check_family, compile_flags, evotuner_version, render_source
-from evotuner.build.result import Artifact, BuildResult
+from evotuner.compiler import nvcc as toolchain_mod
+from evotuner.compiler.cache import BuildCache, CacheEntry, build_key, hash_sources, source_files
+from evotuner.compiler.cubin import CubinError, read_meta
+from evotuner.compiler.instantiate import check_family, compile_flags, evotuner_version, render_source
+from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import BuildError, SpaceError
 from evotuner.family import DEFAULT_FAMILY, KernelFamily, get_family
@@ -48,7 +48,7 @@ class Builder:
     each is killed after ``timeout_s``. ``kernels_root`` replaces the family's
     kernels folder; the shared ABI header (``evotuner_abi.h``) is taken from that
     root when present, else from the packaged one, and both roots are on the
-    include path. ``nvcc`` overrides discovery (see :mod:`evotuner.build.nvcc`).
+    include path. ``nvcc`` overrides discovery (see :mod:`evotuner.compiler.nvcc`).
     """
 
     def __init__(
