@@ -221,30 +221,32 @@ def apply_gate(
     def hint(check: str) -> str:
         return fam.gate_hint(check, facts)
 
-    if report.spill_bytes > thresholds.max_spill_bytes:
+    checks = fam.generic_gate_checks
+
+    if report.spill_bytes > thresholds.max_spill_bytes and "spills" in checks:
         return fail("spills", (
             f"spills {report.spill_bytes} bytes (stores {report.spill_stores}, loads {report.spill_loads})"
             f" > max_spill_bytes={thresholds.max_spill_bytes}: {hint('spills')}"))
-    if report.stack > thresholds.max_stack_bytes:
+    if report.stack > thresholds.max_stack_bytes and "stack" in checks:
         return fail("stack", (
             f"stack frame {report.stack} bytes > max_stack_bytes={thresholds.max_stack_bytes}: a local array is"
             f" indexed at run time or a call was not inlined; fix the kernel or raise [gate] max_stack_bytes"))
-    if report.registers > thresholds.max_registers:
+    if report.registers > thresholds.max_registers and "registers" in checks:
         return fail("registers", (
             f"registers {report.registers} > max_registers={thresholds.max_registers}: {hint('registers')}"))
     allocated = math.ceil(report.registers / dev.reg_alloc_unit) * dev.reg_alloc_unit
     regs_needed = allocated * threads * min_blocks
-    if regs_needed > dev.regs_per_sm:
+    if regs_needed > dev.regs_per_sm and "regs_per_sm" in checks:
         return fail("regs_per_sm", (
             f"registers {report.registers} (allocated {allocated}) x threads {threads} x {fam.min_blocks_label}{min_blocks}"
             f" = {regs_needed} > regs_per_sm={dev.regs_per_sm}: {hint('regs_per_sm')}"))
     smem_detail = f"static {report.static_smem} + dynamic {report.dynamic_smem or 0}"
-    if report.smem > dev.max_smem_per_block:
+    if report.smem > dev.max_smem_per_block and "smem_per_block" in checks:
         return fail("smem_per_block", (
             f"smem {report.smem} bytes ({smem_detail}) > max_smem_per_block={dev.max_smem_per_block}:"
             f" {hint('smem_per_block')}"))
     smem_sm = (report.smem + dev.smem_reserved_per_block) * min_blocks
-    if smem_sm > dev.max_smem_per_sm:
+    if smem_sm > dev.max_smem_per_sm and "smem_per_sm" in checks:
         return fail("smem_per_sm", (
             f"smem ({report.smem} + {dev.smem_reserved_per_block} reserved) x {fam.min_blocks_label}{min_blocks}"
             f" = {smem_sm} > max_smem_per_sm={dev.max_smem_per_sm}: {hint('smem_per_sm')}"))

@@ -157,6 +157,35 @@ def test_a_report_needs_the_launch_geometry(thresholds):
         apply_gate(parse_ptxas(log("clean")), thresholds)
 
 
+def test_a_family_words_the_remedies_and_may_judge_a_check_itself(thresholds):
+    from evotuner.family import get_family
+
+    flashcore = get_family("flashcore")
+
+    class ConsumerSpills(type(flashcore)):
+        """Judges spills itself (say, only on a consumer path) and adds a rule of its own."""
+
+        generic_gate_checks = tuple(c for c in flashcore.generic_gate_checks if c != "spills")
+
+        def gate_hint(self, check, meta):
+            return f"family hint for {check}"
+
+        def extra_gate(self, log, report, meta, thresholds):
+            if report.spill_stores > 400:
+                return ("consumer_spills", f"consumer path spills {report.spill_stores} bytes: lower TILE")
+            return None
+
+    fam = ConsumerSpills()
+    spill = parse_ptxas(log("spill"))
+    assert apply_gate(spill, thresholds, threads=1024, min_blocks=2, dynamic_smem=0).check == "spills"
+    roomy_stack = dataclasses.replace(thresholds, max_stack_bytes=10**6)
+    g = apply_gate(spill, roomy_stack, threads=128, min_blocks=1, dynamic_smem=0, family=fam)
+    assert g.check == "consumer_spills" and "lower TILE" in g.reason
+    tight = dataclasses.replace(thresholds, max_registers=16)
+    g = apply_gate(parse_ptxas(log("clean")), tight, threads=128, min_blocks=1, dynamic_smem=0, family=fam)
+    assert g.check == "registers" and g.reason.endswith("family hint for registers")
+
+
 # --------------------------------------------------------------------------- from a BuildResult
 
 

@@ -119,6 +119,11 @@ class KernelFamily(abc.ABC):
     #: Problems the kernel supports.
     head_dims: tuple[int, ...] = ()
     dtypes: tuple[str, ...] = ("fp16", "bf16")
+    #: The generic ptxas gate checks run for this family, in order, before :meth:`extra_gate`.
+    #: A family may leave one out and judge it itself in ``extra_gate`` (e.g. spills only on
+    #: its consumer path).
+    generic_gate_checks: tuple[str, ...] = (
+        "spills", "stack", "registers", "regs_per_sm", "smem_per_block", "smem_per_sm")
     #: How gate reasons name the meta table's ``min_blocks`` (followed by its value).
     min_blocks_label: str = "blocks per SM "
     #: C++ namespace and macro prefix of the family's rows in an exported header.
