@@ -21,6 +21,7 @@ from evotuner.errors import EvotunerError
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
 from evotuner.measure.gpu import BASELINES
 from evotuner.problem import Problem
+from evotuner.space import parse_space
 from evotuner.vocabulary import config_of
 
 #: The baselines a ratio is given against, in column order (MeasureStage.baselines' keys).
@@ -150,8 +151,6 @@ def bench_study(
     study's summary then shows this device's baselines). Raises
     :class:`EvotunerError` when the study has no COMPLETE trial.
     """
-    from evotuner.space import parse_space
-
     summary = store.summary(study)
     problem = summary.problem
     space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")

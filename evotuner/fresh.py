@@ -34,6 +34,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from evotuner.config import KernelConfig
 from evotuner.problem import Problem
 from evotuner.space import SearchSpace
 from evotuner.vocabulary import REASON_ATTR, distributions, is_interrupted, param_key
@@ -132,8 +133,6 @@ class FreshSampler(BaseSampler):
         if self.problem is None:
             return True
         if key not in self._feasible_cache:
-            from evotuner.config import KernelConfig
-
             config = KernelConfig.of({p.name: p.values[i] for p, i in zip(self.space.params, key)})
             self._feasible_cache[key] = self.space.violated(config, self.problem) is None
         return self._feasible_cache[key]

@@ -13,6 +13,7 @@ from typing import Any
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.problem import Problem
+from evotuner.space import parse_space
 
 # The trial-attribute names and the "interrupted" rule live in evotuner.vocabulary.
 from evotuner.vocabulary import (  # noqa: E402,F401 (re-exported: the record stage's names)
@@ -120,8 +121,6 @@ class StudyRecord:
 
     @property
     def space(self) -> Any:
-        from evotuner.space import parse_space
-
         return parse_space(self.space_text, f"study '{self.name}' (space {self.space_name})")
 
 
