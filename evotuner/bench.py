@@ -21,6 +21,8 @@ from evotuner.errors import EvotunerError
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
 from evotuner.measure.gpu import BASELINES
 from evotuner.problem import Problem
+from evotuner.space import parse_space
+from evotuner.vocabulary import config_of
 
 #: The baselines a ratio is given against, in column order (MeasureStage.baselines' keys).
 BASELINE_NAMES = BASELINES
@@ -111,7 +113,6 @@ def best_configs(summary: Any, space: Any, top: int) -> list[tuple[int, KernelCo
     A duplicate trial copies an earlier one's result, so each config is listed
     once, under the trial that measured it.
     """
-    from evotuner.loop import config_of
 
     if top < 1:
         raise EvotunerError(f"--top: {top} is not a positive number of configs", "e.g. --top 5")
@@ -144,14 +145,12 @@ def bench_study(
     """Re-measure the best ``top`` configs of ``study`` and SDPA's backends in one run.
 
     ``store`` is an :class:`evotuner.storage.StudyStore`; ``builder`` an
-    :class:`evotuner.build.Builder` for the study's kernel family; ``measure``
+    :class:`evotuner.compiler.Builder` for the study's kernel family; ``measure``
     any MeasureStage (GpuMeasure on a GPU). With ``record_baselines`` the
     device and the baselines measured here are written to the study (the
     study's summary then shows this device's baselines). Raises
     :class:`EvotunerError` when the study has no COMPLETE trial.
     """
-    from evotuner.space import parse_space
-
     summary = store.summary(study)
     problem = summary.problem
     space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")

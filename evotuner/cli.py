@@ -5,7 +5,7 @@
     evotuner resume  --study NAME [--trials 96]
     evotuner show    --study NAME [--top 10] [--json]
     evotuner export  --study NAME [--study OTHER ...] --output flashcore_config.h
-    evotuner compile --config BLOCK_M=128,... --shape D=64 [--dtype ...] [--causal] [--json] [--space FILE]
+    evotuner compile --config NAME=VALUE,... --shape D=64 [--dtype ...] [--causal] [--json] [--space FILE]
     evotuner bench   --study NAME [--top 5] [--json] [--budget 1.0] [--no-record] [--storage URL]
 
 This is the only module that prints. Every command parses its options into
@@ -18,14 +18,12 @@ errors); anything unexpected becomes one line too, with a pointer to
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import sys
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console, Group
@@ -35,10 +33,17 @@ from rich.table import Table
 from rich.text import Text
 
 from evotuner import events as ev
+from evotuner import session
 from evotuner.config import KernelConfig
-from evotuner.errors import EvotunerError, NoGpuError, SpaceError, StudyMismatchError
-from evotuner.measure.base import MeasureStage
+from evotuner.bench import BASELINE_NAMES, bench_study
+from evotuner.errors import EvotunerError, SpaceError
+from evotuner.export import export_header
+from evotuner.gate import apply_gate
 from evotuner.problem import DTYPES, Problem, Shape
+from evotuner.propose import make_sampler
+from evotuner.report import make_report
+from evotuner.space import load_space, parse_space
+from evotuner.vocabulary import config_of
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException as _UsageError
@@ -50,15 +55,7 @@ except ImportError:  # pragma: no cover - depends on the typer version
 DEFAULT_STORAGE = "sqlite:///evotuner.db"
 STORAGE_ENV = "EVOTUNER_STORAGE"
 DEBUG_ENV = "EVOTUNER_DEBUG"
-#: TEST-ONLY hook: ``path/to/file.py:factory`` or ``module:factory`` returning a
-#: MeasureStage, used by ``search``/``resume`` instead of the GPU (tests/scaffold.py).
-#: Never documented for users; it exists so the CLI can be tested on machines with no GPU.
-TEST_MEASURE_ENV = "EVOTUNER_TEST_MEASURE"
-
-NO_GPU = NoGpuError(
-    "no CUDA GPU on this machine: evotuner search needs one to measure; `evotuner compile` works here",
-    "run search/resume on a machine with an NVIDIA Hopper GPU",
-)
+NO_GPU = session.NO_GPU
 
 app = typer.Typer(
     name="evotuner",
@@ -157,9 +154,6 @@ def search(
     continues the study (as `resume` does). Samplers: tpe (default), nsga2, cmaes,
     random, grid, and gp where Optuna's GPSampler can run.
     """
-    from evotuner.propose import make_sampler
-    from evotuner.space import load_space
-
     problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
     search_space = load_space(space)
     make_sampler(sampler, search_space, seed)     # an unknown sampler is refused here
@@ -167,22 +161,10 @@ def search(
     store = _open_store(storage)
     with ExitStack() as stack:
         stack.callback(store.close)
-        exists = store.study_exists(study)
-        if exists:
-            store.load_study(study, problem=problem, space=search_space)   # refuses a mismatch
-            recorded = store.summary(study)
-            if (recorded.sampler, recorded.seed) != (sampler, seed):
-                raise StudyMismatchError(
-                    f"study {study!r} runs sampler {recorded.sampler} with seed {recorded.seed}, "
-                    f"not {sampler} with seed {seed}",
-                    f"continue it with `evotuner resume --study {study}`, or choose another --study name",
-                )
-        builder, measure = stages(problem, search_space, jobs, stack)
+        exists = session.check_exists(store, study, sampler, seed, problem, search_space)
+        builder, measure = stages.stages(problem, search_space, jobs, stack)
         if not exists:
-            store.create_study(
-                study, problem, search_space, sampler, seed,
-                source_hash=builder.source_hash(), nvcc_version=builder.nvcc_version(),
-            )
+            session.start_study(store, study, problem, search_space, sampler, seed, builder)
         _run(store, study, problem, search_space, sampler, seed, trials, builder, measure)
 
 
@@ -197,31 +179,16 @@ def resume(
     replay: ReplayOpt = None,
 ) -> None:
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
-    from evotuner.space import load_space, parse_space
-
     wanted_shape = Shape.parse(shape) if shape is not None else None
     wanted_space = load_space(space) if space is not None else None
     stages = _stages(replay)                      # refuses at once without a GPU (unless replaying)
     store = _open_store(storage, must_exist=True)
     with ExitStack() as stack:
         stack.callback(store.close)
-        info = store.summary(study)                 # StorageError naming the study if not found
-        problem = info.problem
-        search_space = parse_space(store.space_text(study), f"study {study!r} space {info.space_name!r}")
-        if wanted_shape is not None and wanted_shape != problem.shape:
-            raise StudyMismatchError(
-                f"study {study!r} tunes shape {problem.shape}, not {wanted_shape}",
-                f"drop --shape (resume reads it from the study), or start a new study with "
-                f"`evotuner search --study NEW --shape {wanted_shape}`",
-            )
-        if wanted_space is not None and wanted_space.fingerprint() != search_space.fingerprint():
-            raise StudyMismatchError(
-                f"study {study!r} was started with another search space than {wanted_space.path}",
-                "drop --space (resume reads it from the study), or start a new study",
-            )
+        resumed = session.resume_study(store, study, shape=wanted_shape, space=wanted_space)
         target = trials if trials is not None else store.count_finished(study) + RESUME_STEP
-        builder, measure = stages(problem, search_space, jobs, stack)
-        _run(store, study, problem, search_space, info.sampler, info.seed, target, builder, measure)
+        builder, measure = stages.stages(resumed.problem, resumed.space, jobs, stack)
+        _run(store, study, resumed.problem, resumed.space, resumed.sampler, resumed.seed, target, builder, measure)
 
 
 @app.command()
@@ -232,7 +199,6 @@ def show(
     storage: StorageOpt = None,
 ) -> None:
     """Show a study: problem, device, baselines, counts and the best trials."""
-    from evotuner.space import parse_space
 
     store = _open_store(storage, must_exist=True)
     try:
@@ -254,7 +220,6 @@ def report(
 ) -> None:
     """Write a study's plots: optimization history (SDPA baselines as lines),
     parameter importances, latency against registers and shared memory."""
-    from evotuner.report import make_report
 
     store = _open_store(storage, must_exist=True)
     try:
@@ -274,7 +239,6 @@ def export_cmd(
     storage: StorageOpt = None,
 ) -> None:
     """Write the best config of each study into a C++ header (flashcore::tuned)."""
-    from evotuner.export import export_header
 
     store = _open_store(storage, must_exist=True)
     try:
@@ -301,8 +265,6 @@ def compile_cmd(
     space: SpaceOpt = None,
 ) -> None:
     """Build one config with nvcc (no GPU needed) and show its ptxas report and gate verdict."""
-    from evotuner.gate import apply_gate
-    from evotuner.space import load_space
 
     kernel_config = KernelConfig.parse(config)
     problem = Problem(Shape.parse(shape, require=("D",)), dtype=dtype, causal=causal)
@@ -358,19 +320,15 @@ def bench(
     ratio = SDPA µs / our µs (above 1: faster than that SDPA backend). Configs are
     rebuilt through the build cache (hits when the study ran on this machine).
     """
-    from evotuner.bench import bench_study
-    from evotuner.space import parse_space
 
-    measure_factory = _measure_factory()          # refuses at once without a GPU
+    stages = _stages(None)                        # refuses at once without a GPU
     if budget is not None:
-        measure_factory = _with_budget(measure_factory, budget)
+        stages = stages.with_budget(budget)
     store = _open_store(storage, must_exist=True)
     with ExitStack() as stack:
         stack.callback(store.close)
-        summary = store.summary(study)            # StorageError naming the study if not found
-        space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
-        builder = _builder(space, 1, stack)
-        measure = stack.enter_context(measure_factory())
+        space = session.study_space(store, study)  # StorageError naming the study if not found
+        builder, measure = stages.stages(store.summary(study).problem, space, 1, stack)
         result = bench_study(store, study, builder=builder, measure=measure, top=top, record_baselines=record)
     if as_json:
         _print_json(result.as_json())
@@ -380,19 +338,9 @@ def bench(
         _io.err.print(f"{name}: not measured: {_one_line(why)}", markup=False, highlight=False)
 
 
-def _with_budget(factory: Callable[[], MeasureStage], budget: float) -> Callable[[], MeasureStage]:
-    """The GPU stage with ``budget_s``; a test-only hook factory takes no options and is kept as is."""
-    from evotuner.measure import GpuMeasure
-
-    if isinstance(factory, type) and issubclass(factory, GpuMeasure):
-        return lambda: factory(budget_s=budget)
-    return factory
-
-
 def _bench_table(result: Any) -> Table:
     from rich import box
 
-    from evotuner.bench import BASELINE_NAMES
 
     p = result.problem
     device = (result.device or {}).get("name", "unknown device")
@@ -428,18 +376,10 @@ def _bench_table(result: Any) -> Table:
 
 
 def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure) -> None:
-    from evotuner.defaults import recommended
-    from evotuner.loop import run_search
-    from evotuner.propose import make_sampler
-
-    sampler = make_sampler(sampler_name, space, seed, problem)
     view = _SearchView(study, problem)
     with view.live():
-        result = run_search(
-            store=store, study_name=study, problem=problem, space=space, sampler=sampler, seed=seed,
-            trials=trials, builder=builder, measure=measure, on_event=view.on_event,
-            start=recommended(problem),
-        )
+        result = session.run_study(store, study, problem, space, sampler_name, seed, trials, builder, measure,
+                                   on_event=view.on_event)
     view.close(result, store.summary(study), space)
 
 
@@ -539,7 +479,6 @@ def _ratio(baselines: dict[str, float | None], us: float) -> str:
 
 def _config_text(record: Any, space: Any) -> str:
     """A trial's config as values, whichever way its params were recorded."""
-    from evotuner.loop import config_of
 
     try:
         config = config_of(record.params, space) if space is not None else None
@@ -628,79 +567,22 @@ def _print_json(obj: Any) -> None:
 
 
 def _open_store(storage: str | None, *, must_exist: bool = False) -> Any:
-    """The study database; ``must_exist``: refuse (creating nothing) when a SQLite file is missing."""
-    from evotuner.errors import StorageError
-    from evotuner.storage import StudyStore
-    from evotuner.storage.connect import resolve_url, sqlite_path
-
-    url = _storage_url(storage)
-    path = sqlite_path(resolve_url(url))
-    if must_exist and path is not None and not path.exists():
-        raise StorageError(
-            f"no study database at {path}",
-            "run `evotuner search` first, or point --storage / $EVOTUNER_STORAGE at the database",
-        )
-    return StudyStore(url)
+    return session.open_store(_storage_url(storage), must_exist=must_exist)
 
 
 def _builder(space: Any, jobs: int | None, stack: ExitStack) -> Any:
-    from evotuner.build import Builder
-
-    return stack.enter_context(Builder(space.kernel, arch=space.arch, jobs=jobs))
+    return session.StageFactory().builder(space, jobs, stack)
 
 
-Stages = Callable[[Problem, Any, Optional[int], ExitStack], tuple[Any, MeasureStage]]
+#: The measure stage ``main`` was handed (tests inject theirs); None: the GPU worker.
+_injected: dict[str, session.MeasureFactory | None] = {"measure": None}
 
 
-def _stages(replay: Path | None) -> Stages:
-    """The (builder, measure) pair for search/resume, made once the study's problem and
-    space are known: nvcc + the GPU worker, or a recorded sweep (``--replay``), which
-    needs neither. Without a GPU and without --replay this refuses at once, before
-    any database is opened."""
-    if replay is not None:
-        def replayed(problem: Problem, space: Any, jobs: int | None, stack: ExitStack) -> tuple[Any, MeasureStage]:
-            from evotuner.measure.replay import ReplayMeasure
-
-            measure = stack.enter_context(ReplayMeasure(replay, problem, space))
-            return measure.builder(jobs or os.cpu_count() or 1), measure
-        return replayed
-    measure_factory = _measure_factory()
-
-    def real(problem: Problem, space: Any, jobs: int | None, stack: ExitStack) -> tuple[Any, MeasureStage]:
-        builder = _builder(space, jobs, stack)
-        return builder, stack.enter_context(measure_factory())
-    return real
-
-
-def _measure_factory() -> Callable[[], MeasureStage]:
-    """The measure stage for search/resume: the GPU worker, or the test-only hook.
-
-    The seam for other stages (``--replay FILE`` -> ReplayMeasure) is here: they
-    return a factory the same way, and need no GPU.
-    """
-    hook = os.environ.get(TEST_MEASURE_ENV)
-    if hook:
-        return _load_test_hook(hook)
-    from evotuner.measure import GpuMeasure, gpu_available
-
-    if not gpu_available():
-        raise NO_GPU
-    return GpuMeasure
-
-
-def _load_test_hook(spec: str) -> Callable[[], MeasureStage]:
-    target, _, attr = spec.rpartition(":")
-    if not target or not attr:
-        raise EvotunerError(f"{TEST_MEASURE_ENV}={spec!r} is not module:factory", f"unset {TEST_MEASURE_ENV}")
-    if target.endswith(".py"):
-        module_spec = importlib.util.spec_from_file_location("_evotuner_test_measure", target)
-        if module_spec is None or module_spec.loader is None:
-            raise EvotunerError(f"{TEST_MEASURE_ENV}: cannot load {target}", f"unset {TEST_MEASURE_ENV}")
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    return getattr(module, attr)
+def _stages(replay: Path | None) -> session.StageFactory:
+    """The stage factory for search/resume/bench: nvcc + the GPU worker (or the measure stage
+    ``main`` was handed), or a recorded sweep (``--replay``), which needs neither. Without a
+    GPU this refuses at once, before any database is opened."""
+    return session.StageFactory(measure_factory=_injected["measure"], replay=replay).ready()
 
 
 # -- the error boundary ---------------------------------------------------------------------
@@ -710,8 +592,11 @@ def _error_line(message: str) -> None:
     _io.err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``evotuner`` console script; returns the exit status."""
+def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFactory | None = None) -> int:
+    """Entry point of the ``evotuner`` console script; returns the exit status.
+
+    ``measure_factory`` replaces the GPU worker for this call (tests, benchmarks)."""
+    _injected["measure"] = measure_factory
     _io.out = Console(file=sys.stdout)
     _io.err = Console(file=sys.stderr)
     debug = bool(os.environ.get(DEBUG_ENV))

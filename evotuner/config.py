@@ -1,17 +1,22 @@
 """KernelConfig: one point of the search space, a hashable frozen value.
 
-Parameter names are the space file's (BLOCK_M, BLOCK_N, NUM_WARPS, STAGES,
-MIN_BLOCKS, ...); values are integers. Order does not matter for equality: the
+Parameter names are the space file's (UPPER_SNAKE_CASE, each one becomes the
+family's macro ``<PREFIX>_<NAME>``); values are integers. Order does not matter for equality: the
 pairs are kept sorted by name, so a config read back from the database equals
 the one proposed.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Iterator, Mapping
 
 from evotuner.errors import SpaceError
+
+
+#: What a parameter name looks like (it becomes a C macro suffix).
+PARAM_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -32,18 +37,18 @@ class KernelConfig:
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
-        """Parse ``BLOCK_M=128,BLOCK_N=64,...`` (names are upper-cased)."""
+        """Parse ``NAME=VALUE,NAME=VALUE,...`` (names are upper-cased)."""
         values: dict[str, int] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             key, sep, raw = part.partition("=")
             key = key.strip().upper()
             if not sep or not key:
-                raise SpaceError(f"--config: cannot read {part!r}", "write NAME=VALUE pairs, e.g. BLOCK_M=128,BLOCK_N=64")
+                raise SpaceError(f"--config: cannot read {part!r}", "write NAME=VALUE pairs separated by commas, e.g. TILE=128,WARPS=4")
             if key in values:
                 raise SpaceError(f"--config: {key} is given twice")
             values[key] = _as_int(key, raw.strip())
         if not values:
-            raise SpaceError("--config: no parameters given", "e.g. BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4,STAGES=2,MIN_BLOCKS=1")
+            raise SpaceError("--config: no parameters given", "give every space parameter as NAME=VALUE,... (see the space file)")
         return cls.of(values)
 
     def as_dict(self) -> dict[str, int]:

@@ -1,20 +1,24 @@
-"""The FlashCore kernel's recommended configs (kernels/flashcore/defaults.toml), torch-free:
-read by ``evotuner.flash_attention`` (config=None) and by the search, which tries the
-recommended config first in a new study."""
+"""Recommended configs, torch-free: the reader of a family's recommended-config file
+(FlashCore's is kernels/flashcore/defaults.toml) and the generic look-ups over the
+registered families, read by ``evotuner.flash_attention`` (config=None) and by the
+search, which tries the recommended config first in a new study.
+
+File format: tables may be keyed by head dim (``[64]``, ``[d64]``, ``[hdim64]``), dtype
+(``fp16``/``bf16``) or causal (``causal``/``noncausal``), or carry the keys
+``head_dim``/``dtype``/``causal`` themselves (``[[config]]`` arrays too); upper-case
+integer keys are kernel parameters, inherited by nested tables. The most specific
+matching entry wins.
+"""
 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
-from importlib import resources
 from typing import Any, Mapping
 
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, ShapeError
-from evotuner.problem import DTYPES, HEAD_DIMS, Problem
-
-DEFAULTS_FILE = "defaults.toml"
-FAMILY = "flashcore"
+from evotuner.family.registry import DEFAULT_FAMILY, get_family
+from evotuner.problem import DTYPES, HEAD_DIMS, Problem, Shape
 
 
 
@@ -70,7 +74,7 @@ def _collect(node: Any, cond: dict[str, Any], inherited: dict[str, int], out: li
 
 
 def parse_defaults(text: str, where: str = "<defaults>") -> tuple[_Entry, ...]:
-    """(conditions, params) entries of a defaults file (the format is in :func:`_defaults`)."""
+    """(conditions, params) entries of a recommended-config file (format: module docstring)."""
     try:
         data = _toml_loads(text)
     except ValueError as exc:
@@ -79,27 +83,8 @@ def parse_defaults(text: str, where: str = "<defaults>") -> tuple[_Entry, ...]:
     _collect(data, {}, {}, out, "")
     if not out:
         raise EvotunerError(f"{where}: no recommended config found (no upper-case integer keys)",
-                            "add a table per head dim, e.g. [d64] BLOCK_M = 128 ...")
+                            "add a table per head dim, e.g. [d64] with NAME = value lines")
     return tuple(out)
-
-
-@lru_cache(maxsize=1)
-def _defaults() -> tuple[_Entry, ...]:
-    """(conditions, params) entries of kernels/flashcore/defaults.toml.
-
-    Tables may be keyed by head dim (``[64]``, ``[d64]``, ``[hdim64]``), dtype
-    (``fp16``/``bf16``) or causal (``causal``/``noncausal``), or carry the keys
-    ``head_dim``/``dtype``/``causal`` themselves (``[[config]]`` arrays too);
-    upper-case integer keys are kernel parameters, inherited by nested tables.
-    The most specific matching entry wins.
-    """
-    resource = resources.files("evotuner.kernels") / FAMILY / DEFAULTS_FILE
-    try:
-        text = resource.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise EvotunerError(f"{resource}: cannot read the kernel's recommended configs ({exc.strerror})",
-                            "pass config={...} explicitly, or reinstall evotuner") from None
-    return parse_defaults(text, str(resource))
 
 
 def _matches(cond: Mapping[str, Any], head_dim: int, dtype: str, causal: bool) -> bool:
@@ -112,10 +97,15 @@ def _matches(cond: Mapping[str, Any], head_dim: int, dtype: str, causal: bool) -
     return True
 
 
-def supported_head_dims(entries: tuple[_Entry, ...] | None = None) -> tuple[int, ...]:
-    """Head dims the packaged defaults cover (an entry without a head dim covers all)."""
+def supported_head_dims(entries: tuple[_Entry, ...] | None = None, *, family: str | None = None) -> tuple[int, ...]:
+    """Head dims ``entries`` cover (an entry without a head dim covers all); None: the head
+    dims the family (default: the packaged default space's) has a recommended config for."""
+    if entries is None:
+        fam = get_family(family or DEFAULT_FAMILY)
+        return tuple(d for d in fam.head_dims
+                     if any(fam.recommended_configs(_probe(d, dt)) for dt in fam.dtypes))
     dims: set[int] = set()
-    for cond, _ in (_defaults() if entries is None else entries):
+    for cond, _ in entries:
         if "head_dim" in cond:
             dims.add(int(cond["head_dim"]))
         else:
@@ -123,10 +113,14 @@ def supported_head_dims(entries: tuple[_Entry, ...] | None = None) -> tuple[int,
     return tuple(sorted(d for d in dims if d in HEAD_DIMS))
 
 
-def default_config(head_dim: int, dtype: str = "fp16", causal: bool = False,
-                   entries: tuple[_Entry, ...] | None = None) -> KernelConfig:
-    """The kernel's recommended config for this head dim, dtype and causal flag."""
-    entries = _defaults() if entries is None else entries
+def _probe(head_dim: int, dtype: str, causal: bool = False) -> Problem:
+    """A problem carrying only the static part (head dim, dtype, causal)."""
+    return Problem(Shape(1, 1, 1, 1, head_dim), dtype, causal)
+
+
+def pick_config(entries: tuple[_Entry, ...], head_dim: int, dtype: str, causal: bool,
+                title: str = "kernel") -> KernelConfig:
+    """The most specific entry matching (head dim, dtype, causal); ShapeError when none does."""
     best: tuple[int, dict[str, int]] | None = None
     for cond, params in entries:
         if _matches(cond, head_dim, dtype, causal):
@@ -135,16 +129,34 @@ def default_config(head_dim: int, dtype: str = "fp16", causal: bool = False,
                 best = (score, params)
     if best is None:
         raise ShapeError(
-            f"head dim D={head_dim} has no recommended FlashCore config ({dtype}, causal={causal})",
+            f"head dim D={head_dim} has no recommended {title} config ({dtype}, causal={causal})",
             f"use D in {', '.join(map(str, supported_head_dims(entries)))}, or pass config={{...}}",
         )
     return KernelConfig.of(best[1])
 
 
-def recommended(problem: Problem) -> tuple[KernelConfig, ...]:
-    """The configs a new study of ``problem`` tries first: the kernel's recommended one
-    (none for a head dim the defaults do not cover)."""
+def default_config(head_dim: int, dtype: str = "fp16", causal: bool = False,
+                   entries: tuple[_Entry, ...] | None = None, *, family: str | None = None,
+                   title: str | None = None) -> KernelConfig:
+    """The recommended config for this head dim, dtype and causal flag: from ``entries``,
+    else from the family's (default: the packaged default space's) recommended configs."""
+    fam = get_family(family or DEFAULT_FAMILY)
+    if entries is not None:
+        return pick_config(entries, head_dim, dtype, causal, title or fam.title)
+    if head_dim not in HEAD_DIMS:
+        raise ShapeError(f"head dim D={head_dim} has no recommended {fam.title} config ({dtype}, causal={causal})",
+                         f"use D in {', '.join(map(str, supported_head_dims(family=fam.name)))}, or pass config={{...}}")
+    found = fam.recommended_configs(_probe(head_dim, dtype, causal))
+    if not found:
+        raise ShapeError(f"head dim D={head_dim} has no recommended {fam.title} config ({dtype}, causal={causal})",
+                         f"use D in {', '.join(map(str, supported_head_dims(family=fam.name)))}, or pass config={{...}}")
+    return found[0]
+
+
+def recommended(problem: Problem, family: str | None = None) -> tuple[KernelConfig, ...]:
+    """The configs a new study of ``problem`` tries first: the family's recommended ones
+    (none for a problem it has none for)."""
     try:
-        return (default_config(problem.shape.head_dim, problem.dtype, problem.causal),)
+        return get_family(family or DEFAULT_FAMILY).recommended_configs(problem)
     except EvotunerError:
         return ()

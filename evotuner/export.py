@@ -1,6 +1,6 @@
 """Export: the best COMPLETE config per key of finished studies -> one C++ header.
 
-Key = (arch, dtype, head_dim, causal, seqlen bucket). The bucket is the
+Key = (kernel family, arch, dtype, head_dim, causal, seqlen bucket). The bucket is the
 power-of-two bucket of the study's ``seqlen_k`` with these edges::
 
     seqlen_k <=   512  -> max_seqlen   512
@@ -13,15 +13,18 @@ power-of-two bucket of the study's ``seqlen_k`` with these edges::
 When two studies land on one key the faster one (lower median µs) wins; the
 winner's provenance comment names the studies it beat.
 
-The header (``namespace flashcore::tuned``) holds ``struct Config``, the
-``kConfigs`` table, ``select()`` (exact dtype/head_dim/causal match, smallest
-bucket whose ``max_seqlen >= seqlen``, else the largest bucket, else nullptr),
-and for the kernel build the same values again as macros,
-``FLASHCORE_TUNED_<i>_<NAME>`` (``HEAD_DIM``, ``IS_CAUSAL``, ``DTYPE``,
-``MAX_SEQLEN`` and one per kernel parameter) plus ``FLASHCORE_TUNED_COUNT``:
-macros cannot read constexpr values, so a translation unit instantiating row
-``i`` writes ``#define FLASHCORE_BLOCK_M FLASHCORE_TUNED_<i>_BLOCK_M``. The
-header static_asserts that both spellings agree.
+The header holds one section per kernel family (several families share one
+header; the production extension dispatches over all of them). A family's
+section lives in its ``KernelFamily.export_namespace`` (FlashCore's is
+``flashcore::tuned``) and holds ``struct Config``, the ``kConfigs`` table,
+``select()`` (exact dtype/head_dim/causal match, smallest bucket whose
+``max_seqlen >= seqlen``, else the largest bucket, else nullptr), and for the
+kernel build the same values again as macros, ``<T>_<i>_<NAME>`` with ``<T>``
+the family's ``export_macro_prefix`` (``HEAD_DIM``, ``IS_CAUSAL``, ``DTYPE``,
+``MAX_SEQLEN`` and one per kernel parameter) plus ``<T>_COUNT`` and
+``<T>_ARCH``: macros cannot read constexpr values, so a translation unit
+instantiating row ``i`` writes ``#define <P>_<NAME> <T>_<i>_<NAME>`` (``<P>``: the
+family's macro prefix). The header static_asserts that both spellings agree.
 
 Every value written is checked to be an integer in range before anything is
 written; the file is written atomically (temp file in the same folder, then
@@ -40,9 +43,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from evotuner.build.instantiate import DTYPE_CODES, RESERVED
+from evotuner.abi import DTYPE_CODES
 from evotuner.errors import EvotunerError
-from evotuner.problem import HEAD_DIMS, Problem
+from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
+from evotuner.problem import Problem
 
 #: Closed bucket edges (inclusive upper bounds of seqlen_k); above the last is the open bucket.
 BUCKET_EDGES = (512, 1024, 2048, 4096, 8192)
@@ -53,18 +57,19 @@ OPEN_BUCKET = INT32_MAX
 DEFAULT_ARCH = "sm_90a"
 
 _PARAM = re.compile(r"^[A-Z][A-Z0-9_]*$")
-#: Names the header's struct/macros use for the problem part; a parameter may not take them.
-_HEADER_RESERVED = frozenset({"MAX_SEQLEN", "CAUSAL", "COUNT"}) | RESERVED
+#: Names the header's struct/macros use for the problem part; a parameter may not take them
+#: (nor any name the family reserves).
+_HEADER_NAMES = frozenset({"MAX_SEQLEN", "CAUSAL", "COUNT", "ARCH"})
 
 
-#: Field order in ``struct Config`` when the store cannot name the study's space (FlashCore's order);
-#: any other parameter follows, sorted by name.
-FIELD_ORDER = ("BLOCK_M", "BLOCK_N", "NUM_WARPS", "STAGES", "MIN_BLOCKS")
+def _header_reserved(family: KernelFamily) -> frozenset[str]:
+    return _HEADER_NAMES | family.reserved()
 
 
-def field_order(names: Iterable[str]) -> tuple[str, ...]:
-    names = set(names)
-    return tuple(n for n in FIELD_ORDER if n in names) + tuple(sorted(names - set(FIELD_ORDER)))
+def field_order(names: Iterable[str], family: KernelFamily | str = DEFAULT_FAMILY) -> tuple[str, ...]:
+    """Field order in ``struct Config`` when the store cannot name the study's space."""
+    fam = family if isinstance(family, KernelFamily) else get_family(family)
+    return fam.export_order(tuple(names))
 
 
 class ExportError(EvotunerError):
@@ -90,6 +95,7 @@ class ExportRow:
     study: str
     trial: int
     arch: str
+    family: str
     dtype: str
     head_dim: int
     causal: bool
@@ -106,8 +112,8 @@ class ExportRow:
     beat: tuple[tuple[str, float], ...] = ()   # (study, µs) of same-key studies this row won over
 
     @property
-    def key(self) -> tuple[str, str, int, bool, int]:
-        return (self.arch, self.dtype, self.head_dim, self.causal, self.max_seqlen)
+    def key(self) -> tuple[str, str, str, int, bool, int]:
+        return (self.family, self.arch, self.dtype, self.head_dim, self.causal, self.max_seqlen)
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -192,16 +198,17 @@ def best_row(store: _Store, study: str) -> ExportRow:
     params: dict[str, int] = {}
     if not best.params:
         raise _fail(study, f"trial {best.number} has no parameters")
+    family = _study_family(store, study, summary)
+    reserved = _header_reserved(family)
     for name, value in best.params.items():
-        if not isinstance(name, str) or not _PARAM.match(name) or name in _HEADER_RESERVED:
+        if not isinstance(name, str) or not _PARAM.match(name) or name in reserved:
             raise _fail(study, f"trial {best.number}: parameter name {name!r} cannot become a C++ field",
-                        "parameters are upper-case identifiers like BLOCK_M and not one of "
-                        + ", ".join(sorted(_HEADER_RESERVED)))
+                        "parameters are upper-case identifiers and not one of " + ", ".join(sorted(reserved)))
         params[name] = _int_value(study, f"trial {best.number}: {name}", value, 0, INT32_MAX)
     shape = problem.shape
     head_dim = _int_value(study, "head_dim", shape.head_dim, 1, INT32_MAX)
-    if head_dim not in HEAD_DIMS:
-        raise _fail(study, f"head_dim={head_dim} is not one of {HEAD_DIMS}")
+    if head_dim not in family.head_dims:
+        raise _fail(study, f"head_dim={head_dim} is not one of {family.head_dims}")
     seqlen_k = _int_value(study, "seqlen_k", shape.seqlen_k, 1, INT32_MAX)
     if problem.dtype not in DTYPE_CODES:
         raise _fail(study, f"dtype {problem.dtype!r} has no kernel code", f"use one of {', '.join(DTYPE_CODES)}")
@@ -212,10 +219,11 @@ def best_row(store: _Store, study: str) -> ExportRow:
                                or not math.isfinite(tflops)):
         raise _fail(study, f"trial {best.number}: tflops={tflops!r} is not a finite number")
     device = getattr(summary, "device", None) or {}
-    arch, order = _study_space(store, study, tuple(params))
+    arch, order = _study_space(store, study, tuple(params), family)
     date = getattr(best, "datetime", None) or getattr(summary, "created", None)
     return ExportRow(
-        study=study, trial=int(best.number), arch=str(arch), dtype=problem.dtype, head_dim=head_dim,
+        study=study, trial=int(best.number), arch=str(arch), family=family.name, dtype=problem.dtype,
+        head_dim=head_dim,
         causal=problem.causal, seqlen_k=seqlen_k, max_seqlen=seqlen_bucket(seqlen_k),
         params=tuple(sorted(params.items())), order=order, median_us=float(best.value),
         tflops=None if tflops is None else float(tflops), date=_text(date),
@@ -225,13 +233,28 @@ def best_row(store: _Store, study: str) -> ExportRow:
     )
 
 
-def _study_space(store: _Store, study: str, names: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+def _study_family(store: _Store, study: str, summary: Any) -> KernelFamily:
+    """The kernel family the study tuned (its space's ``kernel``; the default family
+    for a store that cannot say)."""
+    study_info = getattr(store, "study_info", None)
+    name = None
+    if study_info is not None:
+        name = getattr(study_info(study).space, "kernel", None)
+    name = name or getattr(summary, "kernel_family", None) or DEFAULT_FAMILY
+    try:
+        return get_family(str(name))
+    except EvotunerError as exc:
+        raise _fail(study, exc.message, exc.remedy) from None
+
+
+def _study_space(store: _Store, study: str, names: tuple[str, ...],
+                 family: KernelFamily) -> tuple[str, tuple[str, ...]]:
     """(arch, parameter order) from the space the study was created with
     (``store.study_info(name).space``); a store without ``study_info`` gives
-    :data:`DEFAULT_ARCH` and :func:`field_order`."""
+    :data:`DEFAULT_ARCH` and the family's :meth:`~KernelFamily.export_order`."""
     study_info = getattr(store, "study_info", None)
     if study_info is None:
-        return DEFAULT_ARCH, field_order(names)
+        return DEFAULT_ARCH, family.export_order(names)
     space = study_info(study).space
     declared = [p.name for p in space.params]
     order = tuple(n for n in declared if n in names) + tuple(sorted(set(names) - set(declared)))
@@ -240,8 +263,8 @@ def _study_space(store: _Store, study: str, names: tuple[str, ...]) -> tuple[str
 
 def select_rows(rows: Iterable[ExportRow]) -> list[ExportRow]:
     """Keep the fastest row per key (ties: the earlier study named); header order."""
-    winners: dict[tuple[str, str, int, bool, int], ExportRow] = {}
-    losers: dict[tuple[str, str, int, bool, int], list[tuple[str, float]]] = {}
+    winners: dict[tuple[str, str, str, int, bool, int], ExportRow] = {}
+    losers: dict[tuple[str, str, str, int, bool, int], list[tuple[str, float]]] = {}
     for row in rows:
         current = winners.get(row.key)
         if current is None:
@@ -254,7 +277,7 @@ def select_rows(rows: Iterable[ExportRow]) -> list[ExportRow]:
     out = [
         ExportRow(**{**r.__dict__, "beat": tuple(losers.get(key, ()))}) for key, r in winners.items()
     ]
-    out.sort(key=lambda r: (DTYPE_CODES[r.dtype], r.head_dim, r.causal, r.max_seqlen))
+    out.sort(key=lambda r: (r.family, DTYPE_CODES[r.dtype], r.head_dim, r.causal, r.max_seqlen))
     return out
 
 
@@ -263,26 +286,43 @@ def select_rows(rows: Iterable[ExportRow]) -> list[ExportRow]:
 
 
 def render_header(rows: list[ExportRow], arch: str) -> str:
-    """The header text for validated rows (all sharing one parameter-name set)."""
+    """The header text for validated rows: one section per family (each family's rows
+    share one parameter-name set), families in name order."""
     if not rows:
         raise ExportError("export: no rows to write", "name at least one study with a COMPLETE trial")
-    names = rows[0].order
-    fields = [n.lower() for n in names]
-    w = max(len(f) for f in ["max_seqlen", *fields])
+    names = sorted({r.family for r in rows})
+    fams = [get_family(n) for n in names]
+    what = (f"the best tuned {fams[0].title or fams[0].name} config per" if len(fams) == 1
+            else f"the best tuned config of each kernel family ({', '.join(names)}) per")
     lines = [
-        "// generated by evotuner export: the best tuned FlashCore config per",
+        f"// generated by evotuner export: {what}",
         "// (dtype, head_dim, causal, seqlen bucket). Do not edit; re-export instead.",
         f"// arch {arch}; seqlen buckets by seqlen_k: <= {', <= '.join(map(str, BUCKET_EDGES))}, "
         f"> {BUCKET_EDGES[-1]} (max_seqlen {OPEN_BUCKET}).",
-        "// dtype: 0 = fp16, 1 = bf16 (FLASHCORE_DTYPE).",
+        f"// dtype: 0 = fp16, 1 = bf16 ({fams[0].macro_prefix}_DTYPE)." if len(fams) == 1 else
+        "// dtype: 0 = fp16, 1 = bf16 (<PREFIX>_DTYPE of each family, kernels/evotuner_abi.h).",
         "#pragma once",
         "",
         "#include <cstdint>",
         "",
-        f"#define FLASHCORE_TUNED_COUNT {len(rows)}",
-        f'#define FLASHCORE_TUNED_ARCH "{arch}"',
+    ]
+    for k, fam in enumerate(fams):
+        if k:
+            lines.append("")
+        lines += _render_section([r for r in rows if r.family == fam.name], arch, fam)
+    return "\n".join(lines)
+
+
+def _render_section(rows: list[ExportRow], arch: str, family: KernelFamily) -> list[str]:
+    names = rows[0].order
+    fields = [n.lower() for n in names]
+    ns, t, prefix = family.export_namespace, family.export_macro_prefix, family.macro_prefix
+    tag = t.lower()
+    lines = [
+        f"#define {t}_COUNT {len(rows)}",
+        f'#define {t}_ARCH "{arch}"',
         "",
-        "namespace flashcore::tuned {",
+        f"namespace {ns} {{",
         "",
         "struct Config {",
         "    int head_dim;",
@@ -330,30 +370,30 @@ def render_header(rows: list[ExportRow], arch: str) -> str:
         "// Index of a row in kConfigs (-1 for nullptr): the production extension dispatches on it.",
         "constexpr int index_of(const Config* c) { return c == nullptr ? -1 : static_cast<int>(c - kConfigs); }",
         "",
-        "}  // namespace flashcore::tuned",
+        f"}}  // namespace {ns}",
         "",
         "// The same values as macros, for translation units that instantiate one row of the",
-        "// kernel (#define FLASHCORE_BLOCK_M FLASHCORE_TUNED_<i>_BLOCK_M ...).",
+        f"// kernel (#define {prefix}_<NAME> {t}_<i>_<NAME> ...).",
     ]
     for i, r in enumerate(rows):
         params = dict(r.params)
         macros = [("HEAD_DIM", r.head_dim), ("IS_CAUSAL", int(r.causal)), ("DTYPE", DTYPE_CODES[r.dtype]),
                   ("MAX_SEQLEN", r.max_seqlen), *[(n, params[n]) for n in names]]
-        mw = max(len(f"FLASHCORE_TUNED_{i}_{n}") for n, _ in macros)
-        lines += [f"#define {f'FLASHCORE_TUNED_{i}_{n}':<{mw}} {v}" for n, v in macros]
-        checks = [f"flashcore::tuned::kConfigs[{i}].head_dim == FLASHCORE_TUNED_{i}_HEAD_DIM",
-                  f"flashcore::tuned::kConfigs[{i}].dtype == FLASHCORE_TUNED_{i}_DTYPE",
-                  f"int(flashcore::tuned::kConfigs[{i}].causal) == FLASHCORE_TUNED_{i}_IS_CAUSAL",
-                  f"flashcore::tuned::kConfigs[{i}].max_seqlen == FLASHCORE_TUNED_{i}_MAX_SEQLEN",
-                  *[f"flashcore::tuned::kConfigs[{i}].{n.lower()} == FLASHCORE_TUNED_{i}_{n}" for n in names]]
+        mw = max(len(f"{t}_{i}_{n}") for n, _ in macros)
+        lines += [f"#define {f'{t}_{i}_{n}':<{mw}} {v}" for n, v in macros]
+        checks = [f"{ns}::kConfigs[{i}].head_dim == {t}_{i}_HEAD_DIM",
+                  f"{ns}::kConfigs[{i}].dtype == {t}_{i}_DTYPE",
+                  f"int({ns}::kConfigs[{i}].causal) == {t}_{i}_IS_CAUSAL",
+                  f"{ns}::kConfigs[{i}].max_seqlen == {t}_{i}_MAX_SEQLEN",
+                  *[f"{ns}::kConfigs[{i}].{n.lower()} == {t}_{i}_{n}" for n in names]]
         lines.append(f"static_assert({' && '.join(checks)},")
-        lines.append(f'              "flashcore_tuned: row {i} macros disagree with kConfigs");')
+        lines.append(f'              "{tag}: row {i} macros disagree with kConfigs");')
     lines += [
-        "static_assert(flashcore::tuned::kNumConfigs == FLASHCORE_TUNED_COUNT,",
-        '              "flashcore_tuned: FLASHCORE_TUNED_COUNT disagrees with kConfigs");',
+        f"static_assert({ns}::kNumConfigs == {t}_COUNT,",
+        f'              "{tag}: {t}_COUNT disagrees with kConfigs");',
         "",
     ]
-    return "\n".join(lines)
+    return lines
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -389,7 +429,7 @@ def export_header(store: _Store, study_names: list[str], output: Path, *, arch: 
         raise ExportError(f"export: output directory {output.parent} does not exist",
                           f"create it first (mkdir -p {output.parent})")
     if output.is_dir():
-        raise ExportError(f"export: output {output} is a directory", "give a file name, e.g. flashcore_config.h")
+        raise ExportError(f"export: output {output} is a directory", "give a file name, e.g. tuned_config.h")
     rows = [best_row(store, name) for name in study_names]
     skipped: tuple[str, ...] = ()
     if arch is None:
@@ -407,13 +447,14 @@ def export_header(store: _Store, study_names: list[str], output: Path, *, arch: 
                               "leave --arch out to use the studies' own arch")
     if not re.match(r"^sm_\d{2,3}[af]?$", arch):
         raise ExportError(f"export: arch {arch!r} is not an SM target", "use e.g. sm_90a")
-    names = rows[0].param_names
-    for r in rows[1:]:
-        if r.param_names != names:
+    first: dict[str, ExportRow] = {}
+    for r in rows:
+        ref = first.setdefault(r.family, r)
+        if r.param_names != ref.param_names:
             raise ExportError(
                 f"export: study {r.study!r} has parameters {', '.join(r.param_names)} but study "
-                f"{rows[0].study!r} has {', '.join(names)}",
-                "export studies of the same search space together (one header per space)")
+                f"{ref.study!r} has {', '.join(ref.param_names)} (both of kernel family {r.family})",
+                "export studies of one search space per family together (one header per space and family)")
     chosen = select_rows(rows)
     text = render_header(chosen, arch)
     write_atomic(output, text)
@@ -424,70 +465,90 @@ def export_header(store: _Store, study_names: list[str], output: Path, *, arch: 
 # ---------------------------------------------------------------------------------------------
 # reading an exported header back (the production build and the tests drive the kernel from it)
 
-_ROW_MACRO = re.compile(r"^#define\s+FLASHCORE_TUNED_(\d+)_([A-Z][A-Z0-9_]*)\s+(-?\d+)\s*$", re.M)
-_COUNT_MACRO = re.compile(r"^#define\s+FLASHCORE_TUNED_COUNT\s+(\d+)\s*$", re.M)
-_ARCH_MACRO = re.compile(r'^#define\s+FLASHCORE_TUNED_ARCH\s+"(sm_\d{2,3}[af]?)"\s*$', re.M)
 #: Per-row macros that describe the problem, not a kernel parameter.
 ROW_PROBLEM_MACROS = ("HEAD_DIM", "IS_CAUSAL", "DTYPE", "MAX_SEQLEN")
 
 
 @dataclass(frozen=True)
 class HeaderInfo:
-    """What an exported header declares: its arch and, per row, the macro names it defines."""
+    """What an exported header declares for one family: its arch and, per row, the macro
+    names it defines."""
 
     arch: str
-    rows: tuple[tuple[str, ...], ...]   # row i -> names N of FLASHCORE_TUNED_<i>_<N>, in header order
+    rows: tuple[tuple[str, ...], ...]   # row i -> names N of <T>_<i>_<N>, in header order
+    family: str = DEFAULT_FAMILY
 
 
-def read_header(path: Path) -> HeaderInfo:
-    """Read the row macros of a header written by :func:`export_header`; raise ExportError otherwise."""
+def _family(family: KernelFamily | str | None) -> KernelFamily:
+    return family if isinstance(family, KernelFamily) else get_family(family or DEFAULT_FAMILY)
+
+
+def header_families(path: Path) -> tuple[str, ...]:
+    """The registered families that have a section in the header at ``path``."""
+    text = Path(path).read_text(encoding="utf-8")
+    return tuple(f.name for f in families()
+                 if re.search(rf"^#define\s+{re.escape(f.export_macro_prefix)}_COUNT\s+\d+\s*$", text, re.M))
+
+
+def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderInfo:
+    """Read one family's row macros (default family: the default one) of a header written
+    by :func:`export_header`; raise ExportError otherwise."""
+    fam = _family(family)
+    t = re.escape(fam.export_macro_prefix)
+    row_macro = re.compile(rf"^#define\s+{t}_(\d+)_([A-Z][A-Z0-9_]*)\s+(-?\d+)\s*$", re.M)
+    count_macro = re.compile(rf"^#define\s+{t}_COUNT\s+(\d+)\s*$", re.M)
+    arch_macro = re.compile(rf'^#define\s+{t}_ARCH\s+"(sm_\d{{2,3}}[af]?)"\s*$', re.M)
+    T = fam.export_macro_prefix
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ExportError(f"header {path}: cannot read it ({exc.strerror or exc})",
                           "give the header written by `evotuner export`") from None
-    count, arch = _COUNT_MACRO.search(text), _ARCH_MACRO.search(text)
+    count, arch = count_macro.search(text), arch_macro.search(text)
     if count is None or arch is None:
-        raise ExportError(f"header {path}: no FLASHCORE_TUNED_COUNT / FLASHCORE_TUNED_ARCH",
+        raise ExportError(f"header {path}: no {T}_COUNT / {T}_ARCH",
                           "give the header written by `evotuner export`")
     n = int(count.group(1))
     rows: list[list[str]] = [[] for _ in range(n)]
-    for m in _ROW_MACRO.finditer(text):
+    for m in row_macro.finditer(text):
         i = int(m.group(1))
         if i >= n:
-            raise ExportError(f"header {path}: row macro FLASHCORE_TUNED_{i}_{m.group(2)} but only {n} rows",
+            raise ExportError(f"header {path}: row macro {T}_{i}_{m.group(2)} but only {n} rows",
                               "re-export the header; do not edit it by hand")
         rows[i].append(m.group(2))
     for i, names in enumerate(rows):
         missing = [p for p in ROW_PROBLEM_MACROS if p not in names]
         if missing or len(names) == len(ROW_PROBLEM_MACROS):
             raise ExportError(f"header {path}: row {i} lacks macros "
-                              f"{', '.join(f'FLASHCORE_TUNED_{i}_{p}' for p in missing) or '(kernel parameters)'}",
+                              f"{', '.join(f'{T}_{i}_{p}' for p in missing) or '(kernel parameters)'}",
                               "re-export the header; do not edit it by hand")
-    return HeaderInfo(arch=arch.group(1), rows=tuple(tuple(r) for r in rows))
+    return HeaderInfo(arch=arch.group(1), rows=tuple(tuple(r) for r in rows), family=fam.name)
 
 
-def row_instantiation(header: str, index: int, names: Iterable[str], family: str, *,
+def row_instantiation(header: str, index: int, names: Iterable[str], family: KernelFamily | str, *,
                       kernel_name: str | None = None, meta_name: str | None = None) -> str:
     """A ``.cu`` source that instantiates ``<family>/instantiate.cuh`` for row ``index`` of
-    the header, taking every FLASHCORE_* value from the header's FLASHCORE_TUNED_<index>_* macros.
+    the family's section of the header, taking every ``<P>_*`` value from the header's
+    ``<T>_<index>_*`` macros (P: the family's macro prefix, T: its export macro prefix).
 
-    ``kernel_name``/``meta_name`` set FLASHCORE_KERNEL_NAME/FLASHCORE_META_NAME (several
+    ``kernel_name``/``meta_name`` set ``<P>_KERNEL_NAME``/``<P>_META_NAME`` (several
     rows in one binary need unique names); None keeps the family's defaults.
     """
+    fam = _family(family)
+    P, T = fam.macro_prefix, fam.export_macro_prefix
     lines = [f"// generated by evotuner: row {index} of {header}",
              f'#include "{header}"',
-             f"#if FLASHCORE_TUNED_COUNT <= {index}",
+             f"#if {T}_COUNT <= {index}",
              f'#error "{header} has no row {index}"',
              "#endif"]
     for name in names:
         if name == "MAX_SEQLEN":
             continue
-        lines.append(f"#define FLASHCORE_{name} FLASHCORE_TUNED_{index}_{name}")
+        lines.append(f"#define {P}_{name} {T}_{index}_{name}")
     if kernel_name is not None:
-        lines.append(f"#define FLASHCORE_KERNEL_NAME {kernel_name}")
+        lines.append(f"#define {P}_KERNEL_NAME {kernel_name}")
     if meta_name is not None:
-        lines.append(f"#define FLASHCORE_META_NAME {meta_name}")
-    lines.append(f'#include "{family}/instantiate.cuh"')
+        lines.append(f"#define {P}_META_NAME {meta_name}")
+    lines.append(f'#include "{fam.name}/instantiate.cuh"')
     return "\n".join(lines) + "\n"

@@ -34,9 +34,10 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from evotuner.config import KernelConfig
 from evotuner.problem import Problem
 from evotuner.space import SearchSpace
-from evotuner.storage.records import INTERRUPTED_PREFIX, REASON_ATTR
+from evotuner.vocabulary import REASON_ATTR, distributions, is_interrupted, param_key
 
 #: Draws from the wrapped sampler before falling back to a uniform unseen config.
 TRIES = 16
@@ -45,8 +46,6 @@ TRIES = 16
 class FreshSampler(BaseSampler):
     def __init__(self, base: BaseSampler, space: SearchSpace, problem: Problem | None, seed: int | None,
                  tries: int = TRIES) -> None:
-        from evotuner.propose import distributions, param_key
-
         self.base = base
         self.space = space
         self.problem = problem
@@ -125,7 +124,7 @@ class FreshSampler(BaseSampler):
             if t.number == trial.number or not all(k in params for k in self._keys):
                 continue
             reason = t.user_attrs.get(REASON_ATTR)
-            if t.state == TrialState.FAIL and isinstance(reason, str) and reason.startswith(INTERRUPTED_PREFIX):
+            if is_interrupted(t.state, reason):
                 continue   # an interrupted run: the loop builds its config again
             seen.add(self._key(params))
         return seen
@@ -134,8 +133,6 @@ class FreshSampler(BaseSampler):
         if self.problem is None:
             return True
         if key not in self._feasible_cache:
-            from evotuner.config import KernelConfig
-
             config = KernelConfig.of({p.name: p.values[i] for p, i in zip(self.space.params, key)})
             self._feasible_cache[key] = self.space.violated(config, self.problem) is None
         return self._feasible_cache[key]

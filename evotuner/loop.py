@@ -48,8 +48,11 @@ from optuna.trial import TrialState
 from evotuner import events as ev
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
+from evotuner.gate import apply_gate
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
 from evotuner.problem import Problem
+from evotuner.propose import params_for, suggest
+from evotuner.vocabulary import config_of  # noqa: F401 (re-exported)
 
 #: How a search ended: ``done`` (the study has ``trials`` finished trials),
 #: ``already_done`` (it had them before this run started; nothing was asked),
@@ -132,7 +135,7 @@ def run_search(
 
     ``store`` is an :class:`evotuner.storage.StudyStore`; ``space`` the study's
     :class:`evotuner.space.SearchSpace`; ``builder`` an
-    :class:`evotuner.build.Builder`; ``measure`` any :class:`MeasureStage`.
+    :class:`evotuner.compiler.Builder`; ``measure`` any :class:`MeasureStage`.
     ``seed`` is recorded only (the sampler already carries it). ``start`` lists
     configs a NEW study tries first (the CLI passes the kernel's recommended
     config: a warm start, as Triton's autotuner starts from its user configs);
@@ -213,7 +216,6 @@ class _Search:
         return self._result(outcome, zombies)
 
     def _enqueue_start(self) -> None:
-        from evotuner.propose import params_for
 
         for config in dict.fromkeys(self.start):
             try:
@@ -337,7 +339,6 @@ class _Search:
                 self._finish(trial, config, "FAIL", None, _describe(exc), {})
 
     def _suggest(self, trial: optuna.trial.Trial) -> KernelConfig:
-        from evotuner.propose import suggest
 
         return suggest(trial, self.space)
 
@@ -359,7 +360,6 @@ class _Search:
                          duplicate_of=flight.trial.number)
 
     def _process(self, flight: _InFlight) -> tuple[str, float | None, str | None, dict[str, Any]]:
-        from evotuner.gate import apply_gate
 
         number = flight.trial.number
         t = time.perf_counter()
@@ -462,16 +462,4 @@ def _describe(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
-
-
-def config_of(params: dict[str, int], space: Any) -> KernelConfig | None:
-    """The config of a recorded trial: its values (the loop's ``config`` attr) or, for a
-    trial recorded with the sampler's encoding only, decoded through the space."""
-    from evotuner.propose import config_from_params
-
-    if not params:
-        return None
-    if set(params) == set(space.names):
-        return KernelConfig.of(params)
-    return config_from_params(params, space)
 

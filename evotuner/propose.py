@@ -4,7 +4,7 @@ Representation (the same for every sampler, so a study's distributions never
 change between runs or resumes): each parameter is an Optuna integer
 ``<NAME>_index`` in ``0 .. len(values) - 1``, the index into the parameter's
 ascending value list. Indices keep the values' order, which TPE and CMA-ES
-exploit (BLOCK_N=64 lies between 32 and 128), and they
+exploit (a middle value lies between its neighbours), and they
 let CMA-ES -- which has no categorical support -- search every parameter
 instead of falling back to random sampling. The trade-off: Optuna's own
 dashboards show indices; ``config_from_params`` maps them back and evotuner's
@@ -24,15 +24,21 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
-from typing import Mapping
 
 import optuna
-from optuna.distributions import IntDistribution
 
 from evotuner.config import KernelConfig
 from evotuner.errors import SpaceError
 from evotuner.problem import Problem
+from evotuner.fresh import FreshSampler
 from evotuner.space import SearchSpace
+from evotuner.vocabulary import (  # noqa: F401 (the encoding's names, re-exported)
+    INDEX_SUFFIX,
+    config_from_params,
+    distributions,
+    param_key,
+    params_for,
+)
 
 _BASE_SAMPLERS = ("tpe", "nsga2", "cmaes", "random", "grid")
 
@@ -45,19 +51,6 @@ def _has_gp() -> bool:
 
 #: Sampler names ``make_sampler`` accepts ("gp" only where Optuna's GPSampler can run).
 SAMPLERS: tuple[str, ...] = _BASE_SAMPLERS + (("gp",) if _has_gp() else ())
-
-INDEX_SUFFIX = "_index"
-
-
-def param_key(name: str) -> str:
-    """The Optuna parameter name for space parameter ``name``."""
-    return name + INDEX_SUFFIX
-
-
-def distributions(space: SearchSpace) -> dict[str, IntDistribution]:
-    """The Optuna distribution of every parameter (what ``suggest`` asks for)."""
-    return {param_key(p.name): IntDistribution(0, len(p.values) - 1) for p in space.params}
-
 
 def startup_trials(space: SearchSpace) -> int:
     """Random trials before TPE/GP/CMA-ES model the space: about a tenth of it, 8..24."""
@@ -81,7 +74,6 @@ def make_sampler(name: str, space: SearchSpace, seed: int | None, problem: Probl
     """
     base = _base_sampler(name, space, seed)
     if fresh and name in FRESH_SAMPLERS:
-        from evotuner.fresh import FreshSampler
 
         return FreshSampler(base, space, problem, seed)
     return base
@@ -146,37 +138,3 @@ def suggest(trial: optuna.trial.BaseTrial, space: SearchSpace) -> KernelConfig:
         index = trial.suggest_int(param_key(p.name), 0, len(p.values) - 1)
         values[p.name] = p.values[index]
     return KernelConfig.of(values)
-
-
-def config_from_params(params: Mapping[str, int], space: SearchSpace) -> KernelConfig:
-    """The config behind an Optuna trial's ``params`` (as ``suggest`` stored them)."""
-    values = {}
-    for p in space.params:
-        key = param_key(p.name)
-        if key not in params:
-            raise SpaceError(
-                f"trial parameters lack {key} (space {space.path})",
-                "the study was made with another space file; resume it with the space it was created with",
-            )
-        index = params[key]
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(p.values):
-            raise SpaceError(
-                f"trial parameter {key}={index!r} is not an index into {p.name}'s {len(p.values)} values"
-                f" (space {space.path})",
-                "the study was made with another space file; resume it with the space it was created with",
-            )
-        values[p.name] = p.values[index]
-    extra = sorted(set(params) - {param_key(n) for n in space.names})
-    if extra:
-        raise SpaceError(
-            f"trial parameter {extra[0]} is not in the space {space.path}",
-            f"the space defines {', '.join(space.names)}",
-        )
-    return KernelConfig.of(values)
-
-
-def params_for(config: KernelConfig, space: SearchSpace) -> dict[str, int]:
-    """The inverse of ``config_from_params``: Optuna params for ``config``
-    (for ``study.enqueue_trial`` or ``optuna.trial.create_trial``)."""
-    space.validate(config)
-    return {param_key(p.name): p.index(config[p.name]) for p in space.params}

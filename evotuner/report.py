@@ -13,7 +13,7 @@
 * ``report.json`` -- the files written and, for every plot left out, why.
 
 Matplotlib (the ``report`` extra) renders with the Agg backend; nothing is shown
-or printed. Parameter names are the space's (BLOCK_M), not Optuna's index names.
+or printed. Parameter names are the space's, not Optuna's ``<NAME>_index`` names.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from evotuner.errors import EvotunerError
-from evotuner.propose import INDEX_SUFFIX
+from evotuner.vocabulary import INDEX_SUFFIX
 
 
 

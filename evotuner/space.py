@@ -15,7 +15,7 @@ loaded, so a typo is reported with the file and key, not at trial 137.
 
 Names an expression may use:
 
-* every parameter (``BLOCK_M``, ``NUM_WARPS``, ...);
+* every parameter (the space's ``[params.NAME]``);
 * the problem: ``HEAD_DIM``, ``DTYPE_BYTES`` (2 for fp16 and bf16),
   ``IS_CAUSAL`` (0 or 1);
 * every ``[device]`` limit by its key (``max_smem_per_block``, ...);
@@ -35,9 +35,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from evotuner.build.instantiate import _PARAM_NAME, RESERVED  # each param becomes FLASHCORE_<NAME>
-from evotuner.config import KernelConfig
+from evotuner.config import PARAM_NAME, KernelConfig
 from evotuner.errors import SpaceError
+from evotuner.family import get_family
 from evotuner.problem import Problem
 
 if sys.version_info >= (3, 11):
@@ -304,8 +304,11 @@ def _join(values: tuple[int, ...]) -> str:
 # --------------------------------------------------------------------------- loading
 
 
-def load_space(path: str | Path | None = None) -> SearchSpace:
-    """Read and check a space file; None reads the packaged ``default.toml``."""
+def load_space(path: str | Path | None = None, *, family: str | None = None) -> SearchSpace:
+    """Read and check a space file; None reads ``family``'s default space file
+    (:meth:`KernelFamily.default_space`), or the packaged ``default.toml``."""
+    if path is None and family is not None:
+        path = get_family(family).default_space()
     if path is None:
         resource = resources.files("evotuner.search_spaces") / "default.toml"
         where = str(resource)
@@ -390,7 +393,11 @@ class _Loader:
         known: dict[str, str] = {n: "problem" for n in PROBLEM_NAMES}
         for k in _DEVICE_KEYS:
             known[k] = "device"
-        for k in RESERVED:   # FLASHCORE_<NAME> macros the build stage sets itself
+        try:
+            family = get_family(space["kernel"])
+        except SpaceError as exc:
+            raise self.error("[space] kernel", exc.message, exc.remedy) from None
+        for k in family.reserved():   # <PREFIX>_<NAME> macros the build stage sets itself
             known.setdefault(k, "build stage")
         for p in params:
             if p.name in known:
@@ -406,7 +413,7 @@ class _Loader:
             if name in known:
                 raise self.error(key, f"the name {name} is already a {known[name]} name", "rename it")
             if not isinstance(src, str):
-                raise self.error(key, f"must be an expression string, got {src!r}", 'e.g. threads = "NUM_WARPS * 32"')
+                raise self.error(key, f"must be an expression string, got {src!r}", 'e.g. threads = "WARPS * 32"')
             derived.append(Derived(name, self.expr(src, key, known)))
             known[name] = "derived"
 
@@ -450,9 +457,9 @@ class _Loader:
         out: list[Param] = []
         for name, body in table.items():
             key = f"[params.{name}]"
-            if not _PARAM_NAME.match(name):
+            if not PARAM_NAME.match(name):
                 raise self.error(key, "parameter names are UPPER_SNAKE_CASE",
-                                 "they become the C macro FLASHCORE_<NAME>, e.g. BLOCK_M")
+                                 "they become the family's C macro <PREFIX>_<NAME>, e.g. TILE_M")
             if not isinstance(body, dict):
                 raise self.error(key, "must be a table", f"write [params.{name}] then values = [...]")
             self.only(body, key, _PARAM_KEYS)

@@ -30,15 +30,14 @@ trials/min and where the wall time went:
 Targets (issue 4): cold <= 3.2 min (>= 20 trials/min) for 64 trials on the 16-core H100
 machine; warm <= 1 min. The JSON has them under ``targets``.
 
-``--measure-factory path.py:factory`` (TEST ONLY) replaces GpuMeasure so the script can
-be smoke-tested on a machine with no GPU (tests/test_bench.py uses tests/scaffold.py).
+``main(argv, measure_factory=...)`` replaces GpuMeasure (the stages are wired by
+``evotuner.session``, as the CLI's are), so tests/test_bench.py smoke-tests the script
+on a machine with no GPU with tests/scaffold.py's stage.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import shutil
@@ -50,6 +49,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evotuner import events as ev
+from evotuner import session
+from evotuner.compiler import Builder
 from evotuner.errors import EvotunerError, NoGpuError
 from evotuner.loop import TIMING_KEYS
 from evotuner.measure.base import MeasureOutcome, MeasureStage
@@ -155,12 +156,6 @@ def run_phase(
     build_timeout_s: float = 180.0,
 ) -> PhaseReport:
     """One fresh study of ``trials`` trials against the build cache at ``cache_dir``."""
-    from evotuner.build import Builder
-    from evotuner.defaults import recommended
-    from evotuner.loop import run_search
-    from evotuner.propose import make_sampler
-    from evotuner.storage import StudyStore
-
     builds: list[ev.BuildFinished] = []
 
     def on_event(event: object) -> None:
@@ -169,20 +164,16 @@ def run_phase(
 
     study = f"bench_{phase}"
     started = time.perf_counter()
-    store = StudyStore(f"sqlite:///{db_path}")
+    store = session.open_store(f"sqlite:///{db_path}")
     try:
         with Builder(space.kernel, arch=space.arch, cache_dir=cache_dir, jobs=jobs,
                      timeout_s=build_timeout_s) as builder:
-            store.create_study(study, problem, space, sampler_name, seed,
-                               source_hash=builder.source_hash(), nvcc_version=builder.nvcc_version())
+            session.start_study(store, study, problem, space, sampler_name, seed, builder)
             measure = TimedMeasure(measure_factory())
             with measure:
                 search_started = time.perf_counter()
-                result = run_search(
-                    store=store, study_name=study, problem=problem, space=space,
-                    sampler=make_sampler(sampler_name, space, seed, problem), seed=seed, trials=trials,
-                    builder=builder, measure=measure, on_event=on_event, start=recommended(problem),
-                )
+                result = session.run_study(store, study, problem, space, sampler_name, seed, trials,
+                                           builder, measure, on_event=on_event)
                 search_s = time.perf_counter() - search_started
     finally:
         store.close()
@@ -297,31 +288,12 @@ def bench_tuner(
 # -- command line ---------------------------------------------------------------------------
 
 
-def _load_factory(spec: str) -> Callable[[], MeasureStage]:
-    target, _, attr = spec.rpartition(":")
-    if not target or not attr:
-        raise EvotunerError(f"--measure-factory {spec!r} is not path.py:factory or module:factory")
-    if target.endswith(".py"):
-        module_spec = importlib.util.spec_from_file_location("_bench_tuner_measure", target)
-        if module_spec is None or module_spec.loader is None:
-            raise EvotunerError(f"--measure-factory: cannot load {target}")
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_spec.name] = module
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise EvotunerError(f"--measure-factory: {target} has no {attr!r}")
-    return factory
-
-
 def _gpu_factory(budget_s: float, timeout_s: float) -> Callable[[], MeasureStage]:
     from evotuner.measure import GpuMeasure, gpu_available
 
     if not gpu_available():
         raise NoGpuError("no CUDA GPU on this machine: bench_tuner measures on one",
-                         "run it on the GPU machine (a test may pass --measure-factory)")
+                         "run it on the GPU machine (a test injects main(..., measure_factory=...))")
     return lambda: GpuMeasure(timeout_s=timeout_s, budget_s=budget_s)
 
 
@@ -341,7 +313,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", type=Path, default=Path("bench_tuner.json"), help="JSON report path")
     p.add_argument("--workdir", type=Path, default=None, help="where the cache and databases go (default: temp)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (default: removed at the end)")
-    p.add_argument("--measure-factory", default=None, help=argparse.SUPPRESS)   # TEST ONLY
     return p
 
 
@@ -390,8 +361,7 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
         problem = Problem(Shape.parse(args.shape), dtype=args.dtype, causal=args.causal)
         space = load_space(args.space)
         if measure_factory is None:
-            measure_factory = (_load_factory(args.measure_factory) if args.measure_factory
-                               else _gpu_factory(args.budget, args.measure_timeout))
+            measure_factory = _gpu_factory(args.budget, args.measure_timeout)
         jobs = args.jobs or os.cpu_count() or 1
         if args.workdir is None:
             workdir = Path(tempfile.mkdtemp(prefix="evotuner-bench-tuner-"))

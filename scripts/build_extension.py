@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from evotuner.build.instantiate import check_family, gencode
-from evotuner.build.nvcc import find_nvcc, probe, run
+from evotuner.compiler.instantiate import check_family, gencode
+from evotuner.compiler.nvcc import find_nvcc, probe, run
 from evotuner.errors import BuildError, EvotunerError
 from evotuner.export import HeaderInfo, read_header, row_instantiation
 

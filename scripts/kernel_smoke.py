@@ -38,10 +38,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from evotuner.abi import meta_fields
+from evotuner.kernels.flashcore.params import META_FIELDS as FLASHCORE_META_FIELDS
+
 REPO = Path(__file__).resolve().parents[1]
 KERNELS = REPO / "kernels"
 NVCC_FLAGS = ["-cubin", "-std=c++17", "-O3", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v"]
-META_KEYS = ("abi", "threads", "smem_bytes", "block_m", "block_n", "head_dim", "is_causal", "dtype", "min_blocks")
+# The meta table's layout is the shared ABI's (evotuner/abi.py) plus FlashCore's own fields.
+META_KEYS = meta_fields(FLASHCORE_META_FIELDS)
 
 
 @dataclass(frozen=True)

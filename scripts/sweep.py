@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from evotuner.build.instantiate import evotuner_version
-from evotuner.build.result import BuildResult
+from evotuner.compiler.instantiate import evotuner_version
+from evotuner.compiler.result import BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fresh", action="store_true", help="ignore rows of an interrupted earlier run")
     args = ap.parse_args(argv)
 
-    from evotuner.build import Builder
+    from evotuner.compiler import Builder
     from evotuner.measure.gpu import GpuMeasure
     from evotuner.space import load_space
 

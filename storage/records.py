@@ -13,20 +13,19 @@ from typing import Any
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.problem import Problem
+from evotuner.space import parse_space
 
-#: Trial user attributes evotuner writes (optuna-dashboard shows them).
-REASON_ATTR = "reason"          # why a trial is PRUNED or FAIL (one line)
-GATE_ATTR = "gate"              # ptxas figures + gate verdict, see StudyStore.record_build
-TFLOPS_ATTR = "tflops"          # on COMPLETE trials
-DUPLICATE_ATTR = "duplicate_of" # trial number whose result this trial reuses
-#: The reason a zombie trial (left RUNNING by a dead process) is failed with.
-INTERRUPTED_REASON = "interrupted: the process running this trial died"
-
-#: A FAIL trial whose reason starts with this was cut short (zombie, Ctrl-C), not judged:
-#: its config does not count as finished.
-INTERRUPTED_PREFIX = "interrupted"
-#: Optuna trial states, by name, that count as "finished" for skipping a config.
-FINISHED_STATES = ("COMPLETE", "PRUNED", "FAIL")
+# The trial-attribute names and the "interrupted" rule live in evotuner.vocabulary.
+from evotuner.vocabulary import (  # noqa: E402,F401 (re-exported: the record stage's names)
+    DUPLICATE_ATTR,
+    FINISHED_STATES,
+    GATE_ATTR,
+    INTERRUPTED_PREFIX,
+    INTERRUPTED_REASON,
+    REASON_ATTR,
+    TFLOPS_ATTR,
+    is_interrupted,
+)
 
 
 def _iso(value: _dt.datetime | None) -> str | None:
@@ -122,8 +121,6 @@ class StudyRecord:
 
     @property
     def space(self) -> Any:
-        from evotuner.space import parse_space
-
         return parse_space(self.space_text, f"study '{self.name}' (space {self.space_name})")
 
 

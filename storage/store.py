@@ -37,9 +37,10 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from evotuner.build.instantiate import evotuner_version
+from evotuner.compiler.instantiate import evotuner_version
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StorageError, StudyMismatchError
+from evotuner.family import DEFAULT_FAMILY
 from evotuner.problem import Problem
 from evotuner.storage import connect as _connect
 from evotuner.storage import schema
@@ -47,7 +48,6 @@ from evotuner.storage.records import (
     DUPLICATE_ATTR,
     FINISHED_STATES,
     GATE_ATTR,
-    INTERRUPTED_PREFIX,
     INTERRUPTED_REASON,
     REASON_ATTR,
     TFLOPS_ATTR,
@@ -56,6 +56,7 @@ from evotuner.storage.records import (
     StudySummary,
     TrialRecord,
     Zombie,
+    is_interrupted,
 )
 
 #: The ptxas figures recorded per build (columns of evotuner_builds, keys of the ``gate`` attr),
@@ -116,7 +117,7 @@ def _space_facts(space: Any) -> dict[str, str]:
     return {
         "space_name": str(name),
         "space_fingerprint": _space_fingerprint(space),
-        "kernel_family": str(kernel or "flashcore"),
+        "kernel_family": str(kernel or DEFAULT_FAMILY),
         "space_text": body or "",
     }
 
@@ -175,7 +176,7 @@ def _trial_record(t: FrozenTrial, gate_from_build: dict[str, Any] | None = None)
 
 def _is_finished(t: FrozenTrial) -> bool:
     reason = t.user_attrs.get(REASON_ATTR)
-    interrupted = t.state == TrialState.FAIL and isinstance(reason, str) and reason.startswith(INTERRUPTED_PREFIX)
+    interrupted = is_interrupted(t.state, reason)
     return t.state.name in FINISHED_STATES and not interrupted
 
 

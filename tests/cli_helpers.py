@@ -1,20 +1,24 @@
 """Shared helpers for the CLI tests: run the console script's entry point in-process
-(its error boundary included) and check the one-line error contract."""
+(its error boundary included), with the scaffold measure stage injected through
+``cli.main(..., measure_factory=...)``, and check the one-line error contract."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from evotuner import cli
+from scaffold import make_measure
 
 TESTS = Path(__file__).parent
+#: The measure stage ``run`` injects (set by ``scaffold_env``; None: the real GPU stage).
+MEASURE = {"factory": None}
 
 
 def scaffold_env(monkeypatch, cache_dir: Path, workdir: Path) -> None:
     """The CLI with the test-only scaffold measure stage, a shared build cache, no storage
     or debug variables from the caller's shell, and ``workdir`` as the current directory."""
     monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(cache_dir))
-    monkeypatch.setenv(cli.TEST_MEASURE_ENV, f"{TESTS / 'scaffold.py'}:make_measure")
+    monkeypatch.setitem(MEASURE, "factory", make_measure)
     monkeypatch.delenv(cli.STORAGE_ENV, raising=False)
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
     monkeypatch.delenv("EVOTUNER_SCAFFOLD_FAIL", raising=False)
@@ -23,7 +27,7 @@ def scaffold_env(monkeypatch, cache_dir: Path, workdir: Path) -> None:
 
 def run(capsys, *argv):
     """(exit code, stdout, stderr) of ``evotuner ARGV``."""
-    code = cli.main([str(a) for a in argv])
+    code = cli.main([str(a) for a in argv], measure_factory=MEASURE["factory"])
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -25,6 +25,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def test_families():
+    """Register the tests' own kernel families (tests/families/) for the whole session."""
+    from evotuner.family import register, unregister
+    from families.fc_toy import FlashCoreToy
+    from families.mini import Mini
+
+    registered = [register(FlashCoreToy(), replace=True), register(Mini(), replace=True)]
+    yield {f.name: f for f in registered}
+    for f in registered:
+        unregister(f.name)
+
+
 @pytest.fixture(scope="session")
 def build_cache_dir(tmp_path_factory: pytest.TempPathFactory):
     """One build cache for the whole session: each config compiles once across test files."""

@@ -3,8 +3,8 @@
 ``ScaffoldMeasure`` answers from a fixed function of the config (a sha256 of
 its parameters), so a study run against it is reproducible and the loop's
 bookkeeping can be checked exactly. It is never offered to users: it lives in
-tests/, is not installed, and the CLI only reaches it through the test-only
-hook ``EVOTUNER_TEST_MEASURE=tests/scaffold.py:make_measure``.
+tests/, is not installed, and the CLI only runs it when a test injects it
+(``cli.main(argv, measure_factory=make_measure)``, see tests/cli_helpers.py).
 
 It still checks what a real stage would receive: the artifact's cubin must
 exist on disk (the loop test builds with the real Builder).
@@ -22,7 +22,7 @@ import json
 import os
 from pathlib import Path
 
-from evotuner.build.result import Artifact
+from evotuner.compiler.result import Artifact
 from evotuner.config import KernelConfig
 from evotuner.measure.base import MeasureFailure, MeasureOutcome, Measurement, MeasureStage
 from evotuner.problem import Problem
@@ -79,13 +79,13 @@ class ScaffoldMeasure(MeasureStage):
 def _config_of(artifact: Artifact) -> KernelConfig:
     """The config the artifact was built for: the stage is handed only the artifact,
     so the scaffold reads the build record the build cache keeps beside the cubin
-    (``build.json``, written by evotuner.build.cache)."""
+    (``build.json``, written by evotuner.compiler.cache)."""
     record = json.loads((artifact.cubin.parent / "build.json").read_text())
     return KernelConfig.of(record["config"])
 
 
 def make_measure() -> ScaffoldMeasure:
-    """Factory for the CLI's test-only hook EVOTUNER_TEST_MEASURE."""
+    """The factory the CLI tests inject (``cli.main(..., measure_factory=make_measure)``)."""
     fail = {KernelConfig.parse(c) for c in os.environ.get("EVOTUNER_SCAFFOLD_FAIL", "").split(";") if c.strip()}
     calls = os.environ.get("EVOTUNER_SCAFFOLD_CALLS")
     return ScaffoldMeasure(fail=fail, calls_file=Path(calls) if calls else None)

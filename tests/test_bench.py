@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 from evotuner import cli
+import cli_helpers
 from cli_helpers import assert_one_line_error as one_line_error, run, scaffold_env
+from scaffold import make_measure
 from evotuner.bench import BenchResult, bench_study, ratios
-from evotuner.build import Builder
+from evotuner.compiler import Builder
 from evotuner.config import KernelConfig
 from evotuner.problem import Problem, Shape
 from evotuner.space import load_space
@@ -41,12 +43,12 @@ def studied(tmp_path_factory, build_cache_dir):
     import os
 
     db = tmp_path_factory.mktemp("bench-study") / "studies.db"
-    env = {"EVOTUNER_CACHE_DIR": str(build_cache_dir), cli.TEST_MEASURE_ENV: f"{TESTS / 'scaffold.py'}:make_measure"}
+    env = {"EVOTUNER_CACHE_DIR": str(build_cache_dir)}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         code = cli.main(["search", "--study", "s", "--shape", SHAPE, "--space", str(TINY), "--trials", "6",
-                         "--jobs", "2", "--storage", f"sqlite:///{db}"])
+                         "--jobs", "2", "--storage", f"sqlite:///{db}"], measure_factory=make_measure)
     finally:
         for k, v in saved.items():
             if v is None:
@@ -146,7 +148,7 @@ def test_a_failing_config_is_a_row_not_an_error(capsys, studied, monkeypatch):
 def test_bench_without_a_gpu_refuses_like_search(capsys, studied, monkeypatch):
     import evotuner.measure
 
-    monkeypatch.delenv(cli.TEST_MEASURE_ENV)
+    monkeypatch.setitem(cli_helpers.MEASURE, "factory", None)   # the real GPU stage
     monkeypatch.setattr(evotuner.measure, "gpu_available", lambda *a, **k: False)
     before = studied.read_bytes()
     code, out, err = run(capsys, "bench", "--study", "s", "--storage", f"sqlite:///{studied}")

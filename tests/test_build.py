@@ -14,12 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from evotuner.build import Builder, BuildCache, CubinError, META_FIELDS, packaged_kernels_root, read_meta
-from evotuner.build import cubin as cubin_mod
-from evotuner.build import nvcc as nvcc_mod
-from evotuner.build.cache import default_cache_root, source_files
-from evotuner.build.instantiate import gencode
-from evotuner.build.nvcc import find_nvcc
+from evotuner import abi
+from evotuner.compiler import Builder, BuildCache, CubinError, packaged_kernels_root, read_meta
+from evotuner.kernels.flashcore.params import META_FIELDS as FC_FIELDS
+from evotuner.compiler import cubin as cubin_mod
+from evotuner.compiler import nvcc as nvcc_mod
+from evotuner.compiler.cache import default_cache_root, source_files
+from evotuner.compiler.instantiate import gencode
+from evotuner.compiler.nvcc import find_nvcc
 from evotuner.config import KernelConfig
 from evotuner.errors import BuildError, SpaceError
 from evotuner.problem import Problem, Shape
@@ -49,7 +51,7 @@ def toy_meta(config: KernelConfig, problem: Problem) -> dict[str, int]:
     """What tests/data/kernels/toy/traits.cuh declares for a config."""
     c, d = config.as_dict(), problem.shape.head_dim
     return {
-        "abi": 1,
+        "abi": abi.ABI_VERSION,
         "threads": 32 * c["NUM_WARPS"],
         "smem_bytes": (c["BLOCK_M"] + 2 * c["STAGES"] * c["BLOCK_N"]) * d * 2,
         "block_m": c["BLOCK_M"],
@@ -72,12 +74,12 @@ def fake_nvcc(tmp_path: Path, body: str, version: str = "Cuda compilation tools,
 # -- pure parts (no compile) ----------------------------------------------------------------
 
 
-def test_meta_layout_matches_params_h():
-    fields, length, abi = cubin_mod.params_h_layout((REPO_KERNELS / "flashcore" / "params.h").read_text())
-    assert length == len(META_FIELDS)
-    assert [name for name, _ in sorted(fields.items(), key=lambda kv: kv[1])] == list(META_FIELDS)
+def test_meta_layout_matches_the_shared_header():
+    fields, length, version = abi.header_layout((REPO_KERNELS / abi.ABI_HEADER).read_text())
+    assert length == abi.COMMON_LEN
+    assert [name for name, _ in sorted(fields.items(), key=lambda kv: kv[1])] == list(abi.COMMON_FIELDS)
     assert sorted(fields.values()) == list(range(length))
-    assert abi == cubin_mod.ABI_VERSION
+    assert version == abi.ABI_VERSION
 
 
 def test_gencode_and_bad_arch():
@@ -227,22 +229,24 @@ def test_meta_read_from_elf(tmp_path):
         result = b.build(config, problem)
     assert result.ok, result.error
     data = result.artifact.cubin.read_bytes()
-    assert read_meta(data) == toy_meta(config, problem)
-    assert read_meta(result.artifact.cubin) == result.artifact.meta
+    assert read_meta(data, "flashcore_meta", FC_FIELDS) == toy_meta(config, problem)
+    assert read_meta(result.artifact.cubin, "flashcore_meta", FC_FIELDS) == result.artifact.meta
     assert "min_blocks" in result.artifact.meta and result.artifact.meta["min_blocks"] == 2
 
     # Patch the abi word inside the cubin: the reader refuses it.
     blob = cubin_mod.read_symbol(data, "flashcore_meta")
     at = data.index(blob)
     patched = data[:at] + struct.pack("<i", 7) + data[at + 4:]
-    with pytest.raises(CubinError, match="ABI version 7, this evotuner expects 1"):
-        read_meta(patched)
+    with pytest.raises(CubinError, match=f"ABI version 7, this evotuner expects {abi.ABI_VERSION}"):
+        read_meta(patched, "flashcore_meta", FC_FIELDS)
     with pytest.raises(CubinError, match="no symbol flashcore_nope"):
-        read_meta(data, "flashcore_nope")
+        read_meta(data, "flashcore_nope", FC_FIELDS)
+    with pytest.raises(CubinError, match="has 36 bytes, expected 32"):
+        read_meta(data, "flashcore_meta", FC_FIELDS[:1])
     with pytest.raises(CubinError, match="not an ELF"):
-        read_meta(b"not an elf at all")
+        read_meta(b"not an elf at all", "flashcore_meta", FC_FIELDS)
     with pytest.raises(CubinError, match="truncated"):
-        read_meta(data[:200])
+        read_meta(data[:200], "flashcore_meta", FC_FIELDS)
 
 
 @needs_nvcc
@@ -344,7 +348,7 @@ def test_missing_nvcc_raises(tmp_path, monkeypatch):
 
 
 def test_unknown_family(tmp_path):
-    with pytest.raises(SpaceError, match="'nope'.*use one of: .*toy"):
+    with pytest.raises(SpaceError, match="'nope' is not registered.*known families: .*toy"):
         Builder("nope", kernels_root=DATA_KERNELS, cache_dir=tmp_path)
 
 
@@ -366,15 +370,16 @@ def test_real_kernel_default_config(tmp_path, head_dim, dtype, causal):
     assert space.violated(REAL_DEFAULT, problem) is None
     with Builder(space.kernel, arch=space.arch, cache_dir=tmp_path, jobs=1) as b:
         # The packaged evotuner.kernels folder, and every file of the family is in the key.
-        assert b.kernels_root == packaged_kernels_root() and b.params_h == b.kernels_root / "flashcore" / "params.h"
-        hashed = {name for name, _ in source_files(b.kernels_root, "flashcore", b.params_h)}
-        on_disk = {p.relative_to(REPO_KERNELS).as_posix() for p in (REPO_KERNELS / "flashcore").iterdir() if p.is_file()}
-        assert on_disk <= hashed and "flashcore/instantiate.cuh" in hashed
+        assert b.kernels_root == packaged_kernels_root() and b.abi_h == b.kernels_root / abi.ABI_HEADER
+        hashed = {name for name, _ in source_files(b.kernels_root, "flashcore", b.abi_h)}
+        on_disk = {p.relative_to(REPO_KERNELS).as_posix() for p in (REPO_KERNELS / "flashcore").iterdir()
+                   if p.is_file() and p.suffix not in (".py", ".pyc")}
+        assert on_disk <= hashed and "flashcore/instantiate.cuh" in hashed and abi.ABI_HEADER in hashed
         result = b.build(REAL_DEFAULT, problem)
         hit = b.build(REAL_DEFAULT, problem)
     assert result.ok, result.error
     meta = result.artifact.meta
-    assert meta["abi"] == 1 and meta["head_dim"] == head_dim
+    assert meta["abi"] == abi.ABI_VERSION and meta["head_dim"] == head_dim
     assert (meta["block_m"], meta["block_n"], meta["min_blocks"]) == (128, 64, 1)
     assert (meta["dtype"], meta["is_causal"]) == ({"fp16": 0, "bf16": 1}[dtype], int(causal))
     assert meta["threads"] >= 128 and meta["smem_bytes"] > 0

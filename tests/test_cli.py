@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from evotuner import cli
+import cli_helpers
 from cli_helpers import assert_one_line_error, run, scaffold_env
 
 TESTS = Path(__file__).parent
@@ -115,7 +116,7 @@ def test_compile_table_shows_the_gate_verdict(capsys, tmp_path):
 def test_search_without_a_gpu_refuses_before_touching_the_database(capsys, tmp_path, monkeypatch):
     import evotuner.measure
 
-    monkeypatch.delenv(cli.TEST_MEASURE_ENV)
+    monkeypatch.setitem(cli_helpers.MEASURE, "factory", None)   # the real GPU stage
     monkeypatch.setattr(evotuner.measure, "gpu_available", lambda *a, **k: False)
     db = tmp_path / "never.db"
     code, out, err = search(capsys, db)
@@ -125,7 +126,10 @@ def test_search_without_a_gpu_refuses_before_touching_the_database(capsys, tmp_p
 
 
 def test_an_unexpected_error_is_one_line_with_the_debug_hint(capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv(cli.TEST_MEASURE_ENV, f"{TESTS / 'scaffold.py'}:no_such_factory")
+    def broken_factory():
+        raise AttributeError("module 'scaffold' has no attribute 'no_such_factory'")
+
+    monkeypatch.setitem(cli_helpers.MEASURE, "factory", broken_factory)
     code, out, err = search(capsys, tmp_path / "x.db")
     assert_one_line_error(code, out, err, "AttributeError", "EVOTUNER_DEBUG=1")
 

@@ -20,7 +20,6 @@ SHAPE = "B=16,H=16,S=2048,D=64"
 
 @pytest.fixture(autouse=True)
 def env(monkeypatch, tmp_path):
-    monkeypatch.delenv(cli.TEST_MEASURE_ENV, raising=False)   # the real stages would need a GPU
     monkeypatch.delenv(cli.STORAGE_ENV, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))      # no nvcc, no nvidia-smi
     monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(tmp_path / "cache"))

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from evotuner.build.cubin import read_meta
-from evotuner.build.instantiate import compile_flags
-from evotuner.build.nvcc import find_nvcc, run
+from evotuner.compiler.cubin import read_meta
+from evotuner.kernels.flashcore.params import META_FIELDS as FC_FIELDS
+from evotuner.compiler.instantiate import compile_flags
+from evotuner.compiler.nvcc import find_nvcc, run
 from evotuner.errors import BuildError, EvotunerError
 from evotuner.export import (
     BUCKET_EDGES, OPEN_BUCKET, ExportError, export_header, read_header, row_instantiation, seqlen_bucket,
@@ -339,7 +340,7 @@ def test_nvcc_builds_every_row_of_the_header(tmp_path: Path, family: str) -> Non
         row = result.rows[i]
         params = dict(row.params)
         assert f"flashcore_fwd_{i}" in log   # ptxas -v names the renamed entry
-        meta = read_meta(cubin, f"flashcore_meta_{i}")
+        meta = read_meta(cubin, f"flashcore_meta_{i}", FC_FIELDS)
         assert meta["block_m"] == params["BLOCK_M"] and meta["block_n"] == params["BLOCK_N"]
         assert meta["threads"] == 32 * params["NUM_WARPS"] and meta["min_blocks"] == params["MIN_BLOCKS"]
         assert meta["head_dim"] == row.head_dim and meta["is_causal"] == int(row.causal)

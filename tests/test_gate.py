@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from evotuner.build.result import Artifact, BuildResult
+from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
 from evotuner.gate import GateError, GateResult, PtxasReport, apply_gate, parse_ptxas
 from evotuner.space import load_space
@@ -48,7 +48,7 @@ def test_parse_spilling_report():
 
 def test_parse_picks_the_entry_among_several_functions():
     text = log("two_entries")
-    r = parse_ptxas(text)
+    r = parse_ptxas(text, "flashcore_fwd")
     assert (r.registers, r.stack, r.static_smem, r.barriers) == (64, 192, 1024, 1)
     other = parse_ptxas(text, "other_kernel")
     # other_kernel's own frame is 0 bytes; its non-inlined callee makes the cumulative stack 32
@@ -70,7 +70,7 @@ def test_missing_entry_lists_what_is_there():
     msg = str(e.value)
     assert "no entry function 'flashcore_fwd_v2'" in msg
     assert "flashcore_fwd for sm_90a, other_kernel for sm_90a" in msg
-    assert "FLASHCORE_KERNEL_NAME" in msg
+    assert "KernelFamily.entry" in msg
     with pytest.raises(GateError, match="no 'Compiling entry function' line at all"):
         parse_ptxas("nvcc error   : 'ptxas' died due to signal 9")
 
@@ -105,7 +105,7 @@ def test_spills_fail_with_figures_threshold_and_remedy(thresholds):
 
 
 def test_stack_fails(thresholds):
-    g = apply_gate(parse_ptxas(log("two_entries")), thresholds, threads=128, min_blocks=1, dynamic_smem=0)
+    g = apply_gate(parse_ptxas(log("two_entries"), "flashcore_fwd"), thresholds, threads=128, min_blocks=1, dynamic_smem=0)
     assert g.check == "stack"
     assert g.reason.startswith("stack frame 192 bytes > max_stack_bytes=0: ")
     assert "raise [gate] max_stack_bytes" in g.reason
@@ -155,6 +155,35 @@ def test_device_limits_can_be_overridden(thresholds):
 def test_a_report_needs_the_launch_geometry(thresholds):
     with pytest.raises(ValueError, match="threads= and min_blocks="):
         apply_gate(parse_ptxas(log("clean")), thresholds)
+
+
+def test_a_family_words_the_remedies_and_may_judge_a_check_itself(thresholds):
+    from evotuner.family import get_family
+
+    flashcore = get_family("flashcore")
+
+    class ConsumerSpills(type(flashcore)):
+        """Judges spills itself (say, only on a consumer path) and adds a rule of its own."""
+
+        generic_gate_checks = tuple(c for c in flashcore.generic_gate_checks if c != "spills")
+
+        def gate_hint(self, check, meta):
+            return f"family hint for {check}"
+
+        def extra_gate(self, log, report, meta, thresholds):
+            if report.spill_stores > 400:
+                return ("consumer_spills", f"consumer path spills {report.spill_stores} bytes: lower TILE")
+            return None
+
+    fam = ConsumerSpills()
+    spill = parse_ptxas(log("spill"))
+    assert apply_gate(spill, thresholds, threads=1024, min_blocks=2, dynamic_smem=0).check == "spills"
+    roomy_stack = dataclasses.replace(thresholds, max_stack_bytes=10**6)
+    g = apply_gate(spill, roomy_stack, threads=128, min_blocks=1, dynamic_smem=0, family=fam)
+    assert g.check == "consumer_spills" and "lower TILE" in g.reason
+    tight = dataclasses.replace(thresholds, max_registers=16)
+    g = apply_gate(parse_ptxas(log("clean")), tight, threads=128, min_blocks=1, dynamic_smem=0, family=fam)
+    assert g.check == "registers" and g.reason.endswith("family hint for registers")
 
 
 # --------------------------------------------------------------------------- from a BuildResult

@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from evotuner.build import Builder
+from evotuner.compiler import Builder
 from evotuner.gate import apply_gate, parse_ptxas
 from evotuner.problem import DTYPES, Problem, Shape
 from evotuner.runtime.attention import default_config, supported_head_dims

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from evotuner import events as ev
-from evotuner.build import Builder
+from evotuner.compiler import Builder
 from evotuner.config import KernelConfig
 from evotuner.loop import INTERRUPTED, run_search
 from evotuner.problem import Problem, Shape

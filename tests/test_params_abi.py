@@ -1,8 +1,9 @@
-"""The ctypes mirror of flashcore::Params and the meta indices match params.h.
+"""The ctypes mirror of flashcore::Params matches params.h, and the shared ABI
+(kernels/evotuner_abi.h) matches its one Python mirror, evotuner/abi.py.
 
 A tiny host program including kernels/flashcore/params.h prints sizeof/offsetof
-of every field (compiled with g++, or nvcc -x c++ when there is no g++); the
-test compares them with evotuner.runtime.params.Params.
+of every field and the value of every meta macro (compiled with g++, or nvcc
+-x c++ when there is no g++); the test compares them with the Python side.
 """
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from evotuner.runtime import params as P
+from evotuner import abi as A
+from evotuner.kernels.flashcore import params as P
 
 PARAMS_H = Path(str(resources.files("evotuner.kernels"))) / "flashcore" / "params.h"
+ABI_H = PARAMS_H.parent.parent / A.ABI_HEADER
+#: Every macro whose value the host program prints.
+MACROS = (re.findall(r"#define\s+(EVOTUNER_\w+)\s+\d+", ABI_H.read_text())
+          + re.findall(r"#define\s+(FLASHCORE_(?:META_\w+|ABI_VERSION))\s", PARAMS_H.read_text()))
 
 
 def _field_names(text: str) -> list[str]:
@@ -58,7 +64,7 @@ def host_layout(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[int
     for n in names:
         lines.append(f'  std::printf("{n} %zu %zu\\n", offsetof(flashcore::Params, {n}), '
                      f"sizeof(((flashcore::Params*)0)->{n}));")
-    for macro in re.findall(r"#define\s+(FLASHCORE_\w+)\s+\d+", PARAMS_H.read_text()):
+    for macro in MACROS:
         lines.append(f'  std::printf("{macro} %d 0\\n", (int)({macro}));')
     lines += ["  return 0;", "}"]
     tmp = tmp_path_factory.mktemp("abi")
@@ -95,39 +101,42 @@ def test_struct_size_and_alignment(host_layout: dict[str, tuple[int, int]]) -> N
     assert ctypes.alignment(P.Params) == align
 
 
-def test_meta_indices_match_the_header(host_layout: dict[str, tuple[int, int]]) -> None:
+def test_common_meta_indices_match_the_shared_header(host_layout: dict[str, tuple[int, int]]) -> None:
+    macros = {k: v for k, (v, _) in host_layout.items() if k.startswith("EVOTUNER_META_")}
+    assert macros.pop("EVOTUNER_META_COMMON_LEN") == A.COMMON_LEN
+    assert {f"EVOTUNER_META_{name.upper()}": i for i, name in enumerate(A.COMMON_FIELDS)} == macros
+    assert host_layout["EVOTUNER_ABI_VERSION"][0] == A.ABI_VERSION
+    assert host_layout["EVOTUNER_DTYPE_FP16"][0] == A.DTYPE_CODES["fp16"]
+    assert host_layout["EVOTUNER_DTYPE_BF16"][0] == A.DTYPE_CODES["bf16"]
+
+
+def test_flashcore_meta_indices_match_its_header(host_layout: dict[str, tuple[int, int]]) -> None:
     macros = {k: v for k, (v, _) in host_layout.items() if k.startswith("FLASHCORE_META_")}
-    assert macros.pop("FLASHCORE_META_LEN") == P.META_LEN
-    assert {f"FLASHCORE_META_{name.upper()}": i for i, name in enumerate(P.META_FIELDS)} == macros
-    assert host_layout["FLASHCORE_ABI_VERSION"][0] == P.ABI_VERSION
+    fields = A.meta_fields(P.META_FIELDS)
+    assert macros.pop("FLASHCORE_META_LEN") == len(fields)
+    assert {f"FLASHCORE_META_{name.upper()}": i for i, name in enumerate(fields)} == macros
+    assert host_layout["FLASHCORE_ABI_VERSION"][0] == A.ABI_VERSION
 
 
-def test_meta_indices_match_the_header_text() -> None:
+def test_shared_header_text_matches_abi_module() -> None:
     # The same check from the header's text, so a macro the compiler never sees (#if'd out) still counts.
-    text = PARAMS_H.read_text()
-    found = {m.group(1).lower(): int(m.group(2))
-             for m in re.finditer(r"#define\s+FLASHCORE_META_(\w+)\s+(\d+)", text) if m.group(1) != "LEN"}
-    assert found == P.META_INDEX
+    fields, length, version = A.header_layout(ABI_H.read_text())
+    assert fields == {name: i for i, name in enumerate(A.COMMON_FIELDS)}
+    assert (length, version) == (A.COMMON_LEN, A.ABI_VERSION)
 
 
 def test_decode_meta_reads_header_order() -> None:
-    values = [P.ABI_VERSION, 128, 49152, 128, 64, 64, 1, 1, 2]
+    values = [A.ABI_VERSION, 128, 49152, 64, 1, 1, 2, 128, 64]
     raw = b"".join(int(x).to_bytes(4, "little", signed=True) for x in values)
-    meta = P.decode_meta(raw)
-    assert meta == dict(zip(P.META_FIELDS, values))
-    assert meta["smem_bytes"] == 49152 and meta["is_causal"] == 1
+    meta = A.decode_meta(raw, P.META_FIELDS)
+    assert meta == dict(zip(A.meta_fields(P.META_FIELDS), values))
+    assert meta["smem_bytes"] == 49152 and meta["is_causal"] == 1 and meta["block_m"] == 128
 
 
 def test_decode_meta_rejects_a_short_table_and_a_foreign_abi() -> None:
-    with pytest.raises(P.MetaError, match="expected 36"):
-        P.decode_meta(b"\x01\x00\x00\x00" * 4)
-    with pytest.raises(P.MetaError, match="ABI version 99"):
-        P.decode_meta([99, 128, 0, 128, 64, 64, 0, 0, 1])
-    with pytest.raises(P.MetaError, match="dtype code 7"):
-        P.decode_meta([P.ABI_VERSION, 128, 0, 128, 64, 64, 0, 7, 1])
-
-
-def test_build_stage_meta_fields_agree() -> None:
-    from evotuner.build.cubin import META_FIELDS
-
-    assert tuple(META_FIELDS) == P.META_FIELDS
+    with pytest.raises(A.MetaError, match="expected 36"):
+        A.decode_meta(b"\x01\x00\x00\x00" * 4, P.META_FIELDS)
+    with pytest.raises(A.MetaError, match="ABI version 99"):
+        A.decode_meta([99, 128, 0, 64, 0, 0, 1, 128, 64], P.META_FIELDS)
+    with pytest.raises(A.MetaError, match="dtype code 7"):
+        A.decode_meta([A.ABI_VERSION, 128, 0, 64, 0, 7, 1, 128, 64], P.META_FIELDS)

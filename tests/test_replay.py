@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from evotuner.build.result import Artifact
+from evotuner.compiler.result import Artifact
 from evotuner.config import KernelConfig
 from evotuner.errors import StudyMismatchError
 from evotuner.gate import apply_gate
@@ -216,7 +216,7 @@ class _FlakyMeasure(MeasureStage):
 
 
 def test_sweep_records_every_config_and_resumes(tmp_path: Path) -> None:
-    from evotuner.build import Builder
+    from evotuner.compiler import Builder
 
     sweep = _script("sweep")
     space = load_space(DATA / "loop_tiny.toml")

@@ -16,7 +16,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from evotuner.build.result import Artifact, BuildResult
+from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import StorageError, StudyMismatchError
 from evotuner.gate import GateResult, PtxasReport

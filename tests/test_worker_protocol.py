@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from evotuner.build.result import Artifact
+from evotuner.compiler.result import Artifact
 from evotuner.measure import GpuMeasure, Measurement, MeasureFailure
 from evotuner.measure.protocol import (
     MAGIC, MAX_FRAME, FrameReader, FrameTimeout, PipeClosed, ProtocolError, Reply, Request, encode,

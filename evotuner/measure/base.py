@@ -14,7 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from typing import Union
 
-from evotuner.build.result import Artifact
+from evotuner.compiler.result import Artifact
 from evotuner.problem import Problem
 
 #: Failure kinds (recorded in the study; the fault-injection suite plants each one).

@@ -96,9 +96,9 @@ def parse_smi_line(line: str) -> dict[str, Any]:
 
 
 def nvcc_version() -> tuple[str | None, str | None]:
-    """(release, None) of the nvcc the build stage uses (``evotuner.build.nvcc``: the same
+    """(release, None) of the nvcc the build stage uses (``evotuner.compiler.nvcc``: the same
     search order, $EVOTUNER_NVCC first), or (None, why)."""
-    from evotuner.build.nvcc import find_nvcc, probe
+    from evotuner.compiler.nvcc import find_nvcc, probe
     from evotuner.errors import EvotunerError
 
     try:

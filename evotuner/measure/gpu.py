@@ -30,7 +30,7 @@ import threading
 from functools import lru_cache
 from typing import Any, Sequence
 
-from evotuner.build.result import Artifact
+from evotuner.compiler.result import Artifact
 from evotuner.errors import NoGpuError
 from evotuner.measure.base import MeasureFailure, MeasureOutcome, MeasureStage
 from evotuner.measure.protocol import (
@@ -105,7 +105,7 @@ class GpuMeasure(MeasureStage):
         self._trials += 1
         request = measure_request(str(artifact.cubin), artifact.entry, dict(artifact.meta), problem.as_dict(),
                                   seed=self.seed + self._trials, budget_s=self.budget_s,
-                                  key=artifact.key, sha256=artifact.sha256)
+                                  key=artifact.key, sha256=artifact.sha256, family=artifact.family)
         try:
             reply = self._call(request, self.timeout_s)
         except _WorkerLost as lost:

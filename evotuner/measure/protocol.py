@@ -15,7 +15,7 @@ Requests (parent → worker), ``op`` first:
 * ``init``        {device_index}: import torch, bind the device, create the context.
 * ``ping``        {}: answered at once (liveness).
 * ``fingerprint`` {}: the device fingerprint (``Reply.value`` is a dict).
-* ``measure``     {cubin, entry, key, sha256, meta, problem, seed, budget_s}: gate + time.
+* ``measure``     {cubin, entry, family, key, sha256, meta, problem, seed, budget_s}: gate + time.
 * ``baselines``   {problem, budget_s}: SDPA backends at the problem's shape.
 * ``shutdown``    {}: answered, then the worker exits 0.
 
@@ -171,8 +171,9 @@ class Request:
 
 
 def measure_request(cubin: str, entry: str, meta: dict[str, int], problem: dict[str, object],
-                    seed: int, budget_s: float, key: str = "", sha256: str = "") -> Request:
-    return Request("measure", {"cubin": cubin, "entry": entry, "key": key, "sha256": sha256, "meta": dict(meta),
+                    seed: int, budget_s: float, key: str = "", sha256: str = "", family: str = "") -> Request:
+    return Request("measure", {"cubin": cubin, "entry": entry, "family": family, "key": key, "sha256": sha256,
+                               "meta": dict(meta),
                                "problem": dict(problem), "seed": int(seed), "budget_s": float(budget_s)})
 
 

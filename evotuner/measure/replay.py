@@ -14,7 +14,7 @@ CSV columns, in this order::
 constraint, ``failure_kind`` empty and no ptxas log; or by the ptxas gate,
 ``failure_kind`` = ``gate``) or ``failed`` (``failure_kind`` = ``build`` for a
 compile error, else one of :data:`~evotuner.measure.base.FAILURE_KINDS`).
-``meta`` is the artifact's ``flashcore_meta`` table as JSON and ``ptxas_log``
+``meta`` is the artifact's meta table (evotuner/abi.py) as JSON and ``ptxas_log``
 the build's ``-Xptxas -v`` output verbatim (newlines written as ``\\n``);
 empty where the config never compiled.
 
@@ -23,7 +23,7 @@ How a replayed search runs (no nvcc, no GPU, no change to the loop)::
     replay = ReplayMeasure(csv, problem, space)
     run_search(..., builder=replay.builder(), measure=replay)
 
-:class:`ReplayBuilder` stands in for :class:`~evotuner.build.Builder`: its
+:class:`ReplayBuilder` stands in for :class:`~evotuner.compiler.Builder`: its
 futures are already done and hold the *recorded* build (the real ptxas report,
 the real meta table, or the recorded compiler error), so the loop's real gate
 (:func:`evotuner.gate.apply_gate`) re-judges the recorded report and reaches the
@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from evotuner.build.result import Artifact, BuildResult
+from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StudyMismatchError
 from evotuner.measure.base import FAILURE_KINDS, MeasureFailure, MeasureOutcome, Measurement, MeasureStage
@@ -317,6 +317,8 @@ class ReplayMeasure(MeasureStage):
     def __init__(self, path: str | Path, problem: Problem, space: Any = None) -> None:
         self.table = read_sweep(path)
         self.problem = problem
+        #: The kernel family of the space replayed ("" when no space is given).
+        self.family = str(getattr(space, "kernel", "") or "") if space is not None else ""
         self.calls = 0
         recorded = self.table.problem
         if recorded != problem:
@@ -408,7 +410,7 @@ class ReplayMeasure(MeasureStage):
 
 
 class ReplayBuilder:
-    """Stands in for :class:`evotuner.build.Builder` in a replayed search: every
+    """Stands in for :class:`evotuner.compiler.Builder` in a replayed search: every
     future is already done and holds the sweep's recorded build. Never runs nvcc."""
 
     def __init__(self, replay: ReplayMeasure, jobs: int = 4) -> None:
@@ -429,7 +431,7 @@ class ReplayBuilder:
             why = row.reason if row.failure_kind == BUILD_KIND else f"the sweep never compiled it: {row.reason}"
             return BuildResult(config, key, False, None, row.ptxas_log, 0.0, True, error=why or "no build recorded")
         artifact = Artifact(cubin=self.replay.table.path, key=key, sha256=self.replay.table.sha256,
-                            meta={k: int(v) for k, v in row.meta.items()})
+                            meta={k: int(v) for k, v in row.meta.items()}, family=self.replay.family)
         return BuildResult(config, key, True, artifact, row.ptxas_log, 0.0, True)
 
     def submit(self, config: KernelConfig, problem: Problem) -> "Future[BuildResult]":

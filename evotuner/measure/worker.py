@@ -33,7 +33,8 @@ import warnings
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from evotuner.build.result import Artifact
+from evotuner.abi import DTYPE_CODES
+from evotuner.compiler.result import Artifact
 from evotuner.measure.protocol import (
     PipeClosed, ProtocolError, Reply, Request, read_message_blocking, write_message,
 )
@@ -105,7 +106,7 @@ class Worker:
         meta = {str(k): int(v) for k, v in dict(args.get("meta") or {}).items()}
         cubin = Path(args["cubin"])
         artifact = Artifact(cubin=cubin, key=str(args.get("key") or cubin.name), sha256=str(args.get("sha256", "")),
-                            meta=meta, entry=str(args.get("entry") or "flashcore_fwd"))
+                            meta=meta, entry=str(args.get("entry") or ""), family=str(args.get("family") or ""))
         mismatch = _static_mismatch(meta, problem)
         if mismatch:
             return Reply.fail("launch", f"{cubin.name}: built for {mismatch}; cannot run this study's problem")
@@ -234,7 +235,7 @@ class Worker:
 def _static_mismatch(meta: dict[str, int], problem: Problem) -> str | None:
     """What the cubin was compiled for, where it differs from the problem (None when it matches)."""
     wanted = {"head_dim": problem.shape.head_dim, "is_causal": int(problem.causal),
-              "dtype": 0 if problem.dtype == "fp16" else 1}
+              "dtype": DTYPE_CODES[problem.dtype]}
     diffs = [f"{k}={meta[k]} (problem: {v})" for k, v in wanted.items() if k in meta and int(meta[k]) != v]
     return ", ".join(diffs) or None
 

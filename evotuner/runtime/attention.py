@@ -1,7 +1,14 @@
-"""``evotuner.flash_attention``: the FlashCore kernel as a function on torch tensors.
+"""``evotuner.flash_attention``: the tuned attention kernels as a function on torch tensors.
 
-The first call for a (device, head dim, dtype, causal, config) builds the cubin
-through :class:`evotuner.build.Builder` (cached on disk by content) and loads it
+Which kernel runs: :func:`choose` -- an explicit ``family``; else, with a
+``config``, the default family (its parameter names); else, of the registered
+families that support the problem and recommend a config for it, the one whose
+recommended config is fastest by its own measured figure
+(:meth:`KernelFamily.expected_speed`), FlashCore on ties; the returned
+:class:`Choice` says which and why (``flash_attention(..., return_choice=True)``).
+
+The first call for a (device, family, head dim, dtype, causal, config) builds the cubin
+through :class:`evotuner.compiler.Builder` (cached on disk by content) and loads it
 through the driver (cached in the process); later calls only validate,
 allocate and launch on torch's current stream.
 """
@@ -10,13 +17,18 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
 
+from evotuner.compiler import Builder
 from evotuner.config import KernelConfig
+from evotuner.defaults import default_config, parse_defaults, supported_head_dims  # noqa: F401 (public names)
 from evotuner.errors import BuildError, ShapeError, SpaceError
+from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
 from evotuner.problem import HEAD_DIMS, Problem, Shape
+from evotuner.runtime.loader import KernelModule
 
 LAYOUTS = ("bhsd", "bshd")
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -28,15 +40,53 @@ class KernelBuildError(BuildError):
     """The requested config did not compile (the message carries the compiler's reason)."""
 
 
-from evotuner.defaults import (  # noqa: E402  (re-exported: the runtime's public names)
-    FAMILY, default_config, parse_defaults, supported_head_dims,
-)
+@dataclass(frozen=True)
+class Choice:
+    """Which family and config a call runs, and why (one line)."""
+
+    family: str
+    config: KernelConfig
+    why: str
+
+
+def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | None = None,
+           family: str | None = None) -> Choice:
+    """The family and config :func:`flash_attention` runs for ``problem`` (see the module docstring)."""
+    if family is not None or config is not None:
+        fam = get_family(family or DEFAULT_FAMILY)
+        why_not = fam.unsupported(problem)
+        if why_not:
+            raise ShapeError(f"q: {why_not}", f"use one of {', '.join(map(str, fam.head_dims))}")
+        cfg = resolve_config(config, problem.shape.head_dim, problem.dtype, problem.causal, family=fam.name)
+        return Choice(fam.name, cfg, "asked for" if family is not None else "the default family (config given)")
+    candidates: list[tuple[float, int, KernelFamily, KernelConfig]] = []
+    skipped: list[str] = []
+    for fam in families():
+        why_not = fam.unsupported(problem)
+        recommended = () if why_not else fam.recommended_configs(problem)
+        if not recommended:
+            skipped.append(f"{fam.name}: {why_not or 'no recommended config'}")
+            continue
+        candidates.append((fam.expected_speed(problem), fam.name == DEFAULT_FAMILY, fam, recommended[0]))
+    if not candidates:
+        fam = get_family(DEFAULT_FAMILY)
+        dims = [d for d in HEAD_DIMS if d in supported_head_dims(family=fam.name)]
+        raise ShapeError(f"q: head dim D={problem.shape.head_dim} is not supported ({'; '.join(skipped)})",
+                         f"use one of {', '.join(map(str, dims))}")
+    candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
+    speed, _, fam, cfg = candidates[0]
+    why = f"fastest recommended config ({speed:g} by its family's figure)" if len(candidates) > 1 else \
+        "the only family supporting the problem"
+    if skipped:
+        why += f"; not: {'; '.join(skipped)}"
+    return Choice(fam.name, cfg, why)
 
 
 def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_dim: int, dtype: str,
-                   causal: bool) -> KernelConfig:
+                   causal: bool, *, family: str | None = None) -> KernelConfig:
     """``config`` over the recommended default (a partial mapping overrides only its keys)."""
-    base = default_config(head_dim, dtype, causal)
+    fam = get_family(family or DEFAULT_FAMILY)
+    base = default_config(head_dim, dtype, causal, family=fam.name)
     if config is None:
         return base
     if isinstance(config, str):
@@ -47,12 +97,12 @@ def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_d
         given = KernelConfig.of({str(k).upper(): v for k, v in config.items()}).as_dict()
     else:
         raise SpaceError(f"config: expected a mapping of kernel parameters, got {type(config).__name__}",
-                         "e.g. config={'BLOCK_M': 128, 'BLOCK_N': 64}")
+                         f"e.g. config={dict(list(base.as_dict().items())[:2])}")
     known = base.as_dict()
     for name in given:
         if name not in known:
             raise SpaceError(f"config: unknown kernel parameter {name}",
-                             f"FlashCore takes {', '.join(sorted(known))}")
+                             f"{fam.title or fam.name} takes {', '.join(sorted(known))}")
     return KernelConfig.of({**known, **given})
 
 
@@ -102,8 +152,9 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str =
         for axis in range(4):
             if t.shape[axis] < 1:
                 raise ShapeError(f"{name}: {labels[axis]} is {t.shape[axis]}; every dimension must be at least 1")
-    if D not in HEAD_DIMS or D not in supported_head_dims():
-        dims = HEAD_DIMS if D not in HEAD_DIMS else supported_head_dims()
+    supported = sorted({d for f in families() for d in supported_head_dims(family=f.name)})
+    if D not in HEAD_DIMS or D not in supported:
+        dims = HEAD_DIMS if D not in HEAD_DIMS else supported
         raise ShapeError(f"q: head dim D={D} is not supported", f"use one of {', '.join(map(str, dims))}")
     if max(kv.shape[2], Sq) >= 2**31:
         raise ShapeError(f"q/k: seqlen {max(kv.shape[2], Sq)} does not fit the kernel's int32 indices")
@@ -134,34 +185,33 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str =
 # --------------------------------------------------------------------------- modules
 
 _lock = threading.Lock()
-_builder: Any = None
-_modules: dict[tuple[int, KernelConfig, int, str, bool], Any] = {}
+_builders: dict[str, Builder] = {}
+_modules: dict[tuple[int, str, KernelConfig, int, str, bool], KernelModule] = {}
 
 
-def _get_builder() -> Any:
-    global _builder
-    if _builder is None:
+def _get_builder(family: str) -> Builder:
+    builder = _builders.get(family)
+    if builder is None:
         with _lock:
-            if _builder is None:
-                from evotuner.build import Builder
+            builder = _builders.get(family)
+            if builder is None:
+                builder = _builders[family] = Builder(family)
+    return builder
 
-                _builder = Builder(FAMILY)
-    return _builder
 
-
-def kernel_module(config: KernelConfig, problem: Problem, device: int) -> Any:
-    """The loaded KernelModule for (device, config, D, dtype, causal), built on first use."""
-    from evotuner.runtime.loader import KernelModule
-
-    key = (device, config, problem.shape.head_dim, problem.dtype, problem.causal)
+def kernel_module(config: KernelConfig, problem: Problem, device: int, family: str = DEFAULT_FAMILY) -> KernelModule:
+    """The loaded KernelModule for (device, family, config, D, dtype, causal), built on first use."""
+    key = (device, family, config, problem.shape.head_dim, problem.dtype, problem.causal)
     mod = _modules.get(key)
     if mod is not None:
         return mod
-    result = _get_builder().build(config, problem)
+    builder = _get_builder(family)
+    result = builder.build(config, problem)
     if not result.ok or result.artifact is None:
         tail = (result.error or "").strip().splitlines()
         raise KernelBuildError(
-            f"FlashCore config {config} (D={problem.shape.head_dim}, {problem.dtype}, causal={problem.causal}) "
+            f"{builder.family.title or family} config {config} (D={problem.shape.head_dim}, {problem.dtype}, "
+            f"causal={problem.causal}) "
             f"did not build: {tail[-1] if tail else 'no compiler output'}",
             "choose another config (see `evotuner compile` for the full log)",
         )
@@ -184,17 +234,21 @@ def flash_attention(
     config: Mapping[str, int] | KernelConfig | str | None = None,
     layout: str = "bhsd",
     return_lse: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """softmax(scale · Q Kᵀ [+ causal mask]) V with the FlashCore kernel.
+    family: str | None = None,
+    return_choice: bool = False,
+) -> Any:
+    """softmax(scale · Q Kᵀ [+ causal mask]) V with a tuned kernel (:func:`choose`).
 
     q: [B, H, Sq, D], k and v: [B, H, Sk, D] (layout "bhsd", SDPA's) or
     [B, S, H, D] (layout "bshd", FlashAttention's); fp16 or bf16 CUDA tensors
     on one device, last dim contiguous. ``causal`` masks top-left like SDPA's
     ``is_causal`` (query i sees keys 0..i). ``scale`` defaults to 1/sqrt(D).
     ``config`` picks kernel parameters (a mapping, a KernelConfig or
-    "BLOCK_M=128,..."); None or missing keys take the kernel's recommended
-    values for the head dim. Returns the output in q's layout, and with
-    ``return_lse`` also the fp32 logsumexp [B, H, Sq] (natural log).
+    "NAME=value,..."); None or missing keys take the kernel's recommended
+    values for the head dim. ``family`` picks the kernel family (default:
+    :func:`choose`). Returns the output in q's layout, with ``return_lse`` also
+    the fp32 logsumexp [B, H, Sq] (natural log), and with ``return_choice`` the
+    :class:`Choice` last.
     """
     if not isinstance(causal, bool):
         raise ShapeError(f"causal: expected a bool, got {type(causal).__name__}")
@@ -202,13 +256,16 @@ def flash_attention(
     B, H, Sq, D = qv.shape
     Sk = kv.shape[2]
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    cfg = resolve_config(config, D, dtype, causal)
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     problem = Problem(Shape(B, H, Sq, Sk, D), dtype, causal)
-    module = kernel_module(cfg, problem, device)
+    choice = choose(problem, config, family)
+    module = kernel_module(choice.config, problem, device, choice.family)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     ov = out.transpose(1, 2) if layout == "bshd" else out
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device) if return_lse else None
     with torch.cuda.device(device):
         module.launch(qv, kv, vv, ov, lse, scale)
-    return (out, lse) if return_lse else out
+    result = (out, lse) if return_lse else (out,)
+    if return_choice:
+        result = (*result, choice)
+    return result if len(result) > 1 else result[0]

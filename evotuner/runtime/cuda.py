@@ -1,7 +1,7 @@
 """A small ctypes binding to the CUDA driver API (``libcuda.so.1``).
 
-Only what the FlashCore loader needs: load a cubin, look up its entry and its
-``flashcore_meta`` table, raise the dynamic shared-memory limit, launch on a
+Only what the kernel loader needs: load a cubin, look up its entry and its
+family's meta table, raise the dynamic shared-memory limit, launch on a
 stream. No torch headers are ever compiled; the driver shares torch's primary
 context, so kernels launched here run on torch's streams and memory.
 
@@ -272,17 +272,21 @@ def launch_kernel(
     block: tuple[int, int, int],
     shared_bytes: int,
     stream: int,
-    args: ctypes.Structure,
+    args: ctypes.Structure | bytes | tuple[bytes | ctypes.Structure, ...],
     *,
     what: str = "cuLaunchKernel",
 ) -> None:
-    """Launch ``function`` with one by-value struct argument (``__grid_constant__`` Params).
+    """Launch ``function`` with its by-value kernel arguments, one entry each (a ctypes
+    struct or its exact bytes, e.g. a ``__grid_constant__`` Params).
 
     The driver copies the argument bytes at launch, so ``args`` may be freed
     as soon as this returns.
     """
     lib = driver()
-    arg_ptrs = (c_void_p * 1)(ctypes.addressof(args))
+    items = args if isinstance(args, tuple) else (args,)
+    buffers = [a if isinstance(a, ctypes.Structure) else ctypes.create_string_buffer(bytes(a), max(1, len(a)))
+               for a in items]
+    arg_ptrs = (c_void_p * len(buffers))(*[ctypes.addressof(b) for b in buffers])
     _check(
         lib,
         lib.cuLaunchKernel(CUfunction(function), grid[0], grid[1], grid[2], block[0], block[1], block[2],

@@ -1,31 +1,29 @@
-"""Load a FlashCore cubin through the driver and launch it on torch tensors.
+"""Load a kernel family's cubin through the driver and launch it on torch tensors.
 
 ``KernelModule.load(artifact_or_path)`` loads the cubin into the current
-device's primary context (torch's), reads ``flashcore_meta`` from the module,
-raises the dynamic shared-memory limit when the kernel needs more than 48 KB,
-and caches the module by artifact key and device. ``launch`` packs
-:class:`~evotuner.runtime.params.Params` from tensors in the logical
-[B, H, S, D] view (any strides, last dim contiguous) and launches on the
-current torch stream with the geometry the meta table gives.
+device's primary context (torch's), reads the family's meta table from the
+module, raises the dynamic shared-memory limit when the kernel needs more than
+48 KB, and caches the module by artifact key and device. ``launch`` hands the
+tensors in the logical [B, H, S, D] view (any strides, last dim contiguous) to
+the family (:meth:`KernelFamily.launch`: argument bytes and geometry) and
+launches on the current torch stream.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 import threading
 from pathlib import Path
 from typing import Mapping
 
 import torch
 
-from evotuner.build.result import Artifact
+from evotuner.abi import DTYPE_NAMES, MetaError, decode_meta, meta_mismatch
+from evotuner.compiler.result import Artifact
 from evotuner.errors import EvotunerError, ShapeError
+from evotuner.family import DEFAULT_FAMILY, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView, get_family
 from evotuner.runtime import cuda
-from evotuner.runtime.params import DTYPE_NAMES, MetaError, Params, decode_meta, meta_mismatch
 
-META_SYMBOL = "flashcore_meta"
-DEFAULT_ENTRY = "flashcore_fwd"
 #: Grid y/z limits (heads, batch) of every CUDA device.
 MAX_GRID_YZ = 65535
 _TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -44,7 +42,8 @@ class KernelModule:
     _cache_lock = threading.Lock()
 
     def __init__(self, module: int, function: int, meta: dict[str, int], device: int, key: str,
-                 entry: str, source: str) -> None:
+                 entry: str, source: str, family: KernelFamily | None = None) -> None:
+        self.family = family if family is not None else get_family(DEFAULT_FAMILY)
         self.module = module
         self.function = function
         self.meta = meta
@@ -53,16 +52,23 @@ class KernelModule:
         self.entry = entry
         self.source = source
         self.dtype = _TORCH_DTYPES[DTYPE_NAMES[meta["dtype"]]]
+        self._sm_count: int | None = None
 
     # -- loading -----------------------------------------------------------------
 
     @classmethod
     def load(cls, artifact: Artifact | str | Path, *, device: int | torch.device | None = None,
-             cache: bool = True) -> "KernelModule":
-        """Load (or fetch from the cache) a cubin given as an Artifact or a path."""
+             cache: bool = True, family: KernelFamily | str | None = None) -> "KernelModule":
+        """Load (or fetch from the cache) a cubin given as an Artifact or a path.
+
+        ``family`` defaults to the artifact's (a path: the default family)."""
         dev = _device_index(device)
+        if family is None:
+            family = artifact.family if isinstance(artifact, Artifact) and artifact.family else DEFAULT_FAMILY
+        fam = family if isinstance(family, KernelFamily) else get_family(family)
         if isinstance(artifact, Artifact):
-            path, key, entry, expected = Path(artifact.cubin), artifact.key, artifact.entry, artifact.meta
+            path, key, expected = Path(artifact.cubin), artifact.key, artifact.meta
+            entry = artifact.entry or fam.entry
             image = None
         else:
             path = Path(artifact)
@@ -71,7 +77,7 @@ class KernelModule:
             except OSError as exc:
                 raise EvotunerError(f"{path}: cannot read the cubin ({exc.strerror})",
                                     "rebuild it (evotuner compile) or check the path") from None
-            key, entry, expected = hashlib.sha256(image).hexdigest(), DEFAULT_ENTRY, None
+            key, entry, expected = hashlib.sha256(image).hexdigest(), fam.entry, None
         if cache:
             hit = cls._cache.get((dev, key))
             if hit is not None:
@@ -82,7 +88,7 @@ class KernelModule:
             except OSError as exc:
                 raise EvotunerError(f"{path}: cannot read the cubin ({exc.strerror})",
                                     "clear the build cache and rebuild") from None
-        mod = cls._load_image(image, dev, key, entry, str(path), expected)
+        mod = cls._load_image(image, dev, key, entry, str(path), expected, fam)
         if cache:
             with cls._cache_lock:
                 mod = cls._cache.setdefault((dev, key), mod)
@@ -90,18 +96,19 @@ class KernelModule:
 
     @classmethod
     def _load_image(cls, image: bytes, device: int, key: str, entry: str, source: str,
-                    expected: Mapping[str, int] | None) -> "KernelModule":
+                    expected: Mapping[str, int] | None, family: KernelFamily) -> "KernelModule":
         torch.cuda.init()
         cuda.ensure_context(device)
         module = cuda.module_load_data(image)
         try:
             function = cuda.module_get_function(module, entry)
-            ptr, size = cuda.module_get_global(module, META_SYMBOL)
-            meta = decode_meta(cuda.memcpy_dtoh(ptr, size), source=f"{source}: {META_SYMBOL}")
+            symbol = family.meta_symbol
+            ptr, size = cuda.module_get_global(module, symbol)
+            meta = decode_meta(cuda.memcpy_dtoh(ptr, size), family.meta_fields, source=f"{source}: {symbol}")
             if expected:
                 diff = meta_mismatch(meta, expected)
                 if diff is not None:
-                    raise MetaError(f"{source}: {META_SYMBOL} on the device differs from the build's ({diff})",
+                    raise MetaError(f"{source}: {symbol} on the device differs from the build's ({diff})",
                                     "clear the build cache and rebuild")
             smem = meta["smem_bytes"]
             if smem > cuda.DEFAULT_DYNAMIC_SMEM_LIMIT:
@@ -111,20 +118,16 @@ class KernelModule:
                     raise SharedMemoryError(
                         f"{source}: needs {smem} B dynamic + {static} B static shared memory per block, "
                         f"device {device} allows {limit} B",
-                        "choose smaller BLOCK_M/BLOCK_N or fewer STAGES",
+                        family.gate_hint("smem_per_block", meta),
                     )
                 cuda.func_set_attribute(function, cuda.FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem,
                                         what="MAX_DYNAMIC_SHARED_SIZE_BYTES")
         except BaseException:
             cuda.module_unload(module)
             raise
-        return cls(module, function, meta, device, key, entry, source)
+        return cls(module, function, meta, device, key, entry, source, family)
 
     # -- facts -------------------------------------------------------------------
-
-    @property
-    def block_m(self) -> int:
-        return self.meta["block_m"]
 
     @property
     def threads(self) -> int:
@@ -142,27 +145,21 @@ class KernelModule:
     def causal(self) -> bool:
         return bool(self.meta["is_causal"])
 
-    def grid(self, batch: int, heads: int, seqlen_q: int) -> tuple[int, int, int]:
-        return (math.ceil(seqlen_q / self.block_m), heads, batch)
+    @property
+    def sm_count(self) -> int:
+        if self._sm_count is None:
+            self._sm_count = cuda.device_attribute(self.device, cuda.DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        return self._sm_count
 
     # -- launching -------------------------------------------------------------------
 
-    def pack(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-             lse: torch.Tensor | None, scale: float) -> Params:
-        """Params for tensors in the logical [B, H, S, D] view (last dim contiguous)."""
-        B, H, Sq, D = q.shape
-        Sk = k.shape[2]
-        p = Params()
-        p.q, p.k, p.v, p.o = q.data_ptr(), k.data_ptr(), v.data_ptr(), o.data_ptr()
-        p.lse = lse.data_ptr() if lse is not None else None
-        p.q_batch_stride, p.q_head_stride, p.q_row_stride = q.stride(0), q.stride(1), q.stride(2)
-        p.k_batch_stride, p.k_head_stride, p.k_row_stride = k.stride(0), k.stride(1), k.stride(2)
-        p.v_batch_stride, p.v_head_stride, p.v_row_stride = v.stride(0), v.stride(1), v.stride(2)
-        p.o_batch_stride, p.o_head_stride, p.o_row_stride = o.stride(0), o.stride(1), o.stride(2)
-        p.batch, p.heads, p.seqlen_q, p.seqlen_k = B, H, Sq, Sk
-        p.scale = float(scale)
-        p.scale_log2 = float(scale) * math.log2(math.e)
-        return p
+    def launch_spec(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                    lse: torch.Tensor | None, scale: float) -> LaunchSpec:
+        """The family's argument bytes and geometry for tensors in the [B, H, S, D] view."""
+        args = AttentionArgs(q=_view(q), k=_view(k), v=_view(v), o=_view(o),
+                             lse=_view(lse) if lse is not None else None,
+                             dtype=DTYPE_NAMES[self.meta["dtype"]], scale=float(scale))
+        return self.family.launch(self.meta, args, DeviceInfo(self.device, self.sm_count))
 
     def launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                lse: torch.Tensor | None, scale: float, stream: int | torch.cuda.Stream | None = None) -> None:
@@ -173,7 +170,6 @@ class KernelModule:
         of bounds; user-facing validation is evotuner.flash_attention's.
         """
         self._check_launch(q, k, v, o, lse)
-        B, H, Sq, _ = q.shape
         if isinstance(stream, torch.cuda.Stream):
             handle = stream.cuda_stream
         elif stream is None:
@@ -181,9 +177,9 @@ class KernelModule:
         else:
             handle = int(stream)
         cuda.ensure_context(self.device)
-        params = self.pack(q, k, v, o, lse, scale)
-        cuda.launch_kernel(self.function, self.grid(B, H, Sq), (self.threads, 1, 1), self.smem_bytes,
-                           handle, params, what=f"cuLaunchKernel({self.entry} from {self.source})")
+        spec = self.launch_spec(q, k, v, o, lse, scale)
+        cuda.launch_kernel(self.function, spec.grid, spec.block, spec.smem_bytes,
+                           handle, spec.args, what=f"cuLaunchKernel({self.entry} from {self.source})")
 
     __call__ = launch
 
@@ -214,8 +210,9 @@ class KernelModule:
 
     def __repr__(self) -> str:
         m = self.meta
-        return (f"KernelModule({self.source}, D={m['head_dim']}, {DTYPE_NAMES[m['dtype']]}, "
-                f"causal={bool(m['is_causal'])}, block_m={m['block_m']}, block_n={m['block_n']}, "
+        own = ", ".join(f"{f}={m[f]}" for f in self.family.meta_fields if f in m)
+        return (f"KernelModule({self.family.name}: {self.source}, D={m['head_dim']}, {DTYPE_NAMES[m['dtype']]}, "
+                f"causal={bool(m['is_causal'])}, {own + ', ' if own else ''}"
                 f"threads={m['threads']}, smem={m['smem_bytes']})")
 
 
@@ -225,3 +222,7 @@ def _device_index(device: int | torch.device | None) -> int:
     if isinstance(device, torch.device):
         return device.index if device.index is not None else torch.cuda.current_device()
     return int(device)
+
+
+def _view(t: torch.Tensor) -> TensorView:
+    return TensorView(ptr=t.data_ptr(), shape=tuple(t.shape), strides=tuple(t.stride()))

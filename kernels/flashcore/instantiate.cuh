@@ -98,13 +98,14 @@ __constant__ int32_t FLASHCORE_META_NAME[FLASHCORE_META_LEN] = {
     FLASHCORE_ABI_VERSION,                                                 // FLASHCORE_META_ABI
     FLASHCORE_FAULT == 6 ? 2048 : FLASHCORE_TRAITS_::kThreads,             // FLASHCORE_META_THREADS
     FLASHCORE_FAULT == 5 ? 300 * 1024 : FLASHCORE_TRAITS_::kSmemBytes,     // FLASHCORE_META_SMEM_BYTES
-    FLASHCORE_TRAITS_::kBlockM,                                            // FLASHCORE_META_BLOCK_M
-    FLASHCORE_TRAITS_::kBlockN,                                            // FLASHCORE_META_BLOCK_N
     FLASHCORE_TRAITS_::kHeadDim,                                           // FLASHCORE_META_HEAD_DIM
     FLASHCORE_TRAITS_::kIsCausal ? 1 : 0,                                  // FLASHCORE_META_IS_CAUSAL
     FLASHCORE_TRAITS_::kDtype,                                             // FLASHCORE_META_DTYPE
     FLASHCORE_TRAITS_::kMinBlocks,                                         // FLASHCORE_META_MIN_BLOCKS
+    FLASHCORE_TRAITS_::kBlockM,                                            // FLASHCORE_META_BLOCK_M
+    FLASHCORE_TRAITS_::kBlockN,                                            // FLASHCORE_META_BLOCK_N
 };
+static_assert(FLASHCORE_META_LEN == 9 && FLASHCORE_META_BLOCK_M == 7, "flashcore_meta: update the table above");
 }
 
 extern "C" __global__ void __launch_bounds__(FLASHCORE_TRAITS_::kThreads, FLASHCORE_TRAITS_::kMinBlocks)

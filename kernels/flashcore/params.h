@@ -1,6 +1,7 @@
-// FlashCore forward: the launch ABI shared by every kernel family and by the
-// Python loader (evotuner/runtime/params.py mirrors this struct with ctypes; a CI
-// test compiles this header on the host and compares every offset).
+// FlashCore forward: FlashCore's own launch ABI (kernels/flashcore/params.py mirrors
+// this struct with ctypes; a CI test compiles this header on the host and compares
+// every offset). The meta table's common part is every family's
+// (kernels/evotuner_abi.h); FlashCore's own fields follow it.
 //
 // The kernel is launched as
 //   grid  = (ceil(seqlen_q / BLOCK_M), heads, batch)
@@ -12,7 +13,9 @@
 
 #include <stdint.h>
 
-#define FLASHCORE_ABI_VERSION 1
+#include "evotuner_abi.h"
+
+#define FLASHCORE_ABI_VERSION EVOTUNER_ABI_VERSION
 
 namespace flashcore {
 
@@ -45,13 +48,15 @@ struct Params {
 // Layout of the `extern "C" __constant__ int32_t flashcore_meta[FLASHCORE_META_LEN]`
 // table every instantiation defines: the traits' derived sizes, read by the
 // build stage from the cubin's ELF and by the loader through cuModuleGetGlobal.
-#define FLASHCORE_META_ABI 0
-#define FLASHCORE_META_THREADS 1
-#define FLASHCORE_META_SMEM_BYTES 2
-#define FLASHCORE_META_BLOCK_M 3
-#define FLASHCORE_META_BLOCK_N 4
-#define FLASHCORE_META_HEAD_DIM 5
-#define FLASHCORE_META_IS_CAUSAL 6
-#define FLASHCORE_META_DTYPE 7 /* 0 = fp16, 1 = bf16 */
-#define FLASHCORE_META_MIN_BLOCKS 8
-#define FLASHCORE_META_LEN 9
+// The common entries are evotuner_abi.h's; FlashCore's own fields follow them
+// (kernels/flashcore/params.py: META_FIELDS).
+#define FLASHCORE_META_ABI EVOTUNER_META_ABI
+#define FLASHCORE_META_THREADS EVOTUNER_META_THREADS
+#define FLASHCORE_META_SMEM_BYTES EVOTUNER_META_SMEM_BYTES
+#define FLASHCORE_META_HEAD_DIM EVOTUNER_META_HEAD_DIM
+#define FLASHCORE_META_IS_CAUSAL EVOTUNER_META_IS_CAUSAL
+#define FLASHCORE_META_DTYPE EVOTUNER_META_DTYPE /* 0 = fp16, 1 = bf16 */
+#define FLASHCORE_META_MIN_BLOCKS EVOTUNER_META_MIN_BLOCKS
+#define FLASHCORE_META_BLOCK_M (EVOTUNER_META_COMMON_LEN + 0)
+#define FLASHCORE_META_BLOCK_N (EVOTUNER_META_COMMON_LEN + 1)
+#define FLASHCORE_META_LEN (EVOTUNER_META_COMMON_LEN + 2)

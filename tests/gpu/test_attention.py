@@ -147,7 +147,7 @@ def test_every_gated_config_of_the_default_space(head_dim: int, dtype: str, caus
     problem = Problem(Shape(2, 3, 200, 333, head_dim), dtype, causal)
     configs = list(space.feasible(problem))
     assert configs, "the default space has no feasible config"
-    builder = A._get_builder()
+    builder = A._get_builder(space.kernel)
     futures = [(c, builder.submit(c, problem)) for c in configs]
     passed = failures = 0
     problems = []
@@ -172,12 +172,12 @@ def test_every_gated_config_of_the_default_space(head_dim: int, dtype: str, caus
 # --------------------------------------------------------------------------- faults and timing
 
 def _fault_artifact(fault: int):
-    from evotuner.build import Builder
+    from evotuner.compiler import Builder
     from evotuner.config import KernelConfig
 
     problem = Problem(Shape(1, 2, 256, 256, 64), "fp16", False)
     cfg = A.default_config(64, "fp16", False)
-    with Builder(A.FAMILY, extra_flags=(f"-DFLASHCORE_FAULT={fault}",)) as b:
+    with Builder("flashcore", extra_flags=(f"-DFLASHCORE_FAULT={fault}",)) as b:
         result = b.build(cfg, problem)
     assert result.ok, result.error
     return result.artifact, problem

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from evotuner.build.builder import Builder
+from evotuner.compiler.builder import Builder
 from evotuner.measure import GpuMeasure, Measurement, MeasureFailure
 from evotuner.problem import Problem, Shape
 from evotuner.space import load_space

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from evotuner.build.builder import Builder
+from evotuner.compiler.builder import Builder
 from evotuner.measure import GpuMeasure, Measurement
 from evotuner.problem import Problem, Shape
 
@@ -96,7 +96,7 @@ def test_search_process_never_initializes_cuda(tmp_path: Path) -> None:
     problem = Problem(Shape(1, 2, 256, 256, 64), "fp16", causal=False)
     script = textwrap.dedent(f"""
         import sys
-        from evotuner.build.builder import Builder
+        from evotuner.compiler.builder import Builder
         from evotuner.config import KernelConfig
         from evotuner.measure import GpuMeasure, Measurement, gpu_available
         from evotuner.problem import Problem, Shape

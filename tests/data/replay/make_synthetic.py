@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from evotuner.build.result import Artifact
+from evotuner.compiler.result import Artifact
 from evotuner.measure.base import MeasureFailure, MeasureOutcome, Measurement, MeasureStage
 from evotuner.problem import Problem, Shape
 
@@ -77,7 +77,7 @@ def main() -> int:
     sweep = importlib.util.module_from_spec(spec)
     sys.modules["sweep"] = sweep
     spec.loader.exec_module(sweep)
-    from evotuner.build import Builder
+    from evotuner.compiler import Builder
     from evotuner.space import load_space
 
     space = load_space(None)

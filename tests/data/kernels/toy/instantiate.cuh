@@ -22,12 +22,12 @@ extern "C" __constant__ int32_t FLASHCORE_META_NAME[FLASHCORE_META_LEN] = {
     FLASHCORE_ABI_VERSION,  // FLASHCORE_META_ABI
     ToyInst::kThreads,      // FLASHCORE_META_THREADS
     ToyInst::kSmemBytes,    // FLASHCORE_META_SMEM_BYTES
-    ToyInst::kBlockM,       // FLASHCORE_META_BLOCK_M
-    ToyInst::kBlockN,       // FLASHCORE_META_BLOCK_N
     ToyInst::kHeadDim,      // FLASHCORE_META_HEAD_DIM
     ToyInst::kIsCausal,     // FLASHCORE_META_IS_CAUSAL
     ToyInst::kDtype,        // FLASHCORE_META_DTYPE
     ToyInst::kMinBlocks,    // FLASHCORE_META_MIN_BLOCKS
+    ToyInst::kBlockM,       // FLASHCORE_META_BLOCK_M
+    ToyInst::kBlockN,       // FLASHCORE_META_BLOCK_N
 };
 
 // Copies one element of Q to O per thread: enough for ptxas to report

@@ -18,28 +18,20 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
-from evotuner.build import nvcc as toolchain_mod
-from evotuner.build.cache import BuildCache, CacheEntry, build_key, hash_sources, source_files
-from evotuner.build.cubin import CubinError, read_meta
-from evotuner.build.instantiate import (
-    DTYPE_CODES,
-    check_family,
-    compile_flags,
-    evotuner_version,
-    render_source,
-)
-from evotuner.build.result import Artifact, BuildResult
+from evotuner.abi import ABI_HEADER, DTYPE_CODES
+from evotuner.compiler import nvcc as toolchain_mod
+from evotuner.compiler.cache import BuildCache, CacheEntry, build_key, hash_sources, source_files
+from evotuner.compiler.cubin import CubinError, read_meta
+from evotuner.compiler.instantiate import check_family, compile_flags, evotuner_version, render_source
+from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import BuildError, SpaceError
+from evotuner.family import DEFAULT_FAMILY, KernelFamily, get_family
 from evotuner.problem import Problem
 
 #: How much compiler output a failed build keeps in ``BuildResult.error`` (the
 #: static_assert / error lines are at the end; the full text is in ``ptxas_log``).
 ERROR_TAIL_LINES = 20
-
-#: Config parameters that the kernel echoes in its meta table; a mismatch means
-#: the family's instantiate.cuh ignored the macro.
-_ECHOED = {"BLOCK_M": "block_m", "BLOCK_N": "block_n", "MIN_BLOCKS": "min_blocks"}
 
 
 def packaged_kernels_root() -> Path:
@@ -51,16 +43,17 @@ def packaged_kernels_root() -> Path:
 class Builder:
     """Compile configs of one kernel family into cached cubins.
 
-    ``jobs`` nvcc processes run at once (default ``os.cpu_count()``); each is
-    killed after ``timeout_s``. ``kernels_root`` replaces the packaged kernel
-    folder (tests use a toy family); ``flashcore/params.h`` is then taken from
-    that root when present, else from the packaged one, and both roots are on
-    the include path. ``nvcc`` overrides discovery (see :mod:`evotuner.build.nvcc`).
+    ``kernel_family`` is a :class:`~evotuner.family.KernelFamily` or the name of a
+    registered one. ``jobs`` nvcc processes run at once (default ``os.cpu_count()``);
+    each is killed after ``timeout_s``. ``kernels_root`` replaces the family's
+    kernels folder; the shared ABI header (``evotuner_abi.h``) is taken from that
+    root when present, else from the packaged one, and both roots are on the
+    include path. ``nvcc`` overrides discovery (see :mod:`evotuner.compiler.nvcc`).
     """
 
     def __init__(
         self,
-        kernel_family: str = "flashcore",
+        kernel_family: KernelFamily | str = DEFAULT_FAMILY,
         *,
         arch: str = "sm_90a",
         cache_dir: str | os.PathLike[str] | None = None,
@@ -70,7 +63,8 @@ class Builder:
         nvcc: str | os.PathLike[str] | None = None,
         extra_flags: tuple[str, ...] | list[str] = (),
     ) -> None:
-        self.family = check_family(kernel_family)
+        self.family = kernel_family if isinstance(kernel_family, KernelFamily) else get_family(kernel_family)
+        check_family(self.family.name)
         self.arch = arch
         self.timeout_s = float(timeout_s)
         if self.timeout_s <= 0:
@@ -78,14 +72,16 @@ class Builder:
         self.jobs = int(jobs) if jobs else (os.cpu_count() or 1)
         self.flags = compile_flags(arch, tuple(extra_flags))
         packaged = packaged_kernels_root()
-        self.kernels_root = Path(kernels_root).resolve() if kernels_root is not None else packaged
+        root = kernels_root if kernels_root is not None else self.family.kernels_root()
+        self.kernels_root = Path(root).resolve()
         self.include_dirs = [self.kernels_root] + ([packaged] if packaged != self.kernels_root else [])
-        local_params = self.kernels_root / "flashcore" / "params.h"
-        self.params_h = local_params if local_params.is_file() else packaged / "flashcore" / "params.h"
-        if not (self.kernels_root / self.family / "instantiate.cuh").is_file():
+        local_abi = self.kernels_root / ABI_HEADER
+        self.abi_h = local_abi if local_abi.is_file() else packaged / ABI_HEADER
+        name = self.family.name
+        if not (self.kernels_root / name / "instantiate.cuh").is_file():
             families = sorted(p.parent.name for p in self.kernels_root.glob("*/instantiate.cuh"))
             raise SpaceError(
-                f"kernel family {self.family!r}: no {self.family}/instantiate.cuh under {self.kernels_root}",
+                f"kernel family {name!r}: no {name}/instantiate.cuh under {self.kernels_root}",
                 f"use one of: {', '.join(families) or '(none found)'}",
             )
         self.toolchain = toolchain_mod.probe(toolchain_mod.find_nvcc(nvcc))
@@ -97,12 +93,12 @@ class Builder:
         self._running: set = set()    # nvcc processes now compiling (killed by close())
         # The sources are hashed once: a kernel edited mid-study must not change the keys
         # of the builds the study recorded with this source hash.
-        self._source_hash = hash_sources(source_files(self.kernels_root, self.family, self.params_h))
+        self._source_hash = hash_sources(source_files(self.kernels_root, name, self.abi_h))
 
     # -- identity -------------------------------------------------------------------------
 
     def source_hash(self) -> str:
-        """sha256 of the family's kernel sources and params.h (recorded by studies and exports)."""
+        """sha256 of the family's kernel sources and the ABI header (recorded by studies and exports)."""
         return self._source_hash
 
     def nvcc_version(self) -> str:
@@ -159,7 +155,8 @@ class Builder:
         start = time.monotonic()
         entry = self.cache.lookup(key)
         if entry is not None:
-            return self._result(config, key, entry, cached=True, seconds=time.monotonic() - start)
+            return self._result(config, key, entry, cached=True, seconds=time.monotonic() - start,
+                                family=self.family)
         workdir = self.cache.new_workdir(key)
         try:
             (workdir / "gen.cu").write_text(self.source(config, problem))
@@ -180,7 +177,7 @@ class Builder:
             record: dict[str, object] = {
                 "config": config.as_dict(),
                 "problem": problem.static_key(),
-                "family": self.family,
+                "family": self.family.name,
                 "arch": self.arch,
                 "flags": list(self.flags),
                 "nvcc": self.toolchain.release,
@@ -193,8 +190,8 @@ class Builder:
                 cubin = workdir / "kernel.cubin"
                 data = cubin.read_bytes()
                 try:
-                    meta = read_meta(data)
-                    _check_meta(meta, config, problem)
+                    meta = read_meta(data, self.family.meta_symbol, self.family.meta_fields)
+                    _check_meta(meta, config, problem, self.family)
                 except CubinError as exc:
                     record.update(ok=False, error=str(exc))
                     cubin.unlink()
@@ -204,15 +201,18 @@ class Builder:
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
-        return self._result(config, key, entry, cached=False, seconds=time.monotonic() - start)
+        return self._result(config, key, entry, cached=False, seconds=time.monotonic() - start,
+                            family=self.family)
 
     @staticmethod
-    def _result(config: KernelConfig, key: str, entry: CacheEntry, *, cached: bool, seconds: float) -> BuildResult:
+    def _result(config: KernelConfig, key: str, entry: CacheEntry, *, cached: bool, seconds: float,
+                family: KernelFamily) -> BuildResult:
         record = entry.record
         if not entry.ok:
             return BuildResult(config, key, False, None, entry.ptxas_log, seconds, cached, str(record.get("error")))
         meta = {str(k): int(v) for k, v in dict(record["meta"]).items()}  # type: ignore[arg-type]
-        artifact = Artifact(cubin=entry.cubin, key=key, sha256=str(record["sha256"]), meta=meta)
+        artifact = Artifact(cubin=entry.cubin, key=key, sha256=str(record["sha256"]), meta=meta,
+                            entry=family.entry, family=family.name)
         return BuildResult(config, key, True, artifact, entry.ptxas_log, seconds, cached, None)
 
     # -- lifetime -------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def _tail(log: str, lines: int = ERROR_TAIL_LINES) -> str:
     return "\n".join(kept[-lines:])
 
 
-def _check_meta(meta: dict[str, int], config: KernelConfig, problem: Problem) -> None:
+def _check_meta(meta: dict[str, int], config: KernelConfig, problem: Problem, family: KernelFamily) -> None:
     """The meta table must describe what was asked for (else the family ignored a macro).
 
     ``threads`` and ``smem_bytes`` are the kernel's to derive (a warp-specialised
@@ -249,10 +249,10 @@ def _check_meta(meta: dict[str, int], config: KernelConfig, problem: Problem) ->
         "dtype": DTYPE_CODES[str(static["dtype"])],
     }
     params = config.as_dict()
-    expected.update({field: params[name] for name, field in _ECHOED.items() if name in params})
+    expected.update({field: params[name] for name, field in family.echoed.items() if name in params})
     wrong = [f"{k}={meta[k]} (expected {v})" for k, v in expected.items() if meta.get(k) != v]
     if wrong:
         raise CubinError(
-            f"cubin: flashcore_meta disagrees with the config: {', '.join(wrong)}",
-            "the family's instantiate.cuh must map every FLASHCORE_* macro onto its traits",
+            f"cubin: {family.meta_symbol} disagrees with the config: {', '.join(wrong)}",
+            f"the family's instantiate.cuh must map every {family.macro_prefix}_* macro onto its traits",
         )

@@ -10,18 +10,21 @@ from evotuner.config import KernelConfig
 
 @dataclass(frozen=True)
 class Artifact:
-    """A compiled config the GPU stage can load: a cubin with entry ``flashcore_fwd``.
+    """A compiled config the GPU stage can load: a cubin with the family's entry.
 
-    ``meta`` is the kernel's ``flashcore_meta`` table read from the cubin
-    (threads, smem_bytes, block_m, block_n, head_dim, is_causal, dtype,
-    min_blocks, abi): the launch geometry comes from here, never recomputed.
+    ``meta`` is the kernel's meta table read from the cubin (evotuner/abi.py: abi,
+    threads, smem_bytes, head_dim, is_causal, dtype, min_blocks, then the family's
+    own fields): the launch geometry comes from here, never recomputed. ``entry``
+    and ``family`` name the kernel and its :class:`~evotuner.family.KernelFamily`
+    (empty: the only entry of the ptxas report / unknown).
     """
 
     cubin: Path
     key: str                 # content-addressed cache key
     sha256: str              # of the cubin bytes
     meta: dict[str, int] = field(hash=False, compare=False)
-    entry: str = "flashcore_fwd"
+    entry: str = ""
+    family: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
-"""Read the ``flashcore_meta`` table out of a cubin (an ELF64 file) without CUDA.
+"""Read a family's meta table out of a cubin (an ELF64 file) without CUDA.
 
-The kernel defines ``extern "C" __constant__ int32_t flashcore_meta[FLASHCORE_META_LEN]``;
-nvcc places it in a ``.nv.constant3`` section with a symbol whose ``st_value``
+The kernel defines ``extern "C" __constant__ int32_t <meta symbol>[...]`` (layout:
+kernels/evotuner_abi.h, evotuner/abi.py); nvcc places it in a ``.nv.constant3`` section with a symbol whose ``st_value``
 is the offset inside that section. The reader walks the section headers, finds
 ``.symtab`` and its string table, looks the symbol up by name (any binding:
 nvcc emits it LOCAL) and decodes ``st_size`` bytes as little-endian int32.
@@ -9,17 +9,12 @@ nvcc emits it LOCAL) and decodes ``st_size`` bytes as little-endian int32.
 
 from __future__ import annotations
 
-import re
 import struct
 from pathlib import Path
+from typing import Sequence
 
+from evotuner.abi import MetaError, decode_meta, meta_fields
 from evotuner.errors import EvotunerError
-
-# The table's layout and checks are the runtime's (one definition, torch-free);
-# a test checks them against kernels/flashcore/params.h.
-from evotuner.runtime.params import ABI_VERSION, META_FIELDS, MetaError, decode_meta  # noqa: E402,F401
-
-META_SYMBOL = "flashcore_meta"
 
 _SHT_SYMTAB = 2
 _SHT_NOBITS = 8
@@ -28,21 +23,7 @@ _SHN_LORESERVE = 0xFF00
 
 
 class CubinError(EvotunerError):
-    """A cubin is not a readable ELF64 file or lacks a valid ``flashcore_meta`` table."""
-
-
-def params_h_layout(text: str) -> tuple[dict[str, int], int, int]:
-    """Parse params.h: ({field: index}, FLASHCORE_META_LEN, FLASHCORE_ABI_VERSION)."""
-    fields: dict[str, int] = {}
-    length = abi = -1
-    for name, value in re.findall(r"^\s*#define\s+FLASHCORE_(META_\w+|ABI_VERSION)\s+(\d+)", text, re.M):
-        if name == "META_LEN":
-            length = int(value)
-        elif name == "ABI_VERSION":
-            abi = int(value)
-        else:
-            fields[name[len("META_"):].lower()] = int(value)
-    return fields, length, abi
+    """A cubin is not a readable ELF64 file or lacks a valid meta table."""
 
 
 def read_symbol(data: bytes, name: str) -> bytes:
@@ -78,7 +59,7 @@ def read_symbol(data: bytes, name: str) -> bytes:
     raise CubinError(
         f"cubin: no symbol {name}",
         'the family\'s instantiate.cuh must define extern "C" __constant__ int32_t '
-        f"{name}[FLASHCORE_META_LEN] (kernels/flashcore/params.h)",
+        f"{name}[...] (kernels/evotuner_abi.h)",
     )
 
 
@@ -87,17 +68,18 @@ def _cstr(data: bytes, offset: int) -> str:
     return data[offset:end].decode("ascii", errors="replace")
 
 
-def read_meta(cubin: bytes | Path, symbol: str = META_SYMBOL) -> dict[str, int]:
-    """Decode ``flashcore_meta`` into {abi, threads, smem_bytes, ...}; check its length and ABI."""
+def read_meta(cubin: bytes | Path, symbol: str, family_fields: Sequence[str] = ()) -> dict[str, int]:
+    """Decode the meta table ``symbol`` into {abi, threads, smem_bytes, ..., family fields};
+    check its length and ABI."""
     data = cubin.read_bytes() if isinstance(cubin, Path) else cubin
     blob = read_symbol(data, symbol)
-    if len(blob) != 4 * len(META_FIELDS):
+    n = len(meta_fields(family_fields))
+    if len(blob) != 4 * n:
         raise CubinError(
-            f"cubin: {symbol} has {len(blob)} bytes, expected {4 * len(META_FIELDS)} "
-            f"(FLASHCORE_META_LEN={len(META_FIELDS)} int32)",
-            "the kernel and evotuner disagree on params.h; rebuild with matching versions",
+            f"cubin: {symbol} has {len(blob)} bytes, expected {4 * n} ({n} int32)",
+            "the kernel and evotuner disagree on the meta table; rebuild with matching versions",
         )
     try:
-        return decode_meta(blob, source=f"cubin: {symbol}")
+        return decode_meta(blob, family_fields, source=f"cubin: {symbol}")
     except MetaError as exc:
         raise CubinError(exc.message, exc.remedy) from None

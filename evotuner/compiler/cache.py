@@ -1,7 +1,8 @@
 """The content-addressed build cache.
 
 Key = sha256 over the kernel sources (every file under the family folder and
-``flashcore/params.h``, by relative path and content), the generated source,
+the shared ABI header ``evotuner_abi.h``, by relative path and content; the
+family's Python files are not kernel sources), the generated source,
 the compile flags, the full ``nvcc --version`` text and the arch. Include
 directories are *not* in the key (their contents are), so a checkout and a
 wheel of the same sources share entries.
@@ -41,17 +42,17 @@ def default_cache_root() -> Path:
     return base / "evotuner"
 
 
-def source_files(kernels_root: Path, family: str, params_h: Path) -> list[tuple[str, Path]]:
+def source_files(kernels_root: Path, family: str, abi_h: Path) -> list[tuple[str, Path]]:
     """(name, path) of every kernel source a family build depends on, sorted by name."""
     family_dir = kernels_root / family
     files = [
         (p.relative_to(kernels_root).as_posix(), p)
         for p in family_dir.rglob("*")
-        if p.is_file() and not (_IGNORED_DIRS & set(p.relative_to(family_dir).parts)) and p.suffix != ".pyc"
+        if p.is_file() and not (_IGNORED_DIRS & set(p.relative_to(family_dir).parts)) and p.suffix not in (".py", ".pyc")
     ]
     names = {name for name, _ in files}
-    if "flashcore/params.h" not in names:
-        files.append(("flashcore/params.h", params_h))
+    if abi_h.name not in names:
+        files.append((abi_h.name, abi_h))
     return sorted(files)
 
 

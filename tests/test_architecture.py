@@ -1,0 +1,144 @@
+"""Architecture rules, checked on the source:
+
+* no import cycle inside the package (every import counts, function-local ones too,
+  so a local import cannot hide a cycle; importing ``a.b.c`` also runs ``a.b``'s
+  ``__init__``);
+* a kernel family's parameter names appear in no module outside that family's own
+  code (kernels/<family>/), its space files and the tests.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+#: checkout folder -> import name (pyproject.toml's package-dir)
+ROOTS = {"evotuner": "evotuner", "kernels": "evotuner.kernels", "storage": "evotuner.storage",
+         "search_spaces": "evotuner.search_spaces"}
+
+
+def _modules() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for folder, name in ROOTS.items():
+        for path in (REPO / folder).rglob("*.py"):
+            rel = path.relative_to(REPO / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            out[".".join([name, *parts])] = path
+    return out
+
+
+def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """Every import statement, function-local ones included, except under ``if TYPE_CHECKING:``."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skip.update(id(sub) for sub in ast.walk(node))
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip]
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    is_pkg = path.name == "__init__.py"
+    found: set[str] = set()
+    for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        else:
+            if node.level:
+                base = name.split(".") if is_pkg else name.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            targets = [mod] + [f"{mod}.{a.name}" for a in node.names]
+        for t in targets:
+            parts = t.split(".")
+            for k in range(1, len(parts) + 1):   # a.b.c runs a, a.b and a.b.c ...
+                prefix = ".".join(parts[:k])
+                # ... except the importer's own ancestor packages, already being imported
+                if prefix in known and prefix != name and not name.startswith(prefix + "."):
+                    found.add(prefix)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {name: _imports(name, path, set(mods)) for name, path in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_inside_the_package():
+    graph = _graph()
+    assert "evotuner.family" in graph and "evotuner.compiler.builder" in graph
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_can_fail():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def _family_parameters() -> dict[str, set[str]]:
+    """{family folder: parameter names} from the families' packaged space files."""
+    from evotuner.family import families
+    from evotuner.space import load_space
+
+    out: dict[str, set[str]] = {}
+    for fam in families():
+        if (REPO / "kernels" / fam.name).is_dir():
+            out[fam.name] = set(load_space(fam.default_space()).names)
+    return out
+
+
+def test_family_parameter_names_stay_in_the_family():
+    params = _family_parameters()
+    assert params.get("flashcore", set()) >= {"BLOCK_M", "BLOCK_N", "NUM_WARPS", "STAGES", "MIN_BLOCKS"}
+    offenders: list[str] = []
+    for folder in ("evotuner", "storage", "kernels"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            text = path.read_text(encoding="utf-8")
+            for family, names in params.items():
+                if rel.startswith(f"kernels/{family}/"):
+                    continue
+                for n in sorted(names):
+                    for m in re.finditer(rf"\b{re.escape(n)}\b", text):
+                        line = text.count("\n", 0, m.start()) + 1
+                        offenders.append(f"{rel}:{line}: {n} ({family})")
+    assert offenders == [], "\n".join(offenders)
