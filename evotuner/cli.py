@@ -7,6 +7,8 @@
     evotuner export  --study NAME [--study OTHER ...] --output flashcore_config.h
     evotuner compile --config BLOCK_M=128,... --shape D=64 [--dtype ...] [--causal] [--json] [--space FILE]
     evotuner bench   --study NAME [--top 5] [--json] [--budget 1.0] [--no-record] [--storage URL]
+    evotuner check   --study NAME [--top 3] [--tools memcheck,...] [--timeout 600] | --config C --shape S
+    evotuner profile --study NAME [--top 3] [--no-sdpa] [--timeout 600] | --config C --shape S
 
 This is the only module that prints. Every command parses its options into
 frozen values, calls the library, and renders what comes back. ``main`` is the
@@ -111,6 +113,9 @@ BudgetOpt = Annotated[
     Optional[float],
     typer.Option("--budget", min=0.05, help="Timing budget per config and per SDPA backend, seconds "
                                             "[default: the measure stage's, 0.5]."),
+]
+RequireCheckedOpt = Annotated[
+    bool, typer.Option("--require-checked", help="Refuse (write nothing) unless every row passed `evotuner check`."),
 ]
 RecordOpt = Annotated[
     bool, typer.Option("--record/--no-record", help="Store this run's device and SDPA baselines with the study."),
@@ -238,12 +243,14 @@ def show(
     try:
         summary = store.summary(study)
         space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
+        diag = _diag.load(store, study)
     finally:
         store.close()
     if as_json:
-        _print_json(_decoded_json(summary, space))
+        _print_json({**_decoded_json(summary, space), **diag.as_json()})
         return
     _render_summary(summary, top, space)
+    _diag.render(diag)
 
 
 @app.command()
@@ -259,10 +266,17 @@ def report(
     store = _open_store(storage, must_exist=True)
     try:
         result = make_report(store, study, output)
+        diag = _diag.load(store, study)
     finally:
         store.close()
     for path in result.files:
         _io.out.print(f"wrote {path}")
+    if diag.profiles:
+        path = Path(output) / "ncu_profiles.md"
+        path.write_text(_diag.profiles_markdown(diag), encoding="utf-8")
+        _io.out.print(f"wrote {path}")
+        _io.out.print(_diag.profile_table({s: r.figures for s, r in diag.profiles.items()},
+                                          {s: r.seconds for s, r in diag.profiles.items()}))
     for name, why in result.skipped.items():
         _io.out.print(f"[dim]left out {name}: {why}[/dim]")
 
@@ -271,18 +285,20 @@ def report(
 def export_cmd(
     study: StudiesOpt,
     output: OutputOpt,
+    require_checked: RequireCheckedOpt = False,
     storage: StorageOpt = None,
 ) -> None:
-    """Write the best config of each study into a C++ header (flashcore::tuned)."""
+    """Write the best config of each study into a C++ header (flashcore::tuned); each row
+    records whether it passed `evotuner check`."""
     from evotuner.export import export_header
 
     store = _open_store(storage, must_exist=True)
     try:
-        result = export_header(store, list(study), output)
+        result = export_header(store, list(study), output, require_checked=require_checked)
     finally:
         store.close()
     table = Table(title=f"{result.path}  ({len(result.rows)} configs)", title_justify="left")
-    for col in ("#", "dtype", "D", "causal", "max seqlen", "config", "µs", "study"):
+    for col in ("#", "dtype", "D", "causal", "max seqlen", "config", "µs", "study", "checked"):
         table.add_column(col)
     for i, row in enumerate(result.rows):
         table.add_row(*(_export_cells(i, row)))
@@ -599,7 +615,7 @@ def _export_cells(i: int, row: Any) -> list[str]:
     max_seqlen = "any" if row.max_seqlen >= 2**31 - 1 else str(row.max_seqlen)
     config = ",".join(f"{k}={v}" for k, v in row.params)
     return [str(i), row.dtype, str(row.head_dim), "yes" if row.causal else "no", max_seqlen, config,
-            f"{row.median_us:.1f}", f"{row.study} #{row.trial}"]
+            f"{row.median_us:.1f}", f"{row.study} #{row.trial}", getattr(row, "checked", "unchecked")]
 
 
 def _report_dict(report: Any) -> dict[str, Any]:
@@ -702,6 +718,9 @@ def _load_test_hook(spec: str) -> Callable[[], MeasureStage]:
         module = importlib.import_module(target)
     return getattr(module, attr)
 
+
+# check / profile live in their own module; importing it registers them on ``app``.
+from evotuner import cli_diagnostics as _diag  # noqa: E402
 
 # -- the error boundary ---------------------------------------------------------------------
 

@@ -16,6 +16,10 @@ from pathlib import Path
 from evotuner.errors import EvotunerError
 
 
+#: Toolkit roots searched after PATH ($CUDA_HOME and $CUDA_PATH come first).
+CUDA_ROOTS: tuple[str, ...] = ("/usr/local/cuda",)
+
+
 class ToolError(EvotunerError):
     """An external tool is missing, cannot run, or said something evotuner cannot use."""
 
@@ -43,7 +47,7 @@ def find_tool(name: str, env_var: str) -> Path:
     found = shutil.which(name)
     if found:
         return Path(found)
-    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    roots = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), *CUDA_ROOTS]
     for root in filter(None, roots):
         candidate = Path(root) / "bin" / name
         if candidate.is_file() and os.access(candidate, os.X_OK):
