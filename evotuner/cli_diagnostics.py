@@ -242,23 +242,29 @@ def checks_table(checks: dict) -> Table:
 
 
 def profile_table(figures: dict, seconds: dict | None = None, title: str = "ncu profiles (latest per config)") -> Table:
+    """One row per figure, one column per subject (the configs, then SDPA's kernel)."""
     from evotuner.diagnose import PROFILE_COLUMNS, SDPA_SUBJECT
 
-    table = Table(title=title, title_justify="left")
-    table.add_column("subject", overflow="fold")
-    for _, head in PROFILE_COLUMNS:
-        table.add_column(head, justify="right")
-    table.add_column("top stalls (warps/issue)", overflow="fold")
-    table.add_column("s", justify="right")
-    order = [s for s in figures if s != SDPA_SUBJECT] + [s for s in figures if s == SDPA_SUBJECT]
-    for subject in order:
-        f = figures[subject]
-        if subject == SDPA_SUBJECT:
-            table.add_section()
-        cells = [_fmt(f.get(key)) for key, _ in PROFILE_COLUMNS]
-        stalls = ", ".join(f"{r} {v:g}" for r, v in f.get("top_stalls") or [])
-        name = f"{subject} ({str(f.get('kernel', ''))[:40]})" if subject == SDPA_SUBJECT else subject
-        table.add_row(name, *cells, stalls, f"{(seconds or {}).get(subject, 0.0):.1f}" if seconds else "-")
+    configs = [s for s in figures if s != SDPA_SUBJECT]
+    order = configs + [s for s in figures if s == SDPA_SUBJECT]
+    heads = {s: (f"config {i + 1}" if s != SDPA_SUBJECT else "SDPA") for i, s in enumerate(order)}
+    legend = [f"config {i + 1} = {s}" for i, s in enumerate(configs)]
+    if SDPA_SUBJECT in figures:
+        legend.append(f"SDPA = default backend: {figures[SDPA_SUBJECT].get('kernel', '?')}")
+    table = Table(title=title, title_justify="left", caption="\n".join(legend), caption_justify="left")
+    table.add_column("figure")
+    for s in order:
+        table.add_column(heads[s], justify="right")
+    for key, head in PROFILE_COLUMNS:
+        table.add_row(head, *(_fmt(figures[s].get(key)) for s in order))
+    for rank in range(3):
+        cells = []
+        for s in order:
+            stalls = figures[s].get("top_stalls") or []
+            cells.append(f"{stalls[rank][0]} {stalls[rank][1]:g}" if rank < len(stalls) else "-")
+        table.add_row(f"stall #{rank + 1} (warps/issue)", *cells)
+    if seconds:
+        table.add_row("ncu run, s", *(f"{seconds.get(s, 0.0):.1f}" for s in order))
     return table
 
 

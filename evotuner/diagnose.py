@@ -43,9 +43,10 @@ EXIT_GRACE_S = 120.0
 SDPA_SUBJECT = "sdpa_default"
 #: Which figures the CLI shows, in order, with their headings.
 PROFILE_COLUMNS = (
-    ("duration_us", "ncu µs"), ("achieved_occupancy_pct", "occ %"), ("tensor_pipe_pct", "tensor %"),
-    ("dram_throughput_pct", "DRAM %"), ("l2_throughput_pct", "L2 %"), ("smem_bank_conflicts", "bank confl."),
-    ("registers", "regs"),
+    ("duration_us", "duration under ncu, µs"), ("achieved_occupancy_pct", "achieved occupancy %"),
+    ("theoretical_occupancy_pct", "theoretical occupancy %"), ("tensor_pipe_pct", "tensor pipe %"),
+    ("dram_throughput_pct", "DRAM throughput %"), ("l2_throughput_pct", "L2 throughput %"),
+    ("smem_bank_conflicts", "smem bank conflicts"), ("registers", "registers/thread"),
 )
 
 
