@@ -163,3 +163,21 @@ def test_profiles_are_shown_by_show_and_report(capsys, tmp_path, study):
     assert code == 0, err
     md = (tmp_path / "rep" / "ncu_profiles.md").read_text()
     assert "cudnn_generated" in md and "254" in md and "wait 1.38" in md
+
+
+def test_a_version_1_database_gains_the_diagnostics_tables(tmp_path, study):
+    import sqlite3
+
+    from evotuner.storage import SCHEMA_VERSION
+
+    path = study.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as db:
+        db.execute("drop table evotuner_checks")
+        db.execute("drop table evotuner_profiles")
+        db.execute("update evotuner_schema_version set version = 1")
+    with StudyStore(study) as store:
+        assert diagnostics.latest_checks(store, "r") == {}
+        diagnostics.record_check(store, "r", "BLOCK_M=128", "memcheck", passed=True, errors=0)
+    with sqlite3.connect(path) as db:
+        assert db.execute("select version from evotuner_schema_version").fetchall() == [(SCHEMA_VERSION,)]
+        assert SCHEMA_VERSION == 2
