@@ -1,5 +1,5 @@
 """`evotuner check` / `profile` machinery on the GPU with the real compute-sanitizer and ncu:
-the recommended d64 config is memcheck/racecheck/synccheck clean at the ragged shapes, the
+the recommended d64 config is memcheck/racecheck/synccheck/initcheck clean at the ragged shapes, the
 planted out-of-bounds write (FAULT=1) is reported by memcheck without crashing, and ncu
 gives the figures for the kernel and for SDPA's default backend."""
 
@@ -37,7 +37,7 @@ def cs() -> Path:
     return sanitizer.executable()
 
 
-@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck"])
+@pytest.mark.parametrize("tool", ["memcheck", "racecheck", "synccheck", "initcheck"])
 def test_recommended_config_is_clean(cs, tool, tmp_path):
     target = _target(load_space(None), recommended(PROBLEM)[0], tmp_path)
     out = diagnose.sanitize(target, PROBLEM, tool, exe=cs, timeout_s=300)
