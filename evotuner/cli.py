@@ -767,4 +767,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # `python -m evotuner.cli`: run the imported module's app (cli_diagnostics registers
+    # check/profile there), not this __main__ copy's.
+    from evotuner.cli import main as _main
+
+    sys.exit(_main())

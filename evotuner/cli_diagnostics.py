@@ -24,7 +24,8 @@ DiagTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the s
 OneConfigOpt = Annotated[Optional[str], typer.Option(
     "--config", help="One config NAME=VALUE,... instead of the study's best (with --study: recorded there).")]
 OptShapeOpt = Annotated[Optional[str], typer.Option(
-    "--shape", help="With --config and no --study: the problem shape B=..,H=..,S=..,D=.. (D is what matters).")]
+    "--shape", help="With --config and no --study: the problem shape B=..,H=..,S=..,D=.. "
+                    "(check needs only D; profile runs at the whole shape).")]
 ToolsOpt = Annotated[Optional[str], typer.Option(
     "--tools", help="compute-sanitizer tools, comma-separated [default: memcheck,racecheck,synccheck,initcheck].")]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", min=10.0, help="Seconds one tool run may take (then it is killed).")]
@@ -40,7 +41,7 @@ class _Selection:
 
 
 def _select(store_url: str | None, study: str | None, top: int, config: str | None, shape: str | None,
-            dtype: str, causal: bool, space_path: Path | None) -> _Selection:
+            dtype: str, causal: bool, space_path: Path | None, require: tuple[str, ...] = ("D",)) -> _Selection:
     from evotuner.diagnose import top_targets
     from evotuner.space import load_space, parse_space
 
@@ -48,7 +49,7 @@ def _select(store_url: str | None, study: str | None, top: int, config: str | No
         if config is None or shape is None:
             raise EvotunerError("name --study S (its best configs), or --config C with --shape B=..,H=..,S=..,D=..",
                                 "e.g. `evotuner check --study d64 --top 3`")
-        problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
+        problem = Problem(Shape.parse(shape, require=require), dtype=dtype, causal=causal)
         space = load_space(space_path)
         cfg = KernelConfig.parse(config)
         space.validate(cfg)
@@ -154,7 +155,7 @@ def profile(
 
     exe = ncu.executable()                       # ToolMissingError: one line naming ncu
     diagnose.require_gpu("profile")
-    sel = _select(storage, study, top, config, shape, dtype, causal, space)
+    sel = _select(storage, study, top, config, shape, dtype, causal, space, require=("B", "H", "S", "D"))
     targets = diagnose.build_targets(sel.space, sel.problem, sel.picks)
     version = diagnose.tool_version(exe)
     device = _device_name()
