@@ -7,6 +7,8 @@
     evotuner export  --study NAME [--study OTHER ...] --output flashcore_config.h
     evotuner compile --config NAME=VALUE,... --shape D=64 [--dtype ...] [--causal] [--json] [--space FILE]
     evotuner bench   --study NAME [--top 5] [--json] [--budget 1.0] [--no-record] [--storage URL]
+    evotuner check   --study NAME [--top 3] [--tools memcheck,...] [--timeout 600] | --config C --shape S
+    evotuner profile --study NAME [--top 3] [--no-sdpa] [--timeout 600] | --config C --shape S
 
 This is the only module that prints. Every command parses its options into
 frozen values, calls the library, and renders what comes back. ``main`` is the
@@ -23,7 +25,7 @@ import os
 import sys
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Any
 
 import typer
 from rich.console import Console, Group
@@ -39,11 +41,19 @@ from evotuner.bench import BASELINE_NAMES, bench_study
 from evotuner.errors import EvotunerError, SpaceError
 from evotuner.export import export_header
 from evotuner.gate import apply_gate
-from evotuner.problem import DTYPES, Problem, Shape
+from evotuner.problem import Problem, Shape
 from evotuner.propose import make_sampler
 from evotuner.report import make_report
 from evotuner.space import load_space, parse_space
 from evotuner.vocabulary import config_of
+from evotuner.cli_options import DEFAULT_STORAGE, STORAGE_ENV  # noqa: F401 -- part of cli's public names
+from evotuner.cli_options import (
+    app, StudyOpt, StudiesOpt, StorageOpt, ShapeOpt, ResumeShapeOpt,
+    DtypeOpt, CausalOpt, TrialsOpt, ResumeTrialsOpt, SamplerOpt, SeedOpt,
+    JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
+    OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
+    _io, _one_line, _open_store,
+)
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException as _UsageError
@@ -51,84 +61,11 @@ except ImportError:  # pragma: no cover - depends on the typer version
     from click.exceptions import ClickException as _UsageError  # type: ignore[no-redef]
 
 
-#: The study database when neither --storage nor $EVOTUNER_STORAGE is given.
-DEFAULT_STORAGE = "sqlite:///evotuner.db"
-STORAGE_ENV = "EVOTUNER_STORAGE"
 DEBUG_ENV = "EVOTUNER_DEBUG"
 NO_GPU = session.NO_GPU
 
-app = typer.Typer(
-    name="evotuner",
-    help="Optuna-driven autotuner for the FlashCore attention kernel on NVIDIA Hopper (sm_90a).",
-    add_completion=False,
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
-
-# -- shared options ------------------------------------------------------------------------
-
-StudyOpt = Annotated[str, typer.Option("--study", help="Study name (one study = one problem + one space).")]
-StudiesOpt = Annotated[list[str], typer.Option("--study", help="Study to export; repeat for several.")]
-StorageOpt = Annotated[
-    Optional[str],
-    typer.Option("--storage", envvar=STORAGE_ENV, show_envvar=True,
-                 help=f"SQLAlchemy URL of the study database [default: {DEFAULT_STORAGE}]."),
-]
-ShapeOpt = Annotated[str, typer.Option("--shape", help="Problem shape B=..,H=..,S=..,D=.. (SQ/SK may replace S).")]
-ResumeShapeOpt = Annotated[
-    Optional[str], typer.Option("--shape", help="Must equal the study's shape (resume reads it from the study).")
-]
-DtypeOpt = Annotated[str, typer.Option("--dtype", help=f"Element type: {' or '.join(DTYPES)}.")]
-CausalOpt = Annotated[bool, typer.Option("--causal", help="Causal (top-left) masking, as SDPA's is_causal.")]
-TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="Finished trials the study should hold in total.")]
-ResumeTrialsOpt = Annotated[
-    Optional[int],
-    typer.Option("--trials", min=1, help="Finished trials in total [default: the study's count + 32]."),
-]
-SamplerOpt = Annotated[
-    str, typer.Option("--sampler", help="Optuna sampler: tpe, nsga2, cmaes, random, grid (gp where available).")
-]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Sampler seed; the same seed reproduces a study.")]
-JobsOpt = Annotated[
-    Optional[int], typer.Option("--jobs", min=1, help="Parallel nvcc builds [default: the number of CPUs].")
-]
-SpaceOpt = Annotated[Optional[Path], typer.Option("--space", help="Search-space TOML [default: the packaged default.toml].")]
-ReplayOpt = Annotated[
-    Optional[Path],
-    typer.Option("--replay", help="Answer builds and measurements from a recorded sweep CSV (scripts/sweep.py); needs no GPU or nvcc."),
-]
-ReportDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Folder for the report's PNG (and HTML) files.")]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
-TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best trials to list.")]
-OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="The C++ header to write.")]
-ConfigOpt = Annotated[str, typer.Option("--config", help="Kernel config NAME=VALUE,... (every space parameter).")]
-BenchTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best configs to re-measure.")]
-BudgetOpt = Annotated[
-    Optional[float],
-    typer.Option("--budget", min=0.05, help="Timing budget per config and per SDPA backend, seconds "
-                                            "[default: the measure stage's, 0.5]."),
-]
-RecordOpt = Annotated[
-    bool, typer.Option("--record/--no-record", help="Store this run's device and SDPA baselines with the study."),
-]
-
 #: Trials ``resume`` adds when --trials is not given.
 RESUME_STEP = 32
-
-
-class _Out:
-    """The two consoles; created per invocation so redirected streams are honoured."""
-
-    out: Console
-    err: Console
-
-
-_io = _Out()
-
-
-def _storage_url(storage: str | None) -> str:
-    return storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -204,12 +141,14 @@ def show(
     try:
         summary = store.summary(study)
         space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
+        diag = _diag.load(store, study)
     finally:
         store.close()
     if as_json:
-        _print_json(_decoded_json(summary, space))
+        _print_json({**_decoded_json(summary, space), **diag.as_json()})
         return
     _render_summary(summary, top, space)
+    _diag.render(diag)
 
 
 @app.command()
@@ -224,10 +163,17 @@ def report(
     store = _open_store(storage, must_exist=True)
     try:
         result = make_report(store, study, output)
+        diag = _diag.load(store, study)
     finally:
         store.close()
     for path in result.files:
         _io.out.print(f"wrote {path}")
+    if diag.profiles:
+        path = Path(output) / "ncu_profiles.md"
+        path.write_text(_diag.profiles_markdown(diag), encoding="utf-8")
+        _io.out.print(f"wrote {path}")
+        _io.out.print(_diag.profile_table({s: r.figures for s, r in diag.profiles.items()},
+                                          {s: r.seconds for s, r in diag.profiles.items()}))
     for name, why in result.skipped.items():
         _io.out.print(f"[dim]left out {name}: {why}[/dim]")
 
@@ -236,17 +182,19 @@ def report(
 def export_cmd(
     study: StudiesOpt,
     output: OutputOpt,
+    require_checked: RequireCheckedOpt = False,
     storage: StorageOpt = None,
 ) -> None:
-    """Write the best config of each study into a C++ header (flashcore::tuned)."""
+    """Write the best config of each study into a C++ header (one namespace per kernel
+    family); each row records whether it passed `evotuner check`."""
 
     store = _open_store(storage, must_exist=True)
     try:
-        result = export_header(store, list(study), output)
+        result = export_header(store, list(study), output, require_checked=require_checked)
     finally:
         store.close()
     table = Table(title=f"{result.path}  ({len(result.rows)} configs)", title_justify="left")
-    for col in ("#", "dtype", "D", "causal", "max seqlen", "config", "µs", "study"):
+    for col in ("#", "dtype", "D", "causal", "max seqlen", "config", "µs", "study", "checked"):
         table.add_column(col)
     for i, row in enumerate(result.rows):
         table.add_row(*(_export_cells(i, row)))
@@ -538,7 +486,7 @@ def _export_cells(i: int, row: Any) -> list[str]:
     max_seqlen = "any" if row.max_seqlen >= 2**31 - 1 else str(row.max_seqlen)
     config = ",".join(f"{k}={v}" for k, v in row.params)
     return [str(i), row.dtype, str(row.head_dim), "yes" if row.causal else "no", max_seqlen, config,
-            f"{row.median_us:.1f}", f"{row.study} #{row.trial}"]
+            f"{row.median_us:.1f}", f"{row.study} #{row.trial}", getattr(row, "checked", "unchecked")]
 
 
 def _report_dict(report: Any) -> dict[str, Any]:
@@ -551,23 +499,12 @@ def _report_dict(report: Any) -> dict[str, Any]:
     return asdict(report) if is_dataclass(report) else dict(report)
 
 
-def _one_line(text: str | None) -> str:
-    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
-    if not lines:
-        return ""
-    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-
-
 def _print_json(obj: Any) -> None:
     _io.out.file.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
     _io.out.file.flush()
 
 
 # -- wiring --------------------------------------------------------------------------------
-
-
-def _open_store(storage: str | None, *, must_exist: bool = False) -> Any:
-    return session.open_store(_storage_url(storage), must_exist=must_exist)
 
 
 def _builder(space: Any, jobs: int | None, stack: ExitStack) -> Any:
@@ -584,6 +521,9 @@ def _stages(replay: Path | None) -> session.StageFactory:
     GPU this refuses at once, before any database is opened."""
     return session.StageFactory(measure_factory=_injected["measure"], replay=replay).ready()
 
+
+# check / profile live in their own module; importing it registers them on ``app``.
+from evotuner import cli_diagnostics as _diag  # noqa: E402
 
 # -- the error boundary ---------------------------------------------------------------------
 
@@ -633,4 +573,8 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    # `python -m evotuner.cli`: run the imported module's app (cli_diagnostics registers
+    # check/profile there), not this __main__ copy's.
+    from evotuner.cli import main as _main
+
+    sys.exit(_main())

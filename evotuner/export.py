@@ -38,7 +38,7 @@ import math
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Protocol
@@ -110,6 +110,7 @@ class ExportRow:
     source_hash: str
     device_name: str
     beat: tuple[tuple[str, float], ...] = ()   # (study, µs) of same-key studies this row won over
+    checked: str = "unchecked"                 # `evotuner check`: passed, failed or unchecked
 
     @property
     def key(self) -> tuple[str, str, str, int, bool, int]:
@@ -341,6 +342,7 @@ def _render_section(rows: list[ExportRow], arch: str, family: KernelFamily) -> l
         lines.append(f"    // [{i}] study {_text(r.study)!s}, trial {r.trial}: {r.median_us:.3f} us, {tf} TFLOPS "
                      f"(seqlen_k {r.seqlen_k})")
         lines.append(f"    //     {r.date}; nvcc {r.nvcc_version}; source {r.source_hash}; device {r.device_name}")
+        lines.append(f"    //     evotuner check (compute-sanitizer {', '.join(CHECK_TOOLS)}): {r.checked}")
         if r.beat:
             beaten = ", ".join(f"study {_text(s)} ({us:.3f} us)" for s, us in r.beat)
             lines.append(f"    //     won its key over {beaten}")
@@ -413,11 +415,32 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def export_header(store: _Store, study_names: list[str], output: Path, *, arch: str | None = None) -> ExportResult:
+#: The compute-sanitizer tools a row must have passed to count as checked.
+CHECK_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+
+
+def _row_config(row: ExportRow) -> str:
+    return ",".join(f"{k}={v}" for k, v in row.params)
+
+
+def _check_verdict(store: _Store, row: ExportRow) -> str:
+    """passed / failed / unchecked from the study's ``evotuner check`` records."""
+    if not hasattr(store, "session"):          # a store without diagnostics (tests' fakes)
+        return "unchecked"
+    from evotuner.storage import diagnostics
+
+    return diagnostics.verdict(diagnostics.latest_checks(store, row.study).get(_row_config(row)), CHECK_TOOLS)
+
+
+def export_header(store: _Store, study_names: list[str], output: Path, *, arch: str | None = None,
+                  require_checked: bool = False) -> ExportResult:
     """Export the best COMPLETE config per key of ``study_names`` to the header ``output``.
 
     ``arch=None`` takes the studies' arch (they must agree); an explicit arch keeps
     only the studies that target it (the others are listed in ``ExportResult.skipped``).
+    Each row records whether its config passed ``evotuner check`` (every tool of
+    :data:`CHECK_TOOLS`, latest run); ``require_checked`` refuses, writing nothing,
+    when a chosen row has not passed.
     """
     output = Path(output)
     if not study_names:
@@ -455,7 +478,15 @@ def export_header(store: _Store, study_names: list[str], output: Path, *, arch: 
                 f"export: study {r.study!r} has parameters {', '.join(r.param_names)} but study "
                 f"{ref.study!r} has {', '.join(ref.param_names)} (both of kernel family {r.family})",
                 "export studies of one search space per family together (one header per space and family)")
-    chosen = select_rows(rows)
+    chosen = [replace(r, checked=_check_verdict(store, r)) for r in select_rows(rows)]
+    if require_checked:
+        bad = [r for r in chosen if r.checked != "passed"]
+        if bad:
+            what = "; ".join(f"study {r.study!r} trial {r.trial} ({_row_config(r)}): {r.checked}" for r in bad)
+            raise ExportError(
+                f"export --require-checked: {len(bad)} row(s) did not pass evotuner check: {what}",
+                "run `evotuner check --study S` on the GPU machine (a failed config must be fixed or "
+                "excluded), or export without --require-checked")
     text = render_header(chosen, arch)
     write_atomic(output, text)
     return ExportResult(path=output, rows=tuple(chosen), skipped=skipped,

@@ -30,7 +30,10 @@ from sqlalchemy import (
 )
 
 #: The layout version this evotuner writes and understands.
-SCHEMA_VERSION = 1
+#: 1: studies, devices, builds, measurements, baselines.
+#: 2: + evotuner_checks, evotuner_profiles (evotuner.storage.diagnostics; new tables only,
+#:    so a version-1 database upgrades by creating them and bumping the version row).
+SCHEMA_VERSION = 2
 
 #: Every evotuner table name starts with this.
 PREFIX = "evotuner_"

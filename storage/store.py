@@ -43,6 +43,7 @@ from evotuner.errors import EvotunerError, StorageError, StudyMismatchError
 from evotuner.family import DEFAULT_FAMILY
 from evotuner.problem import Problem
 from evotuner.storage import connect as _connect
+from evotuner.storage import diagnostics as _diagnostics  # noqa: F401  (registers its tables)
 from evotuner.storage import schema
 from evotuner.storage.records import (
     DUPLICATE_ATTR,
@@ -235,12 +236,16 @@ class StudyStore:
         except SQLAlchemyError as exc:
             raise _connect.translate(exc, self._url, "creating tables") from None
         with self.session() as s:
-            if s.execute(select(schema.schema_version.c.version)).scalar() is None:
+            found = s.execute(select(schema.schema_version.c.version)).scalar()
+            if found is None:
                 s.execute(
                     insert(schema.schema_version).values(
                         id=1, version=schema.SCHEMA_VERSION, evotuner_version=evotuner_version(), updated_at=_now()
                     )
                 )
+            elif int(found) < schema.SCHEMA_VERSION:   # older layouts differ only by tables create_all added
+                s.execute(update(schema.schema_version).where(schema.schema_version.c.id == 1).values(
+                    version=schema.SCHEMA_VERSION, evotuner_version=evotuner_version(), updated_at=_now()))
 
     @property
     def url(self) -> str:

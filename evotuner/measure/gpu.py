@@ -167,6 +167,14 @@ class GpuMeasure(MeasureStage):
             self._fingerprint = dict(reply.value)
         return dict(self._fingerprint)
 
+    def call(self, op: str, args: dict[str, Any] | None = None, timeout_s: float | None = None) -> Reply:
+        """Send one request (``sanitize``, ``profile``, ...) and return the worker's reply; a
+        timeout or a crash comes back as a failure Reply (the worker is killed and reaped)."""
+        try:
+            return self._call(Request(op, dict(args or {})), self.timeout_s if timeout_s is None else timeout_s)
+        except _WorkerLost as lost:
+            return Reply.fail(lost.kind, lost.reason)
+
     def ping(self) -> bool:
         """True when the worker (started if needed) answers a ping in time."""
         try:

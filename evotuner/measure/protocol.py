@@ -17,6 +17,11 @@ Requests (parent → worker), ``op`` first:
 * ``fingerprint`` {}: the device fingerprint (``Reply.value`` is a dict).
 * ``measure``     {cubin, entry, family, key, sha256, meta, problem, seed, budget_s}: gate + time.
 * ``baselines``   {problem, budget_s}: SDPA backends at the problem's shape.
+* ``sanitize``    {cubin, entry, key, meta, problem, shapes, seed}: run the kernel once per
+  shape ([B, H, Sq, Sk]; D, dtype, causal from problem) on fresh inputs, no timing; the
+  worker runs under compute-sanitizer (``evotuner check``).
+* ``profile``     {kind: config|sdpa, cubin, entry, key, meta, problem}: warm up, then one
+  call between cudaProfilerStart/Stop; the worker runs under ncu (``evotuner profile``).
 * ``shutdown``    {}: answered, then the worker exits 0.
 
 Replies (worker → parent): ``{"ok": true, "value": ...}`` or
@@ -43,7 +48,7 @@ HEADER_LEN = _HEADER.size
 #: A reply carries at most a fingerprint or a few numbers; 16 MiB is generous.
 MAX_FRAME = 16 * 1024 * 1024
 
-OPS = ("init", "ping", "fingerprint", "measure", "baselines", "shutdown")
+OPS = ("init", "ping", "fingerprint", "measure", "baselines", "sanitize", "profile", "shutdown")
 
 
 class ProtocolError(Exception):

@@ -99,24 +99,17 @@ class Worker:
     # ----------------------------------------------------------------- measure
     def op_measure(self, args: dict[str, Any]) -> Reply:
         from evotuner.runtime import cuda
-        from evotuner.runtime.loader import KernelModule
 
-        torch = self._torch()
-        problem = Problem.from_dict(args["problem"])
-        meta = {str(k): int(v) for k, v in dict(args.get("meta") or {}).items()}
-        cubin = Path(args["cubin"])
-        artifact = Artifact(cubin=cubin, key=str(args.get("key") or cubin.name), sha256=str(args.get("sha256", "")),
-                            meta=meta, entry=str(args.get("entry") or ""), family=str(args.get("family") or ""))
-        mismatch = _static_mismatch(meta, problem)
-        if mismatch:
-            return Reply.fail("launch", f"{cubin.name}: built for {mismatch}; cannot run this study's problem")
         seed = int(args.get("seed", 0))
         budget_s = float(args.get("budget_s", 0.5))
 
         # Wall seconds per phase (load, correctness, timing), returned in ``detail["phases"]``
         # for scripts/bench_tuner.py's time shares; perf_counter only, no extra sync.
         t0 = time.perf_counter()
-        module = KernelModule.load(artifact, device=self.device_index, cache=False)
+        loaded = self._module(args)
+        if isinstance(loaded, Reply):
+            return loaded
+        module, problem = loaded
         t1 = time.perf_counter()
         try:
             study = self._check(module, problem, seed)
@@ -162,6 +155,92 @@ class Worker:
         scale = 1.0 / math.sqrt(problem.shape.head_dim)
         stats = time_cuda(lambda: module.launch(q, k, v, out, None, scale), budget_s=budget_s)
         return float(stats.median_us), float(stats.p20_us), float(stats.p80_us), int(stats.repetitions)
+
+    # ------------------------------------------------------ sanitize / profile
+    def _module(self, args: dict[str, Any]) -> tuple[Any, Problem] | Reply:
+        """Load the request's cubin (built for the request's problem) through its family."""
+        from evotuner.runtime.loader import KernelModule
+
+        problem = Problem.from_dict(args["problem"])
+        meta = {str(k): int(v) for k, v in dict(args.get("meta") or {}).items()}
+        cubin = Path(args["cubin"])
+        artifact = Artifact(cubin=cubin, key=str(args.get("key") or cubin.name), sha256=str(args.get("sha256", "")),
+                            meta=meta, entry=str(args.get("entry") or ""), family=str(args.get("family") or ""))
+        mismatch = _static_mismatch(meta, problem)
+        if mismatch:
+            return Reply.fail("launch", f"{cubin.name}: built for {mismatch}; cannot run this study's problem")
+        self._torch()
+        return KernelModule.load(artifact, device=self.device_index, cache=False), problem
+
+    def op_sanitize(self, args: dict[str, Any]) -> Reply:
+        """Run the kernel once per ragged shape on fresh inputs (output and LSE poisoned with
+        NaN), no timing: what compute-sanitizer watches. Reports whether each output is finite."""
+        from evotuner.runtime import cuda
+        from evotuner.runtime.check import make_inputs
+
+        torch = self._torch()
+        loaded = self._module(args)
+        if isinstance(loaded, Reply):
+            return loaded
+        module, problem = loaded
+        seed = int(args.get("seed", 0))
+        results = []
+        try:
+            for i, dims in enumerate(args.get("shapes") or []):
+                B, H, Sq, Sk = (int(x) for x in dims)
+                shape = Shape(B, H, Sq, Sk, problem.shape.head_dim)
+                q, k, v = make_inputs(shape, problem.dtype, device=f"cuda:{self.device_index}", seed=seed + i)
+                o = torch.full_like(q, float("nan"))
+                lse = torch.full((B, H, Sq), float("nan"), dtype=torch.float32, device=q.device)
+                module.launch(q, k, v, o, lse, 1.0 / math.sqrt(shape.head_dim))
+                torch.cuda.synchronize(self.device_index)
+                results.append({"shape": str(shape), "finite": bool(torch.isfinite(o).all().item())})
+        finally:
+            _unload_if_healthy(module, cuda)
+        return Reply.success({"shapes": results})
+
+    def op_profile(self, args: dict[str, Any]) -> Reply:
+        """Warm up, then exactly one call between cudaProfilerStart and cudaProfilerStop (what
+        ``ncu --profile-from-start off`` profiles): the config's kernel, or SDPA's default backend."""
+        from evotuner.runtime.check import make_inputs
+
+        torch = self._torch()
+        kind = str(args.get("kind", "config"))
+        problem = Problem.from_dict(args["problem"])
+        warmup = max(1, int(args.get("warmup", 3)))
+        q, k, v = make_inputs(problem.shape, problem.dtype, device=f"cuda:{self.device_index}", seed=0)
+        module = None
+        if kind == "sdpa":
+            from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+            def run() -> Any:
+                return sdpa(q, k, v, is_causal=problem.causal)
+        elif kind == "config":
+            loaded = self._module(args)
+            if isinstance(loaded, Reply):
+                return loaded
+            module, _ = loaded
+            out = torch.empty_like(q)
+            scale = 1.0 / math.sqrt(problem.shape.head_dim)
+
+            def run() -> Any:
+                return module.launch(q, k, v, out, None, scale)
+        else:
+            return Reply.fail("crash", f"profile: unknown kind {kind!r} (config or sdpa)")
+        for _ in range(warmup):
+            run()
+        torch.cuda.synchronize(self.device_index)
+        torch.cuda.profiler.start()
+        try:
+            run()
+            torch.cuda.synchronize(self.device_index)
+        finally:
+            torch.cuda.profiler.stop()
+        if module is not None:
+            from evotuner.runtime import cuda
+
+            _unload_if_healthy(module, cuda)
+        return Reply.success({"kind": kind, "shape": str(problem.shape)})
 
     # --------------------------------------------------------------- baselines
     def op_baselines(self, args: dict[str, Any]) -> Reply:

@@ -1,0 +1,302 @@
+"""The CLI's ``check`` and ``profile`` commands and the study's diagnostics tables
+(shown by ``show`` and ``report``). Part of the CLI (it prints); the work is
+:mod:`evotuner.diagnose`'s, the records :mod:`evotuner.storage.diagnostics`'."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from evotuner.cli_options import (
+    CausalOpt, DtypeOpt, SpaceOpt, StorageOpt, _io, _one_line, _open_store, app,
+)
+from evotuner.config import KernelConfig
+from evotuner.errors import EvotunerError, StudyMismatchError
+from evotuner.problem import Problem, Shape
+
+OptStudyOpt = Annotated[Optional[str], typer.Option("--study", help="Study whose winners to run (and record into).")]
+DiagTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the study's best configs.")]
+OneConfigOpt = Annotated[Optional[str], typer.Option(
+    "--config", help="One config NAME=VALUE,... instead of the study's best (with --study: recorded there).")]
+OptShapeOpt = Annotated[Optional[str], typer.Option(
+    "--shape", help="With --config and no --study: the problem shape B=..,H=..,S=..,D=.. "
+                    "(check needs only D; profile runs at the whole shape).")]
+ToolsOpt = Annotated[Optional[str], typer.Option(
+    "--tools", help="compute-sanitizer tools, comma-separated [default: memcheck,racecheck,synccheck,initcheck].")]
+TimeoutOpt = Annotated[float, typer.Option("--timeout", min=10.0, help="Seconds one tool run may take (then it is killed).")]
+SdpaOpt = Annotated[bool, typer.Option("--sdpa/--no-sdpa", help="Also profile SDPA's default backend at the shape.")]
+
+
+@dataclass
+class _Selection:
+    problem: Problem
+    space: Any
+    picks: list = field(default_factory=list)       # (trial, KernelConfig, µs)
+    study: str | None = None
+
+
+def _select(store_url: str | None, study: str | None, top: int, config: str | None, shape: str | None,
+            dtype: str, causal: bool, space_path: Path | None, require: tuple[str, ...] = ("D",)) -> _Selection:
+    from evotuner.diagnose import top_targets
+    from evotuner.space import load_space, parse_space
+
+    if study is None:
+        if config is None or shape is None:
+            raise EvotunerError("name --study S (its best configs), or --config C with --shape B=..,H=..,S=..,D=..",
+                                "e.g. `evotuner check --study d64 --top 3`")
+        problem = Problem(Shape.parse(shape, require=require), dtype=dtype, causal=causal)
+        space = load_space(space_path)
+        cfg = KernelConfig.parse(config)
+        space.validate(cfg)
+        return _Selection(problem, space, [(None, cfg, None)])
+    store = _open_store(store_url, must_exist=True)
+    try:
+        summary = store.summary(study)
+        space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
+    finally:
+        store.close()
+    problem = summary.problem
+    if shape is not None and Shape.parse(shape) != problem.shape:
+        raise StudyMismatchError(f"study {study!r} tunes shape {problem.shape}, not {Shape.parse(shape)}",
+                                 "drop --shape (the study's shape is used)")
+    if config is not None:
+        cfg = KernelConfig.parse(config)
+        space.validate(cfg)
+        return _Selection(problem, space, [(None, cfg, None)], study)
+    picks = top_targets(summary, space, top)
+    if not picks:
+        raise EvotunerError(f"study {study!r} has no COMPLETE trial to run", "run `evotuner search` first")
+    return _Selection(problem, space, picks, study)
+
+
+@app.command()
+def check(
+    study: OptStudyOpt = None,
+    top: DiagTopOpt = 3,
+    config: OneConfigOpt = None,
+    shape: OptShapeOpt = None,
+    dtype: DtypeOpt = "fp16",
+    causal: CausalOpt = False,
+    tools: ToolsOpt = None,
+    timeout: TimeoutOpt = 600.0,
+    space: SpaceOpt = None,
+    storage: StorageOpt = None,
+) -> None:
+    """Run the study's best configs under compute-sanitizer (memcheck, racecheck, synccheck,
+    initcheck) at small ragged shapes and record each tool's verdict in the study.
+
+    Each (config, tool) runs in its own GPU worker under the tool, with --timeout. Exit
+    status 1 when a config did not pass; `export --require-checked` reads the verdicts.
+    """
+    from evotuner import diagnose
+    from evotuner.storage import diagnostics
+    from evotuner.tools import sanitizer
+
+    wanted = diagnose.parse_tools(tools)
+    exe = sanitizer.executable()                 # ToolMissingError: one line naming compute-sanitizer
+    diagnose.require_gpu("check")                # NoGpuError: one line
+    sel = _select(storage, study, top, config, shape, dtype, causal, space)
+    targets = diagnose.build_targets(sel.space, sel.problem, sel.picks)
+    p = sel.problem
+    _io.out.print(f"checking {len(targets)} config(s) at {p.dtype} D={p.shape.head_dim}"
+                  f"{' causal' if p.causal else ''} with {', '.join(wanted)} ({exe})", markup=False, highlight=False)
+    store = _open_store(storage, must_exist=True) if sel.study else None
+    results: dict[str, dict[str, Any]] = {}
+    try:
+        for target, outcome in diagnose.iter_checks(targets, p, wanted, exe=exe, timeout_s=timeout):
+            results.setdefault(outcome.config, {})[outcome.tool] = outcome
+            if store is not None:
+                diagnostics.record_check(store, sel.study, outcome.config, outcome.tool, passed=outcome.passed,
+                                         errors=outcome.errors, warnings=outcome.warnings, complete=outcome.complete,
+                                         findings=outcome.findings, shapes=outcome.shapes, seconds=outcome.seconds,
+                                         tool_version=outcome.tool_version)
+            where = f"#{target.trial} " if target.trial is not None else ""
+            verdict = "clean" if outcome.passed else f"FAILED ({outcome.errors} error(s))"
+            line = f"{where}{outcome.config} {outcome.tool}: {verdict}, {outcome.seconds:.1f} s"
+            if not outcome.passed and outcome.findings:
+                line += f": {_one_line(outcome.findings[0])}"
+            _io.out.print(line, markup=False, highlight=False, soft_wrap=True)
+    finally:
+        if store is not None:
+            store.close()
+    failed = [c for c, by in results.items() if not all(o.passed for o in by.values())]
+    recorded = f"; recorded in study {sel.study!r}" if sel.study else " (not recorded: no --study)"
+    _io.out.print(f"{len(results) - len(failed)} of {len(results)} config(s) clean{recorded}",
+                  markup=False, highlight=False)
+    if failed:
+        raise EvotunerError(f"check: {len(failed)} of {len(results)} config(s) did not pass: {', '.join(failed)}",
+                            "see the findings above (or `evotuner show --study S`)")
+
+
+@app.command()
+def profile(
+    study: OptStudyOpt = None,
+    top: DiagTopOpt = 3,
+    config: OneConfigOpt = None,
+    shape: OptShapeOpt = None,
+    dtype: DtypeOpt = "fp16",
+    causal: CausalOpt = False,
+    sdpa: SdpaOpt = True,
+    timeout: TimeoutOpt = 600.0,
+    space: SpaceOpt = None,
+    storage: StorageOpt = None,
+) -> None:
+    """Profile the study's best configs (and SDPA's default backend) with Nsight Compute at the
+    study's shape; record occupancy, tensor-pipe use, DRAM/L2 throughput, shared-memory bank
+    conflicts, registers and the top warp stall reasons."""
+    from evotuner import diagnose
+    from evotuner.storage import diagnostics
+    from evotuner.tools import ncu
+
+    exe = ncu.executable()                       # ToolMissingError: one line naming ncu
+    diagnose.require_gpu("profile")
+    sel = _select(storage, study, top, config, shape, dtype, causal, space, require=("B", "H", "S", "D"))
+    targets = diagnose.build_targets(sel.space, sel.problem, sel.picks)
+    version = diagnose.tool_version(exe)
+    device = _device_name()
+    _io.out.print(f"profiling {len(targets)} config(s){' and SDPA' if sdpa else ''} at {sel.problem.shape} "
+                  f"{sel.problem.dtype}{' causal' if sel.problem.causal else ''} ({exe})", markup=False, highlight=False)
+    store = _open_store(storage, must_exist=True) if sel.study else None
+    outcomes = []
+    try:
+        for target in [*targets, *([None] if sdpa else [])]:
+            outcome = diagnose.profile(sel.problem, exe=exe, target=target, version=version, timeout_s=timeout)
+            outcomes.append(outcome)
+            if outcome.figures is None:
+                _io.out.print(f"{outcome.subject}: no profile ({_one_line(outcome.error)}), {outcome.seconds:.1f} s",
+                              markup=False, highlight=False, soft_wrap=True)
+                continue
+            _io.out.print(f"{outcome.subject}: {outcome.figures.get('kernel')} profiled in {outcome.seconds:.1f} s",
+                          markup=False, highlight=False, soft_wrap=True)
+            if store is not None:
+                diagnostics.record_profile(store, sel.study, outcome.subject, outcome.kind,
+                                           problem=sel.problem.as_dict(), figures=outcome.figures,
+                                           seconds=outcome.seconds, tool_version=version, device=device)
+    finally:
+        if store is not None:
+            store.close()
+    rows = {o.subject: o for o in outcomes if o.figures is not None}
+    if rows:
+        _io.out.print(profile_table({s: o.figures for s, o in rows.items()},
+                                    {s: o.seconds for s, o in rows.items()}, f"ncu at {sel.problem.shape}"))
+    if len(rows) < len(outcomes):
+        raise EvotunerError(f"profile: {len(outcomes) - len(rows)} of {len(outcomes)} run(s) gave no profile",
+                            "see the reasons above")
+
+
+def _device_name() -> str:
+    try:
+        import subprocess
+
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+    except (OSError, IndexError, Exception):  # noqa: BLE001 -- the name is informative only
+        return ""
+
+
+# -- show / report -------------------------------------------------------------------------
+
+
+@dataclass
+class Diagnostics:
+    checks: dict = field(default_factory=dict)     # config -> tool -> CheckRecord
+    profiles: dict = field(default_factory=dict)   # subject -> ProfileRecord
+
+    def as_json(self) -> dict[str, Any]:
+        return {"checks": {c: {t: r.as_dict() for t, r in by.items()} for c, by in self.checks.items()},
+                "profiles": {s: r.as_dict() for s, r in self.profiles.items()}}
+
+
+def load(store: Any, study: str) -> Diagnostics:
+    from evotuner.storage import diagnostics
+
+    return Diagnostics(diagnostics.latest_checks(store, study), diagnostics.latest_profiles(store, study))
+
+
+def checks_table(checks: dict) -> Table:
+    from evotuner.export import CHECK_TOOLS
+    from evotuner.storage.diagnostics import verdict
+
+    table = Table(title="evotuner check (compute-sanitizer, latest run per tool)", title_justify="left")
+    table.add_column("config", overflow="fold")
+    for tool in CHECK_TOOLS:
+        table.add_column(tool, justify="right")
+    table.add_column("verdict")
+    table.add_column("first finding", overflow="fold")
+    for config, by in checks.items():
+        cells = []
+        for tool in CHECK_TOOLS:
+            r = by.get(tool)
+            cells.append("-" if r is None else Text("clean", style="green") if r.passed
+                         else Text(f"{r.errors} err" + ("" if r.complete else "+"), style="red"))
+        first = next((r.findings[0] for t in CHECK_TOOLS if (r := by.get(t)) and not r.passed and r.findings), "")
+        v = verdict(by, CHECK_TOOLS)
+        table.add_row(config, *cells, Text(v, style={"passed": "green", "failed": "red"}.get(v, "yellow")),
+                      _one_line(first)[:300])
+    return table
+
+
+def profile_table(figures: dict, seconds: dict | None = None, title: str = "ncu profiles (latest per config)") -> Table:
+    """One row per figure, one column per subject (the configs, then SDPA's kernel)."""
+    from evotuner.diagnose import PROFILE_COLUMNS, SDPA_SUBJECT
+
+    configs = [s for s in figures if s != SDPA_SUBJECT]
+    order = configs + [s for s in figures if s == SDPA_SUBJECT]
+    heads = {s: (f"config {i + 1}" if s != SDPA_SUBJECT else "SDPA") for i, s in enumerate(order)}
+    legend = [f"config {i + 1} = {s}" for i, s in enumerate(configs)]
+    if SDPA_SUBJECT in figures:
+        legend.append(f"SDPA = default backend: {figures[SDPA_SUBJECT].get('kernel', '?')}")
+    table = Table(title=title, title_justify="left", caption="\n".join(legend), caption_justify="left")
+    table.add_column("figure")
+    for s in order:
+        table.add_column(heads[s], justify="right")
+    for key, head in PROFILE_COLUMNS:
+        table.add_row(head, *(_fmt(figures[s].get(key)) for s in order))
+    for rank in range(3):
+        cells = []
+        for s in order:
+            stalls = figures[s].get("top_stalls") or []
+            cells.append(f"{stalls[rank][0]} {stalls[rank][1]:g}" if rank < len(stalls) else "-")
+        table.add_row(f"stall #{rank + 1} (warps/issue)", *cells)
+    if seconds:
+        table.add_row("ncu run, s", *(f"{seconds.get(s, 0.0):.1f}" for s in order))
+    return table
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.1f}" if abs(v) < 1e5 else f"{v:.3g}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def render(diag: Diagnostics) -> None:
+    if diag.checks:
+        _io.out.print(checks_table(diag.checks))
+    if diag.profiles:
+        _io.out.print(profile_table({s: r.figures for s, r in diag.profiles.items()},
+                                    {s: r.seconds for s, r in diag.profiles.items()}))
+
+
+def profiles_markdown(diag: Diagnostics) -> str:
+    """The profiles as a Markdown table (``report`` writes it next to the plots)."""
+    from evotuner.diagnose import PROFILE_COLUMNS, SDPA_SUBJECT
+
+    heads = ["subject", *(h for _, h in PROFILE_COLUMNS), "top stalls", "device", "ncu"]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    order = [s for s in diag.profiles if s != SDPA_SUBJECT] + [s for s in diag.profiles if s == SDPA_SUBJECT]
+    for s in order:
+        r = diag.profiles[s]
+        f = r.figures
+        stalls = ", ".join(f"{k} {v:g}" for k, v in f.get("top_stalls") or [])
+        name = f"{s} ({f.get('kernel')})" if s == SDPA_SUBJECT else s
+        lines.append("| " + " | ".join([name, *(_fmt(f.get(k)) for k, _ in PROFILE_COLUMNS), stalls, r.device,
+                                        r.tool_version]) + " |")
+    return "\n".join(lines) + "\n"

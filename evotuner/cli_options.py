@@ -1,0 +1,103 @@
+"""What every CLI module shares: the typer ``app``, the ``Annotated`` option aliases, the two
+consoles, and opening the study database. :mod:`evotuner.cli` (commands and the error
+boundary) and :mod:`evotuner.cli_diagnostics` (check / profile) both import it, never each
+other's internals, so the CLI has no import cycle."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+
+from evotuner import session
+from evotuner.problem import DTYPES
+
+#: The study database when neither --storage nor $EVOTUNER_STORAGE is given.
+DEFAULT_STORAGE = "sqlite:///evotuner.db"
+STORAGE_ENV = "EVOTUNER_STORAGE"
+
+app = typer.Typer(
+    name="evotuner",
+    help="Optuna-driven autotuner for the FlashCore attention kernel on NVIDIA Hopper (sm_90a).",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+# -- shared options ------------------------------------------------------------------------
+
+StudyOpt = Annotated[str, typer.Option("--study", help="Study name (one study = one problem + one space).")]
+StudiesOpt = Annotated[list[str], typer.Option("--study", help="Study to export; repeat for several.")]
+StorageOpt = Annotated[
+    Optional[str],
+    typer.Option("--storage", envvar=STORAGE_ENV, show_envvar=True,
+                 help=f"SQLAlchemy URL of the study database [default: {DEFAULT_STORAGE}]."),
+]
+ShapeOpt = Annotated[str, typer.Option("--shape", help="Problem shape B=..,H=..,S=..,D=.. (SQ/SK may replace S).")]
+ResumeShapeOpt = Annotated[
+    Optional[str], typer.Option("--shape", help="Must equal the study's shape (resume reads it from the study).")
+]
+DtypeOpt = Annotated[str, typer.Option("--dtype", help=f"Element type: {' or '.join(DTYPES)}.")]
+CausalOpt = Annotated[bool, typer.Option("--causal", help="Causal (top-left) masking, as SDPA's is_causal.")]
+TrialsOpt = Annotated[int, typer.Option("--trials", min=1, help="Finished trials the study should hold in total.")]
+ResumeTrialsOpt = Annotated[
+    Optional[int],
+    typer.Option("--trials", min=1, help="Finished trials in total [default: the study's count + 32]."),
+]
+SamplerOpt = Annotated[
+    str, typer.Option("--sampler", help="Optuna sampler: tpe, nsga2, cmaes, random, grid (gp where available).")
+]
+SeedOpt = Annotated[int, typer.Option("--seed", help="Sampler seed; the same seed reproduces a study.")]
+JobsOpt = Annotated[
+    Optional[int], typer.Option("--jobs", min=1, help="Parallel nvcc builds [default: the number of CPUs].")
+]
+SpaceOpt = Annotated[Optional[Path], typer.Option("--space", help="Search-space TOML [default: the packaged default.toml].")]
+ReplayOpt = Annotated[
+    Optional[Path],
+    typer.Option("--replay", help="Answer builds and measurements from a recorded sweep CSV (scripts/sweep.py); needs no GPU or nvcc."),
+]
+ReportDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Folder for the report's PNG (and HTML) files.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best trials to list.")]
+OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="The C++ header to write.")]
+ConfigOpt = Annotated[str, typer.Option("--config", help="Kernel config NAME=VALUE,... (every space parameter).")]
+BenchTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best configs to re-measure.")]
+BudgetOpt = Annotated[
+    Optional[float],
+    typer.Option("--budget", min=0.05, help="Timing budget per config and per SDPA backend, seconds "
+                                            "[default: the measure stage's, 0.5]."),
+]
+RequireCheckedOpt = Annotated[
+    bool, typer.Option("--require-checked", help="Refuse (write nothing) unless every row passed `evotuner check`."),
+]
+RecordOpt = Annotated[
+    bool, typer.Option("--record/--no-record", help="Store this run's device and SDPA baselines with the study."),
+]
+
+class _Out:
+    """The two consoles; created per invocation so redirected streams are honoured."""
+
+    out: Console
+    err: Console
+
+
+_io = _Out()
+
+
+def _storage_url(storage: str | None) -> str:
+    return storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
+
+
+def _one_line(text: str | None) -> str:
+    lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+
+
+def _open_store(storage: str | None, *, must_exist: bool = False) -> Any:
+    return session.open_store(_storage_url(storage), must_exist=must_exist)
