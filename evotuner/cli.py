@@ -28,17 +28,21 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Optional
 
 import typer
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from evotuner import columns
 from evotuner import events as ev
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, NoGpuError, SpaceError, StudyMismatchError
 from evotuner.measure.base import MeasureStage
 from evotuner.problem import DTYPES, Problem, Shape
+from evotuner.textsafe import for_terminal
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
     from typer._click.exceptions import ClickException as _UsageError
@@ -262,9 +266,9 @@ def report(
     finally:
         store.close()
     for path in result.files:
-        _io.out.print(f"wrote {path}")
+        _io.out.print(f"wrote {for_terminal(path)}", markup=False, highlight=False, soft_wrap=True)
     for name, why in result.skipped.items():
-        _io.out.print(f"[dim]left out {name}: {why}[/dim]")
+        _io.out.print(Text(for_terminal(f"left out {name}: {why}"), style="dim"), soft_wrap=True)
 
 
 @app.command("export")
@@ -281,14 +285,22 @@ def export_cmd(
         result = export_header(store, list(study), output)
     finally:
         store.close()
-    table = Table(title=f"{result.path}  ({len(result.rows)} configs)", title_justify="left")
-    for col in ("#", "dtype", "D", "causal", "max seqlen", "config", "µs", "study"):
-        table.add_column(col)
+    names = list(result.rows[0].order) if result.rows else []
+    short = columns.short_names(names)
+    table = Table(title=Text(for_terminal(f"{result.path}  ({len(result.rows)} configs)")), title_justify="left",
+                  caption=", ".join(filter(None, ["S≤ = the max seqlen_k a row serves", columns.legend(short)])),
+                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("#", "dtype", "D", "causal", "S≤"):
+        table.add_column(col, no_wrap=True)
+    for name in names:
+        table.add_column(Text(short[name]), justify="right", no_wrap=True)
+    table.add_column("µs", justify="right", no_wrap=True)
+    table.add_column("study", overflow="fold", min_width=12)
     for i, row in enumerate(result.rows):
-        table.add_row(*(_export_cells(i, row)))
+        table.add_row(*(_export_cells(i, row, names)))
     _io.out.print(table)
     for skipped in result.skipped:
-        _io.err.print(f"skipped: {skipped}", markup=False, highlight=False)
+        _io.err.print(f"skipped: {for_terminal(skipped)}", markup=False, highlight=False)
 
 
 @app.command("compile")
@@ -453,7 +465,7 @@ class _SearchView:
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), console=_io.out, transient=False,
         )
-        self.task = self.progress.add_task(f"{study}", total=None)
+        self.task = self.progress.add_task(escape(for_terminal(study)), total=None)
         self.status = Text("starting")
         self.baselines: dict[str, float | None] = {}
         self.counts: dict[str, int] = {}
@@ -500,19 +512,30 @@ class _SearchView:
         return f"#{e.number} {e.state}{dup} {e.config or ''}: {what}"
 
     def _refresh(self) -> None:
-        parts = [f"{k} {v}" for k, v in sorted(self.counts.items())]
-        line = f"builds in flight {self.in_flight}  |  " + (", ".join(parts) or "no trials yet")
+        self.status.plain = self._status_line(max(40, _io.out.width - 1))
+
+    def _status_line(self, width: int) -> str:
+        """Best so far, counts, builds in flight: the longest form that fits ``width``
+        (the live line is cut, not wrapped, so the less telling parts go first)."""
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()) if v) or "no trials yet"
+        best = ratio = tflops = ""
         if self.best is not None:
-            line += f"  |  best #{self.best.number} {self.best.median_us:.1f} µs"
-            if self.best.tflops:
-                line += f" {self.best.tflops:.1f} TFLOPS"
+            best = f"best #{self.best.number} {self.best.median_us:.1f} µs"
+            tflops = f" {self.best.tflops:.1f} TFLOPS" if self.best.tflops else ""
             ratio = _ratio(self.baselines, self.best.median_us)
-            if ratio:
-                line += f" {ratio}"
-        self.status.plain = line
+            ratio = f" {ratio}" if ratio else ""
+        forms = [
+            f"builds in flight {self.in_flight}  |  {counts}  |  {best}{tflops}{ratio}",
+            f"building {self.in_flight} | {counts} | {best}{tflops}{ratio}",
+            f"building {self.in_flight} | {counts} | {best}{ratio}",
+            f"{counts} | {best}{ratio}",
+            f"{best}{ratio}",
+        ]
+        forms = [f.rstrip(" |") for f in forms if f.strip(" |")] or ["no trials yet"]
+        return next((f for f in forms if len(f) <= width), forms[-1])
 
     def _log(self, line: str) -> None:
-        _io.out.print(line, markup=False, highlight=False, soft_wrap=True)
+        _io.out.print(for_terminal(line), markup=False, highlight=False, soft_wrap=True)
 
     def close(self, result: Any, summary: Any, space: Any) -> None:
         outcome = {
@@ -567,15 +590,31 @@ def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space
     done = sorted((t for t in summary.trials
                    if t.state == "COMPLETE" and t.value is not None and t.duplicate_of is None),
                   key=lambda t: t.value)[:top]
-    table = Table(title=f"best {len(done)} of {len(summary.trials)} trials", title_justify="left")
-    for col, just in (("#", "right"), ("config", "left"), ("µs", "right"), ("TFLOPS", "right"), ("vs SDPA", "right")):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    configs = [_config_values(t, space) for t in done]
+    names = columns.param_names(configs, tuple(space.names) if space is not None else ())
+    short = columns.short_names(names)
+    table = Table(title=f"best {len(done)} of {len(summary.trials)} trials", title_justify="left",
+                  caption=columns.legend(short) or None, caption_justify="left")
+    table.add_column("#", justify="right", no_wrap=True)
+    for name in names:
+        table.add_column(Text(for_terminal(short[name])), justify="right", no_wrap=True)
+    for col in ("µs", "TFLOPS", "vs SDPA"):
+        table.add_column(col, justify="right", no_wrap=True)
     fastest = min((v for v in baselines.values() if v), default=None)
-    for t in done:
-        table.add_row(str(t.number), _config_text(t, space), f"{t.value:.1f}",
+    for t, config in zip(done, configs):
+        table.add_row(str(t.number), *columns.cells(config, names), f"{t.value:.1f}",
                       f"{t.tflops:.1f}" if t.tflops else "-",
                       f"{fastest / t.value:.2f}x" if fastest else "-")
     return table
+
+
+def _config_values(record: Any, space: Any) -> dict[str, int]:
+    """A trial's config as {name: value}, whichever way its params were recorded."""
+    text = _config_text(record, space)
+    try:
+        return KernelConfig.parse(text).as_dict()
+    except (EvotunerError, ValueError):
+        return {str(k): v for k, v in (record.params or {}).items()}
 
 
 def _render_summary(summary: Any, top: int, space: Any) -> None:
@@ -583,23 +622,23 @@ def _render_summary(summary: Any, top: int, space: Any) -> None:
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("study", summary.study)
+    head.add_row("study", Text(for_terminal(summary.study)))
     head.add_row("problem", f"{p.shape} {p.dtype}{' causal' if p.causal else ''}")
-    head.add_row("space", f"{summary.space_name} ({summary.space_fingerprint[:12]})")
+    head.add_row("space", Text(for_terminal(f"{summary.space_name} ({summary.space_fingerprint[:12]})")))
     head.add_row("sampler", f"{summary.sampler} seed={summary.seed}")
     device = summary.device or {}
-    head.add_row("device", str(device.get("name", "never measured")))
+    head.add_row("device", Text(for_terminal(device.get("name", "never measured"))))
     head.add_row("baselines", ", ".join(f"{k} {v:.1f} µs" for k, v in summary.baselines.items() if v) or "-")
     head.add_row("trials", ", ".join(f"{k} {v}" for k, v in sorted(summary.counts().items())) or "none")
     _io.out.print(head)
     _io.out.print(_top_table(summary, top, dict(summary.baselines), space))
 
 
-def _export_cells(i: int, row: Any) -> list[str]:
+def _export_cells(i: int, row: Any, names: list[str]) -> list[Any]:
     max_seqlen = "any" if row.max_seqlen >= 2**31 - 1 else str(row.max_seqlen)
-    config = ",".join(f"{k}={v}" for k, v in row.params)
-    return [str(i), row.dtype, str(row.head_dim), "yes" if row.causal else "no", max_seqlen, config,
-            f"{row.median_us:.1f}", f"{row.study} #{row.trial}"]
+    return [str(i), row.dtype, str(row.head_dim), "yes" if row.causal else "no", max_seqlen,
+            *columns.cells(dict(row.params), names), f"{row.median_us:.1f}",
+            Text(for_terminal(f"{row.study} #{row.trial}"))]
 
 
 def _report_dict(report: Any) -> dict[str, Any]:
@@ -707,7 +746,7 @@ def _load_test_hook(spec: str) -> Callable[[], MeasureStage]:
 
 
 def _error_line(message: str) -> None:
-    _io.err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    _io.err.print(f"error: {for_terminal(message)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -70,7 +70,7 @@ def test_search_resume_show_export(capsys, tmp_path):
 
     code, out, err = run(capsys, "show", "--study", "s", "--top", 2, "--storage", f"sqlite:///{db}")
     assert code == 0, err
-    assert "loop_tiny" in out and "scaffold (test only)" in out and "BLOCK_M=" in out
+    assert "loop_tiny" in out and "scaffold (test only)" in out and "BM = BLOCK_M" in out
 
     header = tmp_path / "flashcore_config.h"
     code, out, err = run(capsys, "export", "--study", "s", "--output", header, "--storage", f"sqlite:///{db}")

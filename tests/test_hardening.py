@@ -113,3 +113,95 @@ def test_adversarial_names_are_made_safe_in_the_header_which_compiles(capsys, cl
                     "int main() { return 0; }\n")
     result = subprocess.run([*_compiler(), str(user)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+# -- 80 columns, a real terminal, untrusted names ------------------------------------------------
+
+_ANSI = __import__("re").compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
+
+
+def _on_pty(argv: list[str], cwd: Path, env: dict[str, str], cols: int = 80, timeout: float = 240) -> tuple[int, str]:
+    """Run ``argv`` on a fresh pseudo-terminal ``cols`` wide; (exit status, what it wrote, ANSI removed)."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import time
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, cols, 0, 0))
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif proc.poll() is not None:
+                break
+        code = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return code, _ANSI.sub("", b"".join(chunks).decode("utf-8", "replace"))
+
+
+def _child_env(cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COLUMNS", "LINES", "EVOTUNER_STORAGE", "EVOTUNER_DEBUG", "EVOTUNER_TEST_MEASURE")}
+    env.update(EVOTUNER_CACHE_DIR=str(cache), TERM="xterm-256color")
+    return env
+
+
+def _cli() -> list[str]:
+    return [sys.executable, "-m", "evotuner.cli"]
+
+
+def test_search_and_show_on_an_80_column_terminal_show_every_value(tmp_path, build_cache_dir):
+    csv = _sweep_copy(tmp_path / "sweep")
+    env = _child_env(build_cache_dir)
+    code, text = _on_pty([*_cli(), "search", "--study", "wide", "--shape", SHAPE, "--trials", "40",
+                          "--replay", str(csv)], tmp_path, env)
+    assert code == 0, text
+    assert "…" not in text, text                  # nothing cut: no config, no live line
+    code, shown = _on_pty([*_cli(), "show", "--study", "wide", "--top", "10"], tmp_path, env)
+    assert code == 0, shown
+    assert "…" not in shown, shown
+    lines = [line.rstrip() for line in shown.replace("\r", "").splitlines()]
+    assert all(len(line) <= 80 for line in lines), lines
+    assert "BM = BLOCK_M" in shown and "MB = MIN_BLOCKS" in shown
+    # every top row shows all five values, so no two rows read the same
+    rows = [line for line in lines if line.startswith("│")]
+    values = [tuple(c.strip() for c in row.strip("│").split("│")[1:6]) for row in rows]
+    assert len(values) == 10 and all(all(v.isdigit() for v in vs) for vs in values), values
+    assert len(set(values)) == len(values)
+
+
+def test_export_table_fits_80_columns(capsys, cli_env):
+    _replayed(capsys, cli_env)
+    code, out, err = run(capsys, "export", "--study", "s", "-o", cli_env / "h.h")
+    assert code == 0, err
+    assert "…" not in out
+    assert all(len(line.rstrip()) <= 80 for line in out.splitlines()), out
+    assert "STAGES" in out and "BM = BLOCK_M" in out
+
+
+def test_untrusted_names_print_literally(capsys, cli_env):
+    _replayed(capsys, cli_env, study=EVIL_STUDY, device="GPU [bold]x[/] \x1b[31mred")
+    code, out, err = run(capsys, "show", "--study", EVIL_STUDY)
+    assert code == 0, err
+    assert "\x1b" not in out and "\x07" not in out
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in out             # visible, harmless
+    assert "[bold red]x[/]" in out and "GPU [bold]x[/] \\x1b[31mred" in out   # markup stays literal
+    code, out, err = run(capsys, "show", "--study", "nope\x1b[2J")
+    assert code == 1 and "\x1b" not in err and "\\x1b[2J" in err
