@@ -205,3 +205,52 @@ def test_untrusted_names_print_literally(capsys, cli_env):
     assert "[bold red]x[/]" in out and "GPU [bold]x[/] \\x1b[31mred" in out   # markup stays literal
     code, out, err = run(capsys, "show", "--study", "nope\x1b[2J")
     assert code == 1 and "\x1b" not in err and "\\x1b[2J" in err
+
+
+# -- space files that used to hang -------------------------------------------------------------
+
+TINY_SPACE = REPO / "tests" / "data" / "loop_tiny.toml"
+TINY_CONFIG = "BLOCK_M=64,BLOCK_N=32,NUM_WARPS=4,STAGES=1,MIN_BLOCKS=1"
+
+
+def _run_cli(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    """The CLI as a subprocess with a hard timeout (a hang fails the test instead of the suite)."""
+    try:
+        return subprocess.run([*_cli(), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"evotuner {' '.join(args)} still running after {timeout} s")
+
+
+@pytest.mark.parametrize("expr", [
+    "(((max_smem_per_sm ** 64) ** 64) ** 64) ** 64 > 0",
+    " * ".join(["max_smem_per_sm"] * 16) + " > 0",
+    "-" * 60 + "1 < 0",                  # 60 nested negations: a syntax tree 62 deep
+])
+def test_unbounded_space_expressions_are_refused_quickly(tmp_path, build_cache_dir, expr):
+    space = tmp_path / "space.toml"
+    space.write_text(TINY_SPACE.read_text() + f'\n[[constraints]]\nname = "huge"\nexpr = "{expr}"\nmessage = "x"\n')
+    result = _run_cli(["compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", str(space)],
+                      tmp_path, _child_env(build_cache_dir), timeout=30)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "huge" in lines[0], result.stderr
+    assert "bits" in lines[0] or "nested" in lines[0]
+
+
+def test_a_parameter_with_200000_values_is_refused_quickly(tmp_path, build_cache_dir):
+    text = TINY_SPACE.read_text().replace("values = [1, 2]", "values = [" + ", ".join(map(str, range(1, 200_001))) + "]")
+    space = tmp_path / "space.toml"
+    space.write_text(text)
+    result = _run_cli(["compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", str(space)],
+                      tmp_path, _child_env(build_cache_dir), timeout=30)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert "MIN_BLOCKS" in lines[0] and "200000 values" in lines[0]
+    # the duplicate check is linear: a long list with one repeat at the end is named at once
+    from evotuner.space import parse_space
+    import time
+    started = time.perf_counter()
+    with pytest.raises(Exception, match="duplicate value 7"):
+        parse_space(TINY_SPACE.read_text().replace("values = [1, 2]", "values = [" + ", ".join(
+            map(str, [*range(1, 4000), 7])) + "]"))
+    assert time.perf_counter() - started < 2.0
