@@ -238,7 +238,7 @@ def show(
     """Show a study: problem, device, baselines, counts and the best trials."""
     from evotuner.space import parse_space
 
-    store = _open_store(storage, must_exist=True)
+    store = _open_store(storage, must_exist=True, read_only=True)
     try:
         summary = store.summary(study)
         space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
@@ -260,7 +260,7 @@ def report(
     parameter importances, latency against registers and shared memory."""
     from evotuner.report import make_report
 
-    store = _open_store(storage, must_exist=True)
+    store = _open_store(storage, must_exist=True, read_only=True)
     try:
         result = make_report(store, study, output)
     finally:
@@ -280,7 +280,7 @@ def export_cmd(
     """Write the best config of each study into a C++ header (flashcore::tuned)."""
     from evotuner.export import export_header
 
-    store = _open_store(storage, must_exist=True)
+    store = _open_store(storage, must_exist=True, read_only=True)
     try:
         result = export_header(store, list(study), output)
     finally:
@@ -666,8 +666,9 @@ def _print_json(obj: Any) -> None:
 # -- wiring --------------------------------------------------------------------------------
 
 
-def _open_store(storage: str | None, *, must_exist: bool = False) -> Any:
-    """The study database; ``must_exist``: refuse (creating nothing) when a SQLite file is missing."""
+def _open_store(storage: str | None, *, must_exist: bool = False, read_only: bool = False) -> Any:
+    """The study database; ``must_exist``: refuse (creating nothing) when a SQLite file is missing;
+    ``read_only``: open it without writing (show, export, report)."""
     from evotuner.errors import StorageError
     from evotuner.storage import StudyStore
     from evotuner.storage.connect import resolve_url, sqlite_path
@@ -679,7 +680,7 @@ def _open_store(storage: str | None, *, must_exist: bool = False) -> Any:
             f"no study database at {path}",
             "run `evotuner search` first, or point --storage / $EVOTUNER_STORAGE at the database",
         )
-    return StudyStore(url)
+    return StudyStore(url, read_only=read_only)
 
 
 def _builder(space: Any, jobs: int | None, stack: ExitStack) -> Any:

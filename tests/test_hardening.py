@@ -254,3 +254,176 @@ def test_a_parameter_with_200000_values_is_refused_quickly(tmp_path, build_cache
         parse_space(TINY_SPACE.read_text().replace("values = [1, 2]", "values = [" + ", ".join(
             map(str, [*range(1, 4000), 7])) + "]"))
     assert time.perf_counter() - started < 2.0
+
+
+# -- databases: read-only, another application's, secrets in URLs --------------------------------
+
+
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+def _immutable(paths: list[Path]) -> bool:
+    """chattr +i each path (works as root, whom file modes do not stop); False where unsupported."""
+    chattr = shutil.which("chattr")
+    if chattr is None:
+        return False
+    for p in paths:
+        if subprocess.run([chattr, "+i", str(p)], capture_output=True).returncode != 0:
+            _mutable(paths)
+            return False
+    return True
+
+
+def _mutable(paths: list[Path]) -> None:
+    for p in paths:
+        subprocess.run(["chattr", "-i", str(p)], capture_output=True)
+
+
+def _unprivileged_prefix() -> list[str] | None:
+    """setpriv to nobody, where that user can run this interpreter (file modes then bind)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.geteuid() != 0:
+        return [] if os.geteuid() != 0 else None
+    prefix = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    probe = subprocess.run([*prefix, sys.executable, "-c", "import evotuner"], capture_output=True)
+    return prefix if probe.returncode == 0 else None
+
+
+@pytest.fixture(params=["immutable", "unprivileged"])
+def read_only_db(request, tmp_path, build_cache_dir, capsys, cli_env):
+    """(db URL, folder, command prefix): a study database that this process cannot write."""
+    import tempfile
+
+    _replayed(capsys, cli_env)
+    base = Path(tempfile.mkdtemp(prefix="evotuner-ro-"))     # reachable by an unprivileged user
+    base.chmod(0o755)
+    request.addfinalizer(lambda: shutil.rmtree(base, ignore_errors=True))
+    folder = base / "ro"
+    folder.mkdir()
+    shutil.copy(cli_env / "evotuner.db", folder / "evotuner.db")
+    db = folder / "evotuner.db"
+    if request.param == "immutable":
+        if not _immutable([db, folder]):
+            pytest.skip("chattr +i is not available here")
+        yield f"sqlite:///{db}", folder, []
+        _mutable([db, folder])
+    else:
+        prefix = _unprivileged_prefix()
+        if prefix is None:
+            pytest.skip("no unprivileged user can run this interpreter here")
+        db.chmod(0o444)
+        folder.chmod(0o555)
+        yield f"sqlite:///{db}", folder, prefix
+        folder.chmod(0o755)
+
+
+def test_read_only_database_serves_show_export_report(read_only_db, build_cache_dir):
+    url, folder, prefix = read_only_db
+    before = _listing(folder)
+    out_dir = folder.parent / "out"
+    out_dir.mkdir()
+    out_dir.chmod(0o777)
+    env = _child_env(out_dir / "cache")
+    env.update(MPLCONFIGDIR=str(out_dir / "mpl"), HOME=str(out_dir))
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*prefix, *_cli(), *args, "--storage", url], cwd=out_dir, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    shown = cli("show", "--study", "s")
+    assert shown.returncode == 0, shown.stderr
+    assert "best" in shown.stdout
+    exported = cli("export", "--study", "s", "-o", str(out_dir / "h.h"))
+    assert exported.returncode == 0, exported.stderr
+    assert "kConfigs" in (out_dir / "h.h").read_text()
+    reported = cli("report", "--study", "s", "-o", str(out_dir / "report"))
+    assert reported.returncode == 0, reported.stderr
+    assert (out_dir / "report" / "history.png").is_file()
+    assert _listing(folder) == before                      # nothing written, no side files
+    resumed = cli("resume", "--study", "s", "--replay", str(_sweep_copy(out_dir / "sweep")))
+    assert resumed.returncode == 1
+    assert "read-only" in resumed.stderr and len(resumed.stderr.strip().splitlines()) == 1
+    assert _listing(folder) == before
+
+
+def test_read_only_commands_leave_a_writable_database_as_found(capsys, cli_env):
+    _replayed(capsys, cli_env)
+    before = _listing(cli_env)
+    data = (cli_env / "evotuner.db").read_bytes()
+    assert run(capsys, "show", "--study", "s")[0] == 0
+    assert run(capsys, "show", "--study", "s", "--json")[0] == 0
+    assert run(capsys, "export", "--study", "s", "-o", cli_env / "h.h")[0] == 0
+    after = _listing(cli_env)
+    after.pop("h.h")
+    assert after == before
+    assert (cli_env / "evotuner.db").read_bytes() == data
+
+
+def _foreign_db(path: Path) -> list[str]:
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)")
+        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer INTEGER)")
+        conn.execute("INSERT INTO customers (name) VALUES ('ada')")
+    conn.close()
+    return _tables(path)
+
+
+def _tables(path: Path) -> list[str]:
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'"))
+    finally:
+        conn.close()
+
+
+def test_another_applications_database_is_refused_untouched(capsys, cli_env):
+    app_db = cli_env / "app.sqlite"
+    tables = _foreign_db(app_db)
+    csv = _sweep_copy(cli_env / "sweep")
+    for argv in (["search", "--study", "s", "--shape", SHAPE, "--trials", 2, "--replay", csv],
+                 ["show", "--study", "s"], ["export", "--study", "s", "-o", cli_env / "h.h"]):
+        code, out, err = run(capsys, *argv, "--storage", f"sqlite:///{app_db}")
+        assert_one_line_error(code, out, err, "another application", "customers")
+        assert _tables(app_db) == tables
+    # an empty file and an Optuna-only database are fine
+    empty = cli_env / "empty.db"
+    empty.touch()
+    code, out, err = run(capsys, "search", "--study", "s", "--shape", SHAPE, "--trials", 2, "--replay", csv,
+                         "--storage", f"sqlite:///{empty}")
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("url", [
+    "postgresql://u@127.0.0.1:1/db?password=s3cr3t",
+    "postgresql://u:s3cr3t@127.0.0.1:1/db",
+    "postgresql://u@127.0.0.1:1/db?p%61ssword=s3cr3t",
+    "postgresql://u:s3cr3t@127.0.0.1:notaport/db",
+    "postgresql://u@127.0.0.1:notaport/db?password=s3cr3t",
+    "mysql+pymysql://u@127.0.0.1:1/db?password=s3cr3t",
+    "nosuchdialect://u:s3cr3t@h/db?password=s3cr3t",
+    "mssql+pyodbc:///?odbc_connect=DRIVER%3D%7Bx%7D%3BUID%3Du%3BPWD%3Ds3cr3t",
+])
+def test_passwords_never_appear_in_errors(capsys, cli_env, url):
+    for argv in (["show", "--study", "s"], ["export", "--study", "s", "-o", cli_env / "h.h"]):
+        code, out, err = run(capsys, *argv, "--storage", url)
+        assert_one_line_error(code, out, err)
+        assert "s3cr3t" not in out + err
+        assert "unexpected" not in err
+
+
+def test_a_newer_schema_gives_advice_that_works_from_a_checkout(capsys, cli_env):
+    import sqlite3
+
+    _replayed(capsys, cli_env)
+    conn = sqlite3.connect(cli_env / "evotuner.db")
+    with conn:
+        conn.execute("UPDATE evotuner_schema_version SET version = 999, evotuner_version = '9.9.9'")
+    conn.close()
+    code, out, err = run(capsys, "show", "--study", "s")
+    assert_one_line_error(code, out, err, "999", "9.9.9", "git pull", "pip install -e .")
+    assert "pip install -U evotuner" not in err
