@@ -64,6 +64,14 @@ NO_GPU = NoGpuError(
     "run search/resume on a machine with an NVIDIA Hopper GPU",
 )
 
+
+def _no_gpu(command: str) -> NoGpuError:
+    """NO_GPU naming the command the user ran (and what works here instead)."""
+    instead = ("`evotuner search --replay SWEEP.csv`, `compile`, `show`, `export` and `report` work here"
+               if command in ("search", "resume") else "`evotuner compile`, `show`, `export` and `report` work here")
+    return NoGpuError(f"no CUDA GPU on this machine: evotuner {command} needs one to measure; {instead}",
+                      f"run evotuner {command} on a machine with an NVIDIA Hopper GPU")
+
 app = typer.Typer(
     name="evotuner",
     help="Optuna-driven autotuner for the FlashCore attention kernel on NVIDIA Hopper (sm_90a).",
@@ -96,7 +104,8 @@ ResumeTrialsOpt = Annotated[
 SamplerOpt = Annotated[
     str, typer.Option("--sampler", help="Optuna sampler: tpe, nsga2, cmaes, random, grid (gp where available).")
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Sampler seed; the same seed reproduces a study.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1,
+                                      help="Sampler seed (0 to 2**32-1); the same seed reproduces a study.")]
 JobsOpt = Annotated[
     Optional[int], typer.Option("--jobs", min=1, help="Parallel nvcc builds [default: the number of CPUs].")
 ]
@@ -110,6 +119,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object ins
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best trials to list.")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="The C++ header to write.")]
 ConfigOpt = Annotated[str, typer.Option("--config", help="Kernel config NAME=VALUE,... (every space parameter).")]
+CompileShapeOpt = Annotated[str, typer.Option(
+    "--shape", help="The head dim, D=64 (32, 64, 96, 128 or 256): the only dimension compiled into the kernel.")]
+#: ``compile``'s exit status when the config builds but the ptxas gate rejects it.
+GATE_REJECTED_EXIT = 3
 BenchTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best configs to re-measure.")]
 BudgetOpt = Annotated[
     Optional[float],
@@ -306,13 +319,17 @@ def export_cmd(
 @app.command("compile")
 def compile_cmd(
     config: ConfigOpt,
-    shape: ShapeOpt,
+    shape: CompileShapeOpt,
     dtype: DtypeOpt = "fp16",
     causal: CausalOpt = False,
     as_json: JsonOpt = False,
     space: SpaceOpt = None,
-) -> None:
-    """Build one config with nvcc (no GPU needed) and show its ptxas report and gate verdict."""
+) -> int:
+    """Build one config with nvcc (no GPU needed) and show its ptxas report and gate verdict.
+
+    Exit status: 0 when the gate passes it, 3 when it builds but the gate rejects it,
+    1 when it cannot be built (the error says why).
+    """
     from evotuner.gate import apply_gate
     from evotuner.space import load_space
 
@@ -342,7 +359,7 @@ def compile_cmd(
             "params": kernel_config.as_dict(), "gate": figures, "passed": gate.passed, "reason": gate.reason,
             "build_seconds": round(build.seconds, 3), "cached": build.cached,
         })
-        return
+        return 0 if gate.passed else GATE_REJECTED_EXIT
     table = Table(title=f"{kernel_config}  ({problem.dtype}, D={problem.shape.head_dim}"
                         f"{', causal' if problem.causal else ''})", title_justify="left", show_header=False)
     table.add_column("figure")
@@ -354,6 +371,7 @@ def compile_cmd(
     verdict = Text("passed", style="green") if gate.passed else Text(f"rejected: {gate.reason}", style="red")
     table.add_row("gate", verdict)
     _io.out.print(table)
+    return 0 if gate.passed else GATE_REJECTED_EXIT
 
 
 @app.command()
@@ -724,8 +742,19 @@ def _measure_factory() -> Callable[[], MeasureStage]:
     from evotuner.measure import GpuMeasure, gpu_available
 
     if not gpu_available():
-        raise NO_GPU
+        raise _no_gpu(_command_name())
     return GpuMeasure
+
+
+def _command_name() -> str:
+    """The subcommand being run (``search``, ``bench``, ...)."""
+    try:  # typer >= 0.20 vendors click
+        from typer._click.globals import get_current_context
+    except ImportError:  # pragma: no cover - depends on the typer version
+        from click import get_current_context  # type: ignore[no-redef]
+
+    ctx = get_current_context(silent=True)
+    return ctx.info_name if ctx is not None and ctx.info_name else "search"
 
 
 def _load_test_hook(spec: str) -> Callable[[], MeasureStage]:

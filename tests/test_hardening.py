@@ -427,3 +427,69 @@ def test_a_newer_schema_gives_advice_that_works_from_a_checkout(capsys, cli_env)
     code, out, err = run(capsys, "show", "--study", "s")
     assert_one_line_error(code, out, err, "999", "9.9.9", "git pull", "pip install -e .")
     assert "pip install -U evotuner" not in err
+
+
+# -- odd inputs: one line naming the input and the remedy -------------------------------------------
+
+
+def test_a_negative_seed_is_a_usage_error_naming_the_option(capsys, cli_env):
+    csv = _sweep_copy(cli_env / "sweep")
+    code, out, err = run(capsys, "search", "--study", "s", "--shape", SHAPE, "--seed", -1, "--replay", csv)
+    assert_one_line_error(code, out, err, "--seed")
+    assert code == 2 and "unexpected" not in err
+    assert not (cli_env / "evotuner.db").exists()
+
+
+def test_a_cache_dir_that_is_a_file_is_one_line(capsys, cli_env, monkeypatch):
+    blocker = cli_env / "cachefile"
+    blocker.write_text("not a folder")
+    for root in (blocker, blocker / "below"):
+        monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(root))
+        code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", TINY_SPACE)
+        assert_one_line_error(code, out, err, "EVOTUNER_CACHE_DIR", str(blocker), "not a directory")
+        assert "unexpected" not in err
+    assert blocker.read_text() == "not a folder"
+
+
+def test_sampler_gp_names_what_it_needs(capsys, cli_env):
+    import importlib.util
+
+    import optuna
+
+    csv = _sweep_copy(cli_env / "sweep")
+    code, out, err = run(capsys, "search", "--study", "g", "--shape", SHAPE, "--trials", 3, "--sampler", "gp",
+                         "--replay", csv)
+    if importlib.util.find_spec("scipy") is not None and hasattr(optuna.samplers, "GPSampler"):
+        assert code == 0, err
+    else:
+        assert_one_line_error(code, out, err, "gp needs", "pip install")
+        assert "unknown sampler" not in err
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert 'gp = ["scipy"]' in pyproject                 # the extra the message points at
+
+
+def test_bench_without_a_gpu_names_bench(capsys, cli_env, monkeypatch):
+    import evotuner.measure
+    from evotuner import cli
+
+    _replayed(capsys, cli_env)
+    monkeypatch.delenv(cli.TEST_MEASURE_ENV)
+    monkeypatch.setattr(evotuner.measure, "gpu_available", lambda *a, **k: False)
+    code, out, err = run(capsys, "bench", "--study", "s")
+    assert_one_line_error(code, out, err, "evotuner bench needs one")
+    assert "evotuner search" not in err
+
+
+def test_compile_help_asks_for_d_only_and_the_exit_status_is_the_verdict(capsys, cli_env):
+    from evotuner import cli
+
+    code, out, err = run(capsys, "compile", "--help")
+    assert code == 0
+    assert "B=" not in out and "D=64" in out and "Exit status" in out
+    strict = cli_env / "strict.toml"
+    strict.write_text(TINY_SPACE.read_text().replace("max_registers = 255", "max_registers = 16"))
+    for extra in ([], ["--json"]):
+        code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", strict, *extra)
+        assert code == cli.GATE_REJECTED_EXIT == 3, err
+    code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", TINY_SPACE)
+    assert code == 0, err
