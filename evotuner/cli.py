@@ -560,9 +560,14 @@ class _SearchView:
             "done": f"study {self.study!r} has {result.finished} finished trials",
             "already_done": f"study {self.study!r} already has {result.finished} finished trials "
                             f"(asked for {result.target}); nothing to do, raise --trials to continue",
-            "exhausted": f"space exhausted: every config of the space has been tried "
-                         f"({result.finished} finished trials, asked for {result.target})",
+            "exhausted": f"space exhausted: every feasible config of the space has been tried "
+                         f"({result.feasible if result.feasible is not None else 'all'} configs in "
+                         f"{result.finished} finished trials, asked for {result.target}); more trials "
+                         f"would only repeat results",
+            "stalled": _stalled_text(self.study, result),
         }[result.outcome]
+        if not self.counts:      # stopped before any trial ran: the study's counts, not "no trials yet"
+            self.counts = dict(summary.counts())
         self._refresh()
         self._log(self.status.plain)
         self._log(outcome)
@@ -570,6 +575,16 @@ class _SearchView:
 
 
 # -- rendering helpers ---------------------------------------------------------------------
+
+
+def _stalled_text(study: str, result: Any) -> str:
+    """Why a search stopped with configs left untried, and what to do."""
+    left = (f"; {result.untried} of {result.feasible} feasible configs never tried"
+            if result.untried is not None else "")
+    return (f"stopped: the sampler proposed only configs the study already tried, "
+            f"{result.duplicate_streak} times in a row ({result.finished} finished trials, asked for "
+            f"{result.target}{left}); running it again stops here again. To try the rest, start "
+            f"another study with --sampler random (it proposes only new configs) or another --seed")
 
 
 def _ratio(baselines: dict[str, float | None], us: float) -> str:

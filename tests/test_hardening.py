@@ -493,3 +493,56 @@ def test_compile_help_asks_for_d_only_and_the_exit_status_is_the_verdict(capsys,
         assert code == cli.GATE_REJECTED_EXIT == 3, err
     code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", TINY_SPACE)
     assert code == 0, err
+
+
+# -- the stop rule: true, and the same on every run ----------------------------------------------
+
+
+def test_a_stuck_sampler_stops_as_stalled_and_stays_stopped(capsys, cli_env, build_cache_dir):
+    import optuna
+
+    from evotuner.build import Builder
+    from evotuner.config import KernelConfig
+    from evotuner.loop import DUPLICATE_STREAK, run_search
+    from evotuner.problem import Problem, Shape
+    from evotuner.propose import params_for
+    from evotuner.space import load_space
+    from evotuner.storage import StudyStore
+    from scaffold import ScaffoldMeasure
+
+    space = load_space(TINY_SPACE)
+    problem = Problem(Shape.parse("B=1,H=2,S=256,D=32"))
+    fixed = params_for(KernelConfig.parse(TINY_CONFIG), space)
+
+    class Stuck(optuna.samplers.RandomSampler):
+        """Proposes the same config for ever (a sampler stuck on a small space)."""
+
+        def sample_independent(self, study, trial, name, distribution):
+            return fixed[name]
+
+    def search(store, trials):
+        return run_search(store=store, study_name="s", problem=problem, space=space, sampler=Stuck(seed=0),
+                          seed=0, trials=trials, builder=builder, measure=ScaffoldMeasure(), batch=1)
+
+    with Builder(space.kernel, arch=space.arch, cache_dir=build_cache_dir, jobs=1) as builder, \
+            StudyStore(f"sqlite:///{cli_env / 'study.db'}") as store:
+        store.create_study("s", problem, space, "random", 0, source_hash=builder.source_hash(),
+                           nvcc_version=builder.nvcc_version())
+        first = search(store, 10**12)
+        assert first.outcome == "stalled"
+        assert first.finished == 1 + DUPLICATE_STREAK
+        assert first.untried is not None and 0 < first.untried < first.feasible
+        again = search(store, 10**12)
+        assert again.outcome == "stalled" and again.new_trials == 0 and again.finished == first.finished
+    # the CLI says what is true, once, and adds nothing
+    for _ in range(2):
+        code, out, err = run(capsys, "resume", "--study", "s", "--trials", 10**12,
+                             "--storage", f"sqlite:///{cli_env / 'study.db'}")
+        assert code == 0, err
+        verdict = [line for line in out.splitlines() if line.startswith(("stopped:", "space exhausted"))]
+        assert len(verdict) == 1, out
+        assert f"{DUPLICATE_STREAK} times in a row" in verdict[0]
+        assert f"{first.untried} of {first.feasible} feasible configs never tried" in verdict[0]
+        assert "every config" not in verdict[0]
+        with StudyStore(f"sqlite:///{cli_env / 'study.db'}", read_only=True) as store:
+            assert len(store.summary("s").trials) == first.finished
