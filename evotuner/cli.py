@@ -39,7 +39,7 @@ from rich.text import Text
 from evotuner import columns
 from evotuner import events as ev
 from evotuner.config import KernelConfig
-from evotuner.errors import EvotunerError, NoGpuError, SpaceError, StudyMismatchError
+from evotuner.errors import EvotunerError, InterruptedByUser, NoGpuError, SpaceError, StudyMismatchError
 from evotuner.measure.base import MeasureStage
 from evotuner.problem import DTYPES, Problem, Shape
 from evotuner.textsafe import for_terminal
@@ -464,13 +464,27 @@ def _run(store, study, problem, space, sampler_name, seed, trials, builder, meas
 
     sampler = make_sampler(sampler_name, space, seed, problem)
     view = _SearchView(study, problem)
-    with view.live():
-        result = run_search(
-            store=store, study_name=study, problem=problem, space=space, sampler=sampler, seed=seed,
-            trials=trials, builder=builder, measure=measure, on_event=view.on_event,
-            start=recommended(problem),
-        )
+    try:
+        with view.live():
+            result = run_search(
+                store=store, study_name=study, problem=problem, space=space, sampler=sampler, seed=seed,
+                trials=trials, builder=builder, measure=measure, on_event=view.on_event,
+                start=recommended(problem),
+            )
+    except KeyboardInterrupt:   # typer would turn it into a silent exit 130: say what was kept
+        raise _interrupted(store, study, trials) from None
     view.close(result, store.summary(study), space)
+
+
+def _interrupted(store: Any, study: str, trials: int) -> InterruptedByUser:
+    try:
+        kept = f"study {study!r} keeps its {store.count_finished(study)} finished trials"
+    except (EvotunerError, Exception):  # noqa: BLE001 -- the message must come out whatever the database says
+        kept = f"study {study!r} keeps every trial that finished"
+    return InterruptedByUser(
+        f"interrupted: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
+        f"continue with `evotuner resume --study {study} --trials {trials}`",
+    )
 
 
 class _SearchView:
@@ -804,7 +818,12 @@ def main(argv: list[str] | None = None) -> int:
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # the CLI reports progress itself
     try:
         result = app(args=argv if argv is not None else sys.argv[1:], prog_name="evotuner", standalone_mode=False)
+        if result == 130:   # typer turned a Ctrl-C into a bare exit status
+            _error_line("interrupted by user")
         return result if isinstance(result, int) else 0
+    except InterruptedByUser as exc:
+        _error_line(str(exc))
+        return 130
     except EvotunerError as exc:
         if debug:
             raise
