@@ -601,3 +601,43 @@ def test_ctrl_c_during_a_search_says_what_was_saved_and_how_to_continue(tmp_path
     finished = [t for t in json.loads(shown.stdout)["trials"]
                 if t["state"] != "RUNNING" and not str(t.get("error") or "").startswith("interrupted")]
     assert kept == len(finished) > 0
+
+
+# -- report: the improvement visible, unmeasured trials shown ---------------------------------------
+
+
+def test_history_plot_fits_the_study_and_shows_unmeasured_trials(capsys, cli_env, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    drawn: dict[str, tuple[float, float]] = {}
+    save = Figure.savefig
+
+    def spy(fig, fname, *args, **kwargs):       # the y range the PNG really has
+        drawn[Path(str(fname)).name] = fig.axes[0].get_ylim()
+        return save(fig, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", spy)
+    _replayed(capsys, cli_env, trials=40)
+    code, out, err = run(capsys, "report", "--study", "s", "-o", cli_env / "report")
+    assert code == 0, err
+    assert (cli_env / "report" / "history.png").stat().st_size > 10_000
+    code, shown, _ = run(capsys, "show", "--study", "s", "--json")
+    data = json.loads(shown)
+    values = [t["value"] for t in sorted(data["trials"], key=lambda t: t["number"]) if t["state"] == "COMPLETE"]
+    lo, hi = drawn["history.png"]
+    assert lo < min(values) < hi
+    assert (values[0] - min(values)) / (hi - lo) > 0.05       # visible on the PNG itself
+    history = json.loads((cli_env / "report" / "report.json").read_text())["history"]
+    assert history["ylim"] == pytest.approx([lo, hi])
+    assert lo < min(values) < hi
+    # the tuned improvement (first best -> final best) is a visible share of the axis, not a flat line
+    assert (values[0] - min(values)) / (hi - lo) > 0.05
+    # SDPA's slow backend (2095 µs) does not stretch the axis: it is marked off scale with its value
+    baselines = data["baselines"]
+    assert "sdpa_efficient" in history["off_scale_baselines"] and baselines["sdpa_efficient"] > hi
+    # PRUNED trials are shown by reason class, with counts matching the study
+    pruned = sum(1 for t in data["trials"] if t["state"] == "PRUNED")
+    assert pruned > 0
+    assert sum(n for k, n in history["not_measured"].items() if k.startswith("PRUNED")) == pruned
+    assert set(history["not_measured"]) <= {"PRUNED constraint", "PRUNED gate"}
