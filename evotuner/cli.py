@@ -722,7 +722,12 @@ def _open_store(storage: str | None, *, must_exist: bool = False, read_only: boo
 
     url = _storage_url(storage)
     path = sqlite_path(resolve_url(url))
-    if must_exist and path is not None and not path.exists():
+    try:
+        missing = path is not None and not path.exists()
+    except OSError as exc:   # a folder on the way cannot be searched
+        raise StorageError(f"database {path} cannot be reached ({exc.strerror})",
+                           "check the permissions of the folders above it, or point --storage elsewhere") from None
+    if must_exist and missing:
         raise StorageError(
             f"no study database at {path}",
             "run `evotuner search` first, or point --storage / $EVOTUNER_STORAGE at the database",

@@ -220,7 +220,8 @@ def validate(conn: Connection, url: URL) -> None:
                 "restore it from a copy, or point --storage at another file",
             )
     tables = inspect(conn).get_table_names()
-    refuse_foreign(tables, url)
+    if url.get_backend_name() == "sqlite":   # a server database may well be shared with other applications
+        refuse_foreign(tables, url)
     if schema.schema_version.name in tables:
         row = conn.execute(select(schema.schema_version.c.version, schema.schema_version.c.evotuner_version)).first()
         if row is not None and row[0] is not None and int(row[0]) > schema.SCHEMA_VERSION:

@@ -15,9 +15,10 @@ create them in a read-only folder, so:
   ``mode=ro`` so the reader sees the log's pages; only where the file or folder is
   not writable is it ``immutable=1`` (the log cannot be read then; the main file can).
 
-Opening for writing refuses a database that already holds tables but neither
-Optuna's nor evotuner's: ``--storage`` pointing at another application's SQLite
-file must not get 37 tables added to it.
+Opening refuses a SQLite file that already holds tables but neither Optuna's nor
+evotuner's: ``--storage`` pointing at another application's SQLite file must not get
+37 tables added to it. (A server database is often shared by several applications,
+each in its own tables, so there the check does not apply.)
 """
 
 from __future__ import annotations

@@ -381,7 +381,7 @@ def _tables(path: Path) -> list[str]:
         conn.close()
 
 
-def test_another_applications_database_is_refused_untouched(capsys, cli_env):
+def test_another_applications_sqlite_file_is_refused_untouched(capsys, cli_env):
     app_db = cli_env / "app.sqlite"
     tables = _foreign_db(app_db)
     csv = _sweep_copy(cli_env / "sweep")
@@ -641,3 +641,24 @@ def test_history_plot_fits_the_study_and_shows_unmeasured_trials(capsys, cli_env
     assert pruned > 0
     assert sum(n for k, n in history["not_measured"].items() if k.startswith("PRUNED")) == pruned
     assert set(history["not_measured"]) <= {"PRUNED constraint", "PRUNED gate"}
+
+
+def test_a_database_behind_a_closed_folder_is_one_line(capsys, cli_env):
+    import tempfile
+
+    prefix = _unprivileged_prefix()
+    if not prefix:
+        pytest.skip("needs root and an unprivileged user that can run this interpreter")
+    _replayed(capsys, cli_env)
+    closed = Path(tempfile.mkdtemp(prefix="evotuner-closed-"))
+    try:
+        shutil.copy(cli_env / "evotuner.db", closed / "evotuner.db")
+        closed.chmod(0o700)                                  # nobody may not search it
+        result = subprocess.run([*prefix, *_cli(), "show", "--study", "s", "--storage",
+                                 f"sqlite:///{closed / 'evotuner.db'}"], cwd="/", env=_child_env(closed / "cache"),
+                                capture_output=True, text=True, timeout=120)
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1, result.stderr
+        assert "cannot be reached" in lines[0] and "unexpected" not in lines[0]
+    finally:
+        shutil.rmtree(closed, ignore_errors=True)
