@@ -28,23 +28,27 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich import box
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
+from evotuner import columns
 from evotuner import events as ev
 from evotuner import session
 from evotuner.config import KernelConfig
 from evotuner.bench import BASELINE_NAMES, bench_study
-from evotuner.errors import EvotunerError, SpaceError
+from evotuner.errors import EvotunerError, InterruptedByUser, SpaceError
 from evotuner.export import export_header
 from evotuner.gate import apply_gate
 from evotuner.problem import Problem, Shape
 from evotuner.propose import make_sampler
 from evotuner.report import make_report
 from evotuner.space import load_space, parse_space
+from evotuner.textsafe import for_terminal
 from evotuner.vocabulary import config_of
 from evotuner.cli_options import DEFAULT_STORAGE, STORAGE_ENV  # noqa: F401 -- part of cli's public names
 from evotuner.cli_options import (
@@ -52,6 +56,7 @@ from evotuner.cli_options import (
     DtypeOpt, CausalOpt, TrialsOpt, ResumeTrialsOpt, SamplerOpt, SeedOpt,
     JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
+    CompileShapeOpt, GATE_REJECTED_EXIT,
     _io, _one_line, _open_store,
 )
 
@@ -94,7 +99,7 @@ def search(
     problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
     search_space = load_space(space)
     make_sampler(sampler, search_space, seed)     # an unknown sampler is refused here
-    stages = _stages(replay)                      # refuses at once without a GPU (unless replaying)
+    stages = _stages(replay, "search")            # refuses at once without a GPU (unless replaying)
     store = _open_store(storage)
     with ExitStack() as stack:
         stack.callback(store.close)
@@ -118,7 +123,7 @@ def resume(
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
     wanted_shape = Shape.parse(shape) if shape is not None else None
     wanted_space = load_space(space) if space is not None else None
-    stages = _stages(replay)                      # refuses at once without a GPU (unless replaying)
+    stages = _stages(replay, "resume")            # refuses at once without a GPU (unless replaying)
     store = _open_store(storage, must_exist=True)
     with ExitStack() as stack:
         stack.callback(store.close)
@@ -137,7 +142,7 @@ def show(
 ) -> None:
     """Show a study: problem, device, baselines, counts and the best trials."""
 
-    store = _open_store(storage, must_exist=True)
+    store = _open_store(storage, must_exist=True, read_only=True)
     try:
         summary = store.summary(study)
         space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
@@ -160,22 +165,22 @@ def report(
     """Write a study's plots: optimization history (SDPA baselines as lines),
     parameter importances, latency against registers and shared memory."""
 
-    store = _open_store(storage, must_exist=True)
+    store = _open_store(storage, must_exist=True, read_only=True)
     try:
         result = make_report(store, study, output)
         diag = _diag.load(store, study)
     finally:
         store.close()
     for path in result.files:
-        _io.out.print(f"wrote {path}")
+        _io.out.print(f"wrote {for_terminal(path)}", markup=False, highlight=False, soft_wrap=True)
     if diag.profiles:
         path = Path(output) / "ncu_profiles.md"
         path.write_text(_diag.profiles_markdown(diag), encoding="utf-8")
-        _io.out.print(f"wrote {path}")
+        _io.out.print(f"wrote {for_terminal(path)}", markup=False, highlight=False, soft_wrap=True)
         _io.out.print(_diag.profile_table({s: r.figures for s, r in diag.profiles.items()},
                                           {s: r.seconds for s, r in diag.profiles.items()}))
     for name, why in result.skipped.items():
-        _io.out.print(f"[dim]left out {name}: {why}[/dim]")
+        _io.out.print(Text(for_terminal(f"left out {name}: {why}"), style="dim"), soft_wrap=True)
 
 
 @app.command("export")
@@ -188,31 +193,45 @@ def export_cmd(
     """Write the best config of each study into a C++ header (one namespace per kernel
     family); each row records whether it passed `evotuner check`."""
 
-    store = _open_store(storage, must_exist=True)
+    store = _open_store(storage, must_exist=True, read_only=True)
     try:
         result = export_header(store, list(study), output, require_checked=require_checked)
     finally:
         store.close()
-    table = Table(title=f"{result.path}  ({len(result.rows)} configs)", title_justify="left")
-    for col in ("#", "dtype", "D", "causal", "max seqlen", "config", "µs", "study", "checked"):
-        table.add_column(col)
+    names = columns.param_names([dict(r.params) for r in result.rows], result.rows[0].order if result.rows else ())
+    short = columns.short_names(names)
+    table = Table(title=Text(for_terminal(f"{result.path}  ({len(result.rows)} configs)")), title_justify="left",
+                  caption=", ".join(filter(None, ["S≤ = the max seqlen_k a row serves", columns.legend(short),
+                                                   "chk = evotuner check: ok, FAIL or - (unchecked)"])),
+                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in ("#", "dtype", "D", "causal", "S≤"):
+        table.add_column(col, no_wrap=True)
+    for name in names:
+        table.add_column(Text(short[name]), justify="right", no_wrap=True)
+    table.add_column("chk", no_wrap=True)
+    table.add_column("µs", justify="right", no_wrap=True)
+    table.add_column("study", overflow="fold", min_width=12)
     for i, row in enumerate(result.rows):
-        table.add_row(*(_export_cells(i, row)))
+        table.add_row(*(_export_cells(i, row, names)))
     _io.out.print(table)
     for skipped in result.skipped:
-        _io.err.print(f"skipped: {skipped}", markup=False, highlight=False)
+        _io.err.print(f"skipped: {for_terminal(skipped)}", markup=False, highlight=False)
 
 
 @app.command("compile")
 def compile_cmd(
     config: ConfigOpt,
-    shape: ShapeOpt,
+    shape: CompileShapeOpt,
     dtype: DtypeOpt = "fp16",
     causal: CausalOpt = False,
     as_json: JsonOpt = False,
     space: SpaceOpt = None,
-) -> None:
-    """Build one config with nvcc (no GPU needed) and show its ptxas report and gate verdict."""
+) -> int:
+    """Build one config with nvcc (no GPU needed) and show its ptxas report and gate verdict.
+
+    Exit status: 0 when the gate passes it, 3 when it builds but the gate rejects it,
+    1 when it cannot be built (the error says why).
+    """
 
     kernel_config = KernelConfig.parse(config)
     problem = Problem(Shape.parse(shape, require=("D",)), dtype=dtype, causal=causal)
@@ -240,7 +259,7 @@ def compile_cmd(
             "params": kernel_config.as_dict(), "gate": figures, "passed": gate.passed, "reason": gate.reason,
             "build_seconds": round(build.seconds, 3), "cached": build.cached,
         })
-        return
+        return 0 if gate.passed else GATE_REJECTED_EXIT
     table = Table(title=f"{kernel_config}  ({problem.dtype}, D={problem.shape.head_dim}"
                         f"{', causal' if problem.causal else ''})", title_justify="left", show_header=False)
     table.add_column("figure")
@@ -252,6 +271,7 @@ def compile_cmd(
     verdict = Text("passed", style="green") if gate.passed else Text(f"rejected: {gate.reason}", style="red")
     table.add_row("gate", verdict)
     _io.out.print(table)
+    return 0 if gate.passed else GATE_REJECTED_EXIT
 
 
 @app.command()
@@ -269,7 +289,7 @@ def bench(
     rebuilt through the build cache (hits when the study ran on this machine).
     """
 
-    stages = _stages(None)                        # refuses at once without a GPU
+    stages = _stages(None, "bench")               # refuses at once without a GPU
     if budget is not None:
         stages = stages.with_budget(budget)
     store = _open_store(storage, must_exist=True)
@@ -325,10 +345,24 @@ def _bench_table(result: Any) -> Table:
 
 def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure) -> None:
     view = _SearchView(study, problem)
-    with view.live():
-        result = session.run_study(store, study, problem, space, sampler_name, seed, trials, builder, measure,
-                                   on_event=view.on_event)
+    try:
+        with view.live():
+            result = session.run_study(store, study, problem, space, sampler_name, seed, trials, builder, measure,
+                                       on_event=view.on_event)
+    except KeyboardInterrupt:   # typer would turn it into a silent exit 130: say what was kept
+        raise _interrupted(store, study, trials) from None
     view.close(result, store.summary(study), space)
+
+
+def _interrupted(store: Any, study: str, trials: int) -> InterruptedByUser:
+    try:
+        kept = f"study {study!r} keeps its {store.count_finished(study)} finished trials"
+    except (EvotunerError, Exception):  # noqa: BLE001 -- the message must come out whatever the database says
+        kept = f"study {study!r} keeps every trial that finished"
+    return InterruptedByUser(
+        f"interrupted: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
+        f"continue with `evotuner resume --study {study} --trials {trials}`",
+    )
 
 
 class _SearchView:
@@ -341,7 +375,7 @@ class _SearchView:
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TimeElapsedColumn(), console=_io.out, transient=False,
         )
-        self.task = self.progress.add_task(f"{study}", total=None)
+        self.task = self.progress.add_task(escape(for_terminal(study)), total=None)
         self.status = Text("starting")
         self.baselines: dict[str, float | None] = {}
         self.counts: dict[str, int] = {}
@@ -388,28 +422,44 @@ class _SearchView:
         return f"#{e.number} {e.state}{dup} {e.config or ''}: {what}"
 
     def _refresh(self) -> None:
-        parts = [f"{k} {v}" for k, v in sorted(self.counts.items())]
-        line = f"builds in flight {self.in_flight}  |  " + (", ".join(parts) or "no trials yet")
+        self.status.plain = self._status_line(max(40, _io.out.width - 1))
+
+    def _status_line(self, width: int) -> str:
+        """Best so far, counts, builds in flight: the longest form that fits ``width``
+        (the live line is cut, not wrapped, so the less telling parts go first)."""
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(self.counts.items()) if v) or "no trials yet"
+        best = ratio = tflops = ""
         if self.best is not None:
-            line += f"  |  best #{self.best.number} {self.best.median_us:.1f} µs"
-            if self.best.tflops:
-                line += f" {self.best.tflops:.1f} TFLOPS"
+            best = f"best #{self.best.number} {self.best.median_us:.1f} µs"
+            tflops = f" {self.best.tflops:.1f} TFLOPS" if self.best.tflops else ""
             ratio = _ratio(self.baselines, self.best.median_us)
-            if ratio:
-                line += f" {ratio}"
-        self.status.plain = line
+            ratio = f" {ratio}" if ratio else ""
+        forms = [
+            f"builds in flight {self.in_flight}  |  {counts}  |  {best}{tflops}{ratio}",
+            f"building {self.in_flight} | {counts} | {best}{tflops}{ratio}",
+            f"building {self.in_flight} | {counts} | {best}{ratio}",
+            f"{counts} | {best}{ratio}",
+            f"{best}{ratio}",
+        ]
+        forms = [f.rstrip(" |") for f in forms if f.strip(" |")] or ["no trials yet"]
+        return next((f for f in forms if len(f) <= width), forms[-1])
 
     def _log(self, line: str) -> None:
-        _io.out.print(line, markup=False, highlight=False, soft_wrap=True)
+        _io.out.print(for_terminal(line), markup=False, highlight=False, soft_wrap=True)
 
     def close(self, result: Any, summary: Any, space: Any) -> None:
         outcome = {
             "done": f"study {self.study!r} has {result.finished} finished trials",
             "already_done": f"study {self.study!r} already has {result.finished} finished trials "
                             f"(asked for {result.target}); nothing to do, raise --trials to continue",
-            "exhausted": f"space exhausted: every config of the space has been tried "
-                         f"({result.finished} finished trials, asked for {result.target})",
+            "exhausted": f"space exhausted: every feasible config of the space has been tried "
+                         f"({result.feasible if result.feasible is not None else 'all'} configs in "
+                         f"{result.finished} finished trials, asked for {result.target}); more trials "
+                         f"would only repeat results",
+            "stalled": _stalled_text(self.study, result),
         }[result.outcome]
+        if not self.counts:      # stopped before any trial ran: the study's counts, not "no trials yet"
+            self.counts = dict(summary.counts())
         self._refresh()
         self._log(self.status.plain)
         self._log(outcome)
@@ -417,6 +467,16 @@ class _SearchView:
 
 
 # -- rendering helpers ---------------------------------------------------------------------
+
+
+def _stalled_text(study: str, result: Any) -> str:
+    """Why a search stopped with configs left untried, and what to do."""
+    left = (f"; {result.untried} of {result.feasible} feasible configs never tried"
+            if result.untried is not None else "")
+    return (f"stopped: the sampler proposed only configs the study already tried, "
+            f"{result.duplicate_streak} times in a row ({result.finished} finished trials, asked for "
+            f"{result.target}{left}); running it again stops here again. To try the rest, start "
+            f"another study with --sampler random (it proposes only new configs) or another --seed")
 
 
 def _ratio(baselines: dict[str, float | None], us: float) -> str:
@@ -454,15 +514,31 @@ def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space
     done = sorted((t for t in summary.trials
                    if t.state == "COMPLETE" and t.value is not None and t.duplicate_of is None),
                   key=lambda t: t.value)[:top]
-    table = Table(title=f"best {len(done)} of {len(summary.trials)} trials", title_justify="left")
-    for col, just in (("#", "right"), ("config", "left"), ("µs", "right"), ("TFLOPS", "right"), ("vs SDPA", "right")):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    configs = [_config_values(t, space) for t in done]
+    names = columns.param_names(configs, tuple(space.names) if space is not None else ())
+    short = columns.short_names(names)
+    table = Table(title=f"best {len(done)} of {len(summary.trials)} trials", title_justify="left",
+                  caption=columns.legend(short) or None, caption_justify="left")
+    table.add_column("#", justify="right", no_wrap=True)
+    for name in names:
+        table.add_column(Text(for_terminal(short[name])), justify="right", no_wrap=True)
+    for col in ("µs", "TFLOPS", "vs SDPA"):
+        table.add_column(col, justify="right", no_wrap=True)
     fastest = min((v for v in baselines.values() if v), default=None)
-    for t in done:
-        table.add_row(str(t.number), _config_text(t, space), f"{t.value:.1f}",
+    for t, config in zip(done, configs):
+        table.add_row(str(t.number), *columns.cells(config, names), f"{t.value:.1f}",
                       f"{t.tflops:.1f}" if t.tflops else "-",
                       f"{fastest / t.value:.2f}x" if fastest else "-")
     return table
+
+
+def _config_values(record: Any, space: Any) -> dict[str, int]:
+    """A trial's config as {name: value}, whichever way its params were recorded."""
+    text = _config_text(record, space)
+    try:
+        return KernelConfig.parse(text).as_dict()
+    except (EvotunerError, ValueError):
+        return {str(k): v for k, v in (record.params or {}).items()}
 
 
 def _render_summary(summary: Any, top: int, space: Any) -> None:
@@ -470,23 +546,27 @@ def _render_summary(summary: Any, top: int, space: Any) -> None:
     head = Table(show_header=False, box=None, pad_edge=False)
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("study", summary.study)
+    head.add_row("study", Text(for_terminal(summary.study)))
     head.add_row("problem", f"{p.shape} {p.dtype}{' causal' if p.causal else ''}")
-    head.add_row("space", f"{summary.space_name} ({summary.space_fingerprint[:12]})")
+    head.add_row("space", Text(for_terminal(f"{summary.space_name} ({summary.space_fingerprint[:12]})")))
     head.add_row("sampler", f"{summary.sampler} seed={summary.seed}")
     device = summary.device or {}
-    head.add_row("device", str(device.get("name", "never measured")))
+    head.add_row("device", Text(for_terminal(device.get("name", "never measured"))))
     head.add_row("baselines", ", ".join(f"{k} {v:.1f} µs" for k, v in summary.baselines.items() if v) or "-")
     head.add_row("trials", ", ".join(f"{k} {v}" for k, v in sorted(summary.counts().items())) or "none")
     _io.out.print(head)
     _io.out.print(_top_table(summary, top, dict(summary.baselines), space))
 
 
-def _export_cells(i: int, row: Any) -> list[str]:
+def _export_cells(i: int, row: Any, names: list[str]) -> list[Any]:
     max_seqlen = "any" if row.max_seqlen >= 2**31 - 1 else str(row.max_seqlen)
-    config = ",".join(f"{k}={v}" for k, v in row.params)
-    return [str(i), row.dtype, str(row.head_dim), "yes" if row.causal else "no", max_seqlen, config,
-            f"{row.median_us:.1f}", f"{row.study} #{row.trial}", getattr(row, "checked", "unchecked")]
+    return [str(i), row.dtype, str(row.head_dim), "yes" if row.causal else "no", max_seqlen,
+            *columns.cells(dict(row.params), names), _CHECK_MARK.get(row.checked, row.checked),
+            f"{row.median_us:.1f}", Text(for_terminal(f"{row.study} #{row.trial}"))]
+
+
+#: The export table's ``chk`` cell per `evotuner check` verdict (short: the table fits 80 columns).
+_CHECK_MARK = {"passed": "ok", "failed": "FAIL", "unchecked": "-"}
 
 
 def _report_dict(report: Any) -> dict[str, Any]:
@@ -515,11 +595,11 @@ def _builder(space: Any, jobs: int | None, stack: ExitStack) -> Any:
 _injected: dict[str, session.MeasureFactory | None] = {"measure": None}
 
 
-def _stages(replay: Path | None) -> session.StageFactory:
+def _stages(replay: Path | None, command: str) -> session.StageFactory:
     """The stage factory for search/resume/bench: nvcc + the GPU worker (or the measure stage
     ``main`` was handed), or a recorded sweep (``--replay``), which needs neither. Without a
     GPU this refuses at once, before any database is opened."""
-    return session.StageFactory(measure_factory=_injected["measure"], replay=replay).ready()
+    return session.StageFactory(measure_factory=_injected["measure"], replay=replay).ready(command)
 
 
 # check / profile live in their own module; importing it registers them on ``app``.
@@ -529,7 +609,7 @@ from evotuner import cli_diagnostics as _diag  # noqa: E402
 
 
 def _error_line(message: str) -> None:
-    _io.err.print(f"error: {message}", markup=False, highlight=False, soft_wrap=True)
+    _io.err.print(f"error: {for_terminal(message)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFactory | None = None) -> int:
@@ -545,7 +625,12 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # the CLI reports progress itself
     try:
         result = app(args=argv if argv is not None else sys.argv[1:], prog_name="evotuner", standalone_mode=False)
+        if result == 130:   # typer turned a Ctrl-C into a bare exit status
+            _error_line("interrupted by user")
         return result if isinstance(result, int) else 0
+    except InterruptedByUser as exc:
+        _error_line(str(exc))
+        return 130
     except EvotunerError as exc:
         if debug:
             raise

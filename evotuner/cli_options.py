@@ -51,7 +51,8 @@ ResumeTrialsOpt = Annotated[
 SamplerOpt = Annotated[
     str, typer.Option("--sampler", help="Optuna sampler: tpe, nsga2, cmaes, random, grid (gp where available).")
 ]
-SeedOpt = Annotated[int, typer.Option("--seed", help="Sampler seed; the same seed reproduces a study.")]
+SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1,
+                                      help="Sampler seed (0 to 2**32-1); the same seed reproduces a study.")]
 JobsOpt = Annotated[
     Optional[int], typer.Option("--jobs", min=1, help="Parallel nvcc builds [default: the number of CPUs].")
 ]
@@ -65,6 +66,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object ins
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best trials to list.")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="The C++ header to write.")]
 ConfigOpt = Annotated[str, typer.Option("--config", help="Kernel config NAME=VALUE,... (every space parameter).")]
+CompileShapeOpt = Annotated[str, typer.Option(
+    "--shape", help="The head dim, D=64 (32, 64, 96, 128 or 256): the only dimension compiled into the kernel.")]
+#: ``compile``'s exit status when the config builds but the ptxas gate rejects it.
+GATE_REJECTED_EXIT = 3
 BenchTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best configs to re-measure.")]
 BudgetOpt = Annotated[
     Optional[float],
@@ -99,5 +104,5 @@ def _one_line(text: str | None) -> str:
     return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
 
 
-def _open_store(storage: str | None, *, must_exist: bool = False) -> Any:
-    return session.open_store(_storage_url(storage), must_exist=must_exist)
+def _open_store(storage: str | None, *, must_exist: bool = False, read_only: bool = False) -> Any:
+    return session.open_store(_storage_url(storage), must_exist=must_exist, read_only=read_only)

@@ -43,3 +43,7 @@ class BuildError(EvotunerError):
 
 class NoGpuError(EvotunerError):
     """A stage that needs a CUDA GPU was asked for on a machine without one."""
+
+
+class InterruptedByUser(EvotunerError):
+    """Ctrl-C: the message says what was saved and how to continue (the CLI exits 130)."""

@@ -35,18 +35,18 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import re
-import tempfile
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
 from evotuner.abi import DTYPE_CODES
+from evotuner.atomicfile import write_text_atomic
 from evotuner.errors import EvotunerError
 from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
 from evotuner.problem import Problem
+from evotuner.textsafe import for_c_comment
 
 #: Closed bucket edges (inclusive upper bounds of seqlen_k); above the last is the open bucket.
 BUCKET_EDGES = (512, 1024, 2048, 4096, 8192)
@@ -158,8 +158,7 @@ def _text(value: object) -> str:
         return "unknown"
     if isinstance(value, datetime):
         value = value.isoformat(timespec="seconds")
-    text = " ".join(str(value).split())
-    return "".join(c if c.isprintable() else "?" for c in text).replace("*/", "* /")
+    return for_c_comment(value)
 
 
 def _nvcc_short(version: object) -> str:
@@ -399,20 +398,14 @@ def _render_section(rows: list[ExportRow], arch: str, family: KernelFamily) -> l
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same folder and a rename."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    """Write ``text`` to ``path`` via a temp file in the same folder and a rename, keeping
+    the existing file's mode (0666 less the umask for a new file); see :mod:`evotuner.atomicfile`."""
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        write_text_atomic(path, text)
+    except ExportError:
         raise
+    except EvotunerError as exc:
+        raise ExportError(f"export: {exc.message}", exc.remedy) from None
 
 
 #: The compute-sanitizer tools a row must have passed to count as checked.

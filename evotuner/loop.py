@@ -10,9 +10,11 @@ and the one place where exceptions become trial states:
   same holds for a config proposed while its first trial is still in flight;
   it is finished when that one is. (Samplers propose repeats, TPE on a
   categorical space especially; copying keeps the study honest about what
-  was tried and costs nothing.) Repeats stop the search with ``exhausted``
-  once every config of the space is known, or after ``DUPLICATE_STREAK``
-  repeats in a row;
+  was tried and costs nothing.) The search stops with ``exhausted`` once
+  every feasible config of the space is known, and with ``stalled`` after
+  ``DUPLICATE_STREAK`` repeats in a row. The streak is counted from the
+  study's recorded trials, so the rule is the same on every run: a study that
+  stalled stops again at once instead of adding another streak of repeats;
 * a config that breaks a static constraint of the space is told PRUNED at once
   with the constraint's message as user attr ``reason``; it never reaches nvcc;
 * a failed build is FAIL (reason: the compiler's error), a build the ptxas
@@ -56,10 +58,11 @@ from evotuner.vocabulary import config_of  # noqa: F401 (re-exported)
 
 #: How a search ended: ``done`` (the study has ``trials`` finished trials),
 #: ``already_done`` (it had them before this run started; nothing was asked),
-#: ``exhausted`` (every config of the space is known, or the sampler proposed
-#: only known configs ``DUPLICATE_STREAK`` times in a row; more trials would
-#: only repeat results).
-OUTCOMES = ("done", "already_done", "exhausted")
+#: ``exhausted`` (every feasible config of the space is known: more trials would only
+#: repeat results), ``stalled`` (the study's last ``DUPLICATE_STREAK`` trials were all
+#: repeats of known configs: the sampler keeps proposing what was tried, though
+#: ``SearchResult.untried`` configs may remain).
+OUTCOMES = ("done", "already_done", "exhausted", "stalled")
 
 #: Consecutive proposals of already-known configs after which the loop stops
 #: with ``exhausted`` instead of spinning (a sampler stuck on a small space).
@@ -85,6 +88,12 @@ class SearchResult:
     best: ev.Best | None = None
     baselines: dict[str, float | None] | None = field(default=None, hash=False)
     zombies: tuple[int, ...] = ()
+    #: Statically feasible configs of the space, and how many of them no trial has tried
+    #: (None when the space is larger than ``COVERAGE_LIMIT``).
+    feasible: int | None = None
+    untried: int | None = None
+    #: Repeats of known configs at the end of the study (the ``stalled`` rule's count).
+    duplicate_streak: int = 0
     #: Wall seconds this run spent in each part of the loop's thread (see ``TIMING_KEYS``);
     #: builds run in a pool, so ``build_wait`` is only the time the loop was blocked on one.
     timings: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
@@ -176,6 +185,7 @@ class _Search:
         self.dup_streak = 0
         self.current: optuna.trial.Trial | None = None   # asked, not yet placed anywhere
         self._unseen: set[KernelConfig] | None = None
+        self._feasible: int | None = None
         self.timings = {key: 0.0 for key in TIMING_KEYS}
 
     def _tally(self, key: str, since: float) -> float:
@@ -200,13 +210,17 @@ class _Search:
         if self.finished >= self.target:
             self.emit(ev.SearchFinished("already_done", self.finished, self.target))
             return self._result("already_done", zombies)
+        stop = self._stop_reason()
+        if stop is not None:       # nothing new can come of asking: say so before measuring anything
+            self.emit(ev.SearchFinished(stop, self.finished, self.target))
+            return self._result(stop, zombies)
         self._device_and_baselines()
         outcome = "done"
         try:
             while True:
-                exhausted = self._fill()
+                stop = self._fill()
                 if not self.pending:
-                    outcome = "exhausted" if exhausted and self.finished < self.target else "done"
+                    outcome = stop if stop is not None and self.finished < self.target else "done"
                     break
                 self._collect(self.pending.popleft())
         except KeyboardInterrupt:
@@ -226,10 +240,16 @@ class _Search:
                 self.study.enqueue_trial(params_for(config, self.space))
 
     def _result(self, outcome: str, zombies: tuple[int, ...]) -> SearchResult:
+        feasible = untried = None
+        if self.space.size <= COVERAGE_LIMIT:
+            self._space_exhausted()
+            assert self._unseen is not None and self._feasible is not None
+            feasible, untried = self._feasible, len(self._unseen)
         return SearchResult(
             study=self.name, outcome=outcome, target=self.target, finished=self.finished,
             new_trials=self.new_trials, counts=dict(self.counts), best=self.best,
             baselines=self.baselines, zombies=zombies, timings=dict(self.timings),
+            feasible=feasible, untried=untried, duplicate_streak=self.dup_streak,
         )
 
     def emit(self, event: object) -> None:
@@ -242,9 +262,11 @@ class _Search:
         user) is not finished: it does not count towards ``trials`` and its
         config may be proposed and built again.
         """
-        for rec in self.store.finished_trials(self.name):
+        for rec in sorted(self.store.finished_trials(self.name), key=lambda r: r.number):
             self.finished += 1
             self.counts[rec.state] = self.counts.get(rec.state, 0) + 1
+            # the stall rule's streak, as the loop counts it: repeats in a row, reset by a new config
+            self.dup_streak = self.dup_streak + 1 if rec.duplicate_of is not None else 0
             config = config_of(rec.params, self.space)
             if config is None:
                 continue
@@ -279,16 +301,26 @@ class _Search:
     def _in_flight_trials(self) -> int:
         return sum(1 + len(p.followers) for p in self.pending)
 
-    def _fill(self) -> bool:
+    def _fill(self) -> str | None:
         """Ask trials until ``batch`` builds are in flight or the target is covered.
 
-        Returns True when it stopped because the space is exhausted.
+        Returns ``exhausted`` or ``stalled`` when it stopped asking for that reason.
         """
         while len(self.pending) < self.batch and self.finished + self._in_flight_trials() < self.target:
-            if self._space_exhausted() or self.dup_streak >= DUPLICATE_STREAK:
-                return True
+            stop = self._stop_reason()
+            if stop is not None:
+                return stop
             self._ask_one()
-        return False
+        return None
+
+    def _stop_reason(self) -> str | None:
+        """``exhausted`` when every feasible config is known or in flight; ``stalled`` after
+        ``DUPLICATE_STREAK`` repeats in a row; else None."""
+        if self._space_exhausted():
+            return "exhausted"
+        if self.dup_streak >= DUPLICATE_STREAK:
+            return "stalled"
+        return None
 
     def _space_exhausted(self) -> bool:
         """True when every statically feasible config is finished or in flight (spaces up to
@@ -297,6 +329,7 @@ class _Search:
             return False
         if self._unseen is None:   # the configs that can run: static violations never will
             self._unseen = {c for c in self.space.configs() if self.space.violated(c, self.problem) is None}
+            self._feasible = len(self._unseen)
         self._unseen -= self.known.keys()
         self._unseen -= self.by_config.keys()
         return not self._unseen

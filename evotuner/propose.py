@@ -108,6 +108,13 @@ def _base_sampler(name: str, space: SearchSpace, seed: int | None) -> optuna.sam
             return GridSweepSampler(grid, seed=seed)
         if name == "gp" and "gp" in SAMPLERS:
             return optuna.samplers.GPSampler(seed=seed, n_startup_trials=n_startup)
+    if name == "gp":
+        missing = [m for m in ("scipy", "torch") if importlib.util.find_spec(m) is None]
+        if not hasattr(optuna.samplers, "GPSampler"):
+            raise SpaceError(f"sampler gp needs Optuna's GPSampler (optuna {optuna.__version__} has none)",
+                             "pip install -U 'optuna>=3.6'")
+        raise SpaceError(f"sampler gp needs {' and '.join(missing)}, which is not installed",
+                         f"pip install {' '.join(missing)} (or pip install -e '.[gp]' in the checkout)")
     raise SpaceError(f"unknown sampler {name!r}", f"use one of {', '.join(SAMPLERS)}")
 
 

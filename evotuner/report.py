@@ -3,7 +3,9 @@
 ``write_report(store, study, output_dir)`` writes
 
 * ``history.png`` -- every COMPLETE trial's median µs by trial number, the best
-  so far as a step line, and the study's SDPA baselines as horizontal lines;
+  so far as a step line, the study's SDPA baselines as horizontal lines (marked at
+  the edge when off the study's scale), and PRUNED/FAIL trials by reason class in a
+  strip below (:mod:`evotuner.history_plot`);
 * ``importances.png`` -- Optuna's parameter importances (fANOVA by default);
   needs at least two COMPLETE trials with differing parameters;
 * ``resources.png`` -- latency against registers per thread and against shared
@@ -20,12 +22,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from evotuner.errors import EvotunerError
+from evotuner.history_plot import draw_history
 from evotuner.vocabulary import INDEX_SUFFIX
 
 
@@ -59,7 +61,8 @@ def make_report(store: Any, study_name: str, output_dir: str | Path) -> Report:
     skipped: dict[str, str] = {}
     complete = [t for t in summary.trials if t.state == "COMPLETE" and t.value is not None]
 
-    files.append(_history(plt, summary, complete, out / "history.png"))
+    history = draw_history(plt, summary, _title(summary), out / "history.png")
+    files.append(out / "history.png")
 
     importances, why = _importances(store, study_name, complete)
     if importances is None:
@@ -81,7 +84,7 @@ def make_report(store: Any, study_name: str, output_dir: str | Path) -> Report:
     index = out / "report.json"
     index.write_text(json.dumps({
         "study": summary.study, "trials": len(summary.trials), "complete": len(complete),
-        "files": [f.name for f in files], "skipped": skipped,
+        "files": [f.name for f in files], "skipped": skipped, "history": history.as_json(),
     }, indent=2) + "\n", encoding="utf-8")
     files.append(index)
     return Report(tuple(files), skipped)
@@ -106,40 +109,6 @@ def _title(summary: Any) -> str:
     p = summary.problem
     device = (summary.device or {}).get("name", "no device")
     return f"{summary.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} on {device}"
-
-
-def _history(plt: Any, summary: Any, complete: list[Any], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    if complete:
-        own = [t for t in complete if t.duplicate_of is None]
-        copies = [t for t in complete if t.duplicate_of is not None]
-        ax.scatter([t.number for t in own], [t.value for t in own], s=16, color="tab:blue", alpha=0.7,
-                   label="COMPLETE trial (median µs)")
-        if copies:
-            ax.scatter([t.number for t in copies], [t.value for t in copies], s=16, facecolors="none",
-                       edgecolors="tab:blue", alpha=0.5, label="repeat of an earlier config (not re-measured)")
-        best, bx, by = math.inf, [], []
-        for t in sorted(complete, key=lambda t: t.number):
-            best = min(best, t.value)
-            bx.append(t.number)
-            by.append(best)
-        last = max(t.number for t in summary.trials)
-        ax.step(bx + [last], by + [by[-1]], where="post", color="tab:red", linewidth=2, label="best so far")
-    else:
-        ax.text(0.5, 0.5, "no COMPLETE trial yet", transform=ax.transAxes, ha="center", va="center")
-    styles = iter(["--", ":", "-.", (0, (5, 1))])
-    for name, us in sorted(summary.baselines.items()):
-        if us is not None:
-            ax.axhline(us, color="grey", linestyle=next(styles, "--"), linewidth=1.2, label=f"{name} {us:.1f} µs")
-    ax.set_xlabel("trial number")
-    ax.set_ylabel("median latency (µs, lower is better)")
-    ax.set_title(_title(summary), fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _importances(store: Any, study_name: str, complete: list[Any]) -> tuple[dict[str, float] | None, str]:

@@ -32,21 +32,32 @@ from evotuner.storage.connect import resolve_url, sqlite_path
 #: Makes a measure stage (a context manager, entered by the caller's ExitStack).
 MeasureFactory = Callable[[], MeasureStage]
 
-NO_GPU = NoGpuError(
-    "no CUDA GPU on this machine: evotuner search needs one to measure; `evotuner compile` works here",
-    "run search/resume on a machine with an NVIDIA Hopper GPU",
-)
+def no_gpu(command: str = "search") -> NoGpuError:
+    """The refusal on a machine without a GPU, naming the command the user ran and what works here."""
+    instead = ("`evotuner search --replay SWEEP.csv`, `compile`, `show`, `export` and `report` work here"
+               if command in ("search", "resume") else "`evotuner compile`, `show`, `export` and `report` work here")
+    return NoGpuError(f"no CUDA GPU on this machine: evotuner {command} needs one to measure; {instead}",
+                      f"run evotuner {command} on a machine with an NVIDIA Hopper GPU")
 
 
-def open_store(url: str, *, must_exist: bool = False) -> StudyStore:
-    """The study database; ``must_exist``: refuse (creating nothing) when a SQLite file is missing."""
+NO_GPU = no_gpu("search")
+
+
+def open_store(url: str, *, must_exist: bool = False, read_only: bool = False) -> StudyStore:
+    """The study database; ``must_exist``: refuse (creating nothing) when a SQLite file is missing;
+    ``read_only``: open it without writing (show, export, report)."""
     path = sqlite_path(resolve_url(url))
-    if must_exist and path is not None and not path.exists():
+    try:
+        missing = path is not None and not path.exists()
+    except OSError as exc:   # a folder on the way cannot be searched
+        raise StorageError(f"database {path} cannot be reached ({exc.strerror})",
+                           "check the permissions of the folders above it, or point --storage elsewhere") from None
+    if must_exist and missing:
         raise StorageError(
             f"no study database at {path}",
             "run `evotuner search` first, or point --storage / $EVOTUNER_STORAGE at the database",
         )
-    return StudyStore(url)
+    return StudyStore(url, read_only=read_only)
 
 
 def study_space(store: StudyStore, study: str) -> SearchSpace:
@@ -61,19 +72,19 @@ class StageFactory:
 
     ``replay``: a recorded sweep answers builds and measurements (no nvcc, no GPU).
     ``measure_factory``: an injected measure stage (tests, benchmarks); None: the GPU
-    worker, refused at once (:data:`NO_GPU`) on a machine without a GPU.
+    worker, refused at once (:func:`no_gpu`) on a machine without a GPU.
     """
 
     measure_factory: MeasureFactory | None = None
     replay: Path | None = None
 
-    def ready(self) -> "StageFactory":
+    def ready(self, command: str = "search") -> "StageFactory":
         """This factory with its measure stage resolved; refuses without a GPU (unless replaying
-        or injected) before anything is opened."""
+        or injected) before anything is opened, naming ``command``."""
         if self.replay is not None or self.measure_factory is not None:
             return self
         if not measure_pkg.gpu_available():
-            raise NO_GPU
+            raise no_gpu(command)
         return StageFactory(measure_pkg.GpuMeasure, None)
 
     def builder(self, space: SearchSpace, jobs: int | None, stack: ExitStack) -> Builder:

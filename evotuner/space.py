@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterator, Mapping
 from evotuner.config import PARAM_NAME, KernelConfig
 from evotuner.errors import SpaceError
 from evotuner.family import get_family
+from evotuner.spacelimits import check_bits, check_depth, check_pow, first_duplicate
 from evotuner.problem import Problem
 
 if sys.version_info >= (3, 11):
@@ -61,6 +62,9 @@ _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _MAX_EXPR_CHARS = 400
 _MAX_POW_EXPONENT = 64
+#: Values of one parameter; more is a generated list, not a kernel knob (and the space's
+#: product of sizes is what the loop walks).
+_MAX_PARAM_VALUES = 4096
 
 
 # --------------------------------------------------------------------------- values
@@ -470,9 +474,12 @@ class _Loader:
             for v in values:
                 if isinstance(v, bool) or not isinstance(v, int):
                     raise self.error(f"{key} values", f"{v!r} is not an integer", "values are integers")
-            dupes = sorted({v for v in values if values.count(v) > 1})
-            if dupes:
-                raise self.error(f"{key} values", f"duplicate value {dupes[0]}", "list each value once")
+            if len(values) > _MAX_PARAM_VALUES:
+                raise self.error(f"{key} values", f"{len(values)} values, more than {_MAX_PARAM_VALUES}",
+                                 "a parameter is one template argument of the kernel; list the few worth compiling")
+            dupes = first_duplicate(values)
+            if dupes is not None:
+                raise self.error(f"{key} values", f"duplicate value {dupes}", "list each value once")
             doc = body.get("doc", "")
             if not isinstance(doc, str):
                 raise self.error(f"{key} doc", "must be a string")
@@ -536,6 +543,7 @@ def compile_expr(source: str, where: str, known: Mapping[str, Any]) -> Expr:
     except SyntaxError as exc:
         raise SpaceError(f"{where}: cannot parse {source!r}: {exc.msg}", f"expressions may use {_ALLOWED}") from None
     names: set[str] = set()
+    check_depth(tree.body, where)
     _check_node(tree.body, where, known, names)
     return Expr(source.strip(), frozenset(names), tree, where)
 
@@ -609,9 +617,11 @@ class _Evaluator:
             a, b = self.visit(node.left), self.visit(node.right)
             if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and b == 0:
                 raise SpaceError(f"{self.where}: division by zero", "guard the divisor, e.g. max(1, ...)")
-            if isinstance(node.op, ast.Pow) and not 0 <= b <= _MAX_POW_EXPONENT:
-                raise SpaceError(f"{self.where}: exponent {b} outside 0..{_MAX_POW_EXPONENT}")
-            return _BINOPS[type(node.op)](a, b)
+            if isinstance(node.op, ast.Pow):
+                if not 0 <= b <= _MAX_POW_EXPONENT:
+                    raise SpaceError(f"{self.where}: exponent {b} outside 0..{_MAX_POW_EXPONENT}")
+                check_pow(a, b, self.where)
+            return check_bits(_BINOPS[type(node.op)](a, b), self.where)
         if isinstance(node, ast.UnaryOp):
             v = self.visit(node.operand)
             if isinstance(node.op, ast.Not):

@@ -29,6 +29,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
 
 from evotuner.errors import StorageError
 from evotuner.storage import schema
+from evotuner.storage.readonly import readonly_url, refuse_foreign
+from evotuner.storage.urlmask import mask_url
 
 #: Environment variable that overrides the default database URL.
 ENV_VAR = "EVOTUNER_STORAGE"
@@ -70,14 +72,15 @@ def resolve_url(url: str | None) -> URL:
     raw = url or os.environ.get(ENV_VAR) or DEFAULT_URL
     try:
         parsed = make_url(raw)
-    except ArgumentError:
-        raise StorageError(f"storage URL {raw!r} cannot be read", _URL_REMEDY) from None
+    except (ArgumentError, ValueError) as exc:
+        why = "its port is not a number" if "int()" in str(exc) else "it is not a SQLAlchemy URL"
+        raise StorageError(f"storage URL {mask_url(raw)!r} cannot be read: {why}", _URL_REMEDY) from None
     if parsed.get_backend_name() != "sqlite":
         return parsed
     db = parsed.database or ""
     if db in ("", ":memory:") or db.startswith("file:") or parsed.query.get("mode") == "memory":
         raise StorageError(
-            f"storage URL {raw!r}: an in-memory or URI-form SQLite database cannot hold a study",
+            f"storage URL {mask_url(raw)!r}: an in-memory or URI-form SQLite database cannot hold a study",
             "give a file path, e.g. sqlite:///evotuner.db",
         )
     path = Path(db).expanduser()
@@ -87,8 +90,8 @@ def resolve_url(url: str | None) -> URL:
 
 
 def display(url: URL) -> str:
-    """The URL as it may appear in a message (password hidden)."""
-    return url.render_as_string(hide_password=True)
+    """The URL as it may appear in a message (password and secret query values hidden)."""
+    return mask_url(url)
 
 
 def sqlite_path(url: URL) -> Path | None:
@@ -128,8 +131,9 @@ def _import_driver(url: URL) -> Any:
         ) from None
 
 
-def precheck_sqlite(path: Path) -> bool:
-    """Check a SQLite path without touching it; return whether the file exists already."""
+def precheck_sqlite(path: Path, *, read_only: bool = False) -> bool:
+    """Check a SQLite path without touching it; return whether the file exists already.
+    ``read_only``: the file must exist and be a database; it need not be writable."""
     if path.exists():
         if not path.is_file():
             raise StorageError(f"database {path} is not a file", "point --storage at a file, e.g. sqlite:///evotuner.db")
@@ -143,12 +147,16 @@ def precheck_sqlite(path: Path) -> bool:
                 f"database {path}: file is not a database (no SQLite header)",
                 "point --storage at the study database, or move this file away",
             )
+        if read_only:
+            return True
         if not os.access(path, os.W_OK):
-            raise StorageError(f"database {path} is read-only", "make it writable (chmod u+w) or work on a copy")
+            raise StorageError(f"database {path} is read-only",
+                               "make it writable (chmod u+w) or work on a copy; show, export and report read it as it is")
         if not os.access(path.parent, os.W_OK | os.X_OK):
             raise StorageError(
                 f"database {path}: directory {path.parent} is read-only and SQLite must write its journal there",
-                "make the directory writable or copy the database to a writable one",
+                "make the directory writable or copy the database to a writable one; "
+                "show, export and report read it as it is",
             )
         return True
     parent = path.parent
@@ -211,20 +219,27 @@ def validate(conn: Connection, url: URL) -> None:
                 f"database {sqlite_path(url)} is corrupt: {rows[0] if rows else 'integrity check failed'}",
                 "restore it from a copy, or point --storage at another file",
             )
-    if schema.schema_version.name in inspect(conn).get_table_names():
-        found = conn.execute(select(schema.schema_version.c.version)).scalar()
-        if found is not None and int(found) > schema.SCHEMA_VERSION:
+    tables = inspect(conn).get_table_names()
+    if url.get_backend_name() == "sqlite":   # a server database may well be shared with other applications
+        refuse_foreign(tables, url)
+    if schema.schema_version.name in tables:
+        row = conn.execute(select(schema.schema_version.c.version, schema.schema_version.c.evotuner_version)).first()
+        if row is not None and row[0] is not None and int(row[0]) > schema.SCHEMA_VERSION:
             raise StorageError(
-                f"database schema version {int(found)} is newer than this evotuner ({schema.SCHEMA_VERSION})",
-                "upgrade evotuner (pip install -U evotuner)",
+                f"database schema version {int(row[0])} (written by evotuner {row[1] or 'unknown'}) is newer "
+                f"than this evotuner's ({schema.SCHEMA_VERSION})",
+                "update the evotuner checkout that wrote it (git pull) and reinstall it from there "
+                "(pip install -e .), or work on a copy made by this version",
             )
 
 
-def connect(url: URL) -> Engine:
-    """Create the engine and run :func:`validate`; writes nothing."""
+def connect(url: URL, *, read_only: bool = False) -> Engine:
+    """Create the engine and run :func:`validate`; writes nothing. ``read_only``: the
+    engine cannot write either (SQLite opened ``mode=ro``, or ``immutable`` where the
+    file or its folder is not writable; see :mod:`evotuner.storage.readonly`)."""
     kwargs = engine_kwargs(url)
-    engine = create_engine(url, **kwargs)
-    if url.get_backend_name() == "sqlite":
+    engine = create_engine(readonly_url(url) if read_only else url, **kwargs)
+    if url.get_backend_name() == "sqlite" and not read_only:
         _immediate_transactions(engine)
     try:
         with engine.connect() as conn:

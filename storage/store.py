@@ -192,11 +192,17 @@ class StudyStore:
     an evotuner schema newer than this version. Then it creates Optuna's tables
     and evotuner's (``evotuner_*``) if missing. With ``create=False`` (``show``,
     ``export``) a SQLite file that does not exist is an error instead of a new
-    database. Use as a context manager or call :meth:`close`.
+    database. With ``read_only=True`` (``show``, ``export``, ``report``; implies
+    ``create=False``) nothing is written and the database may be read-only for this
+    user (:mod:`evotuner.storage.readonly`); the record methods then fail. A
+    database holding another application's tables is refused. Use as a context
+    manager or call :meth:`close`.
     """
 
-    def __init__(self, url: str | None = None, *, create: bool = True) -> None:
+    def __init__(self, url: str | None = None, *, create: bool = True, read_only: bool = False) -> None:
         self._url = _connect.resolve_url(url)
+        self.read_only = read_only
+        create = create and not read_only
         path = _connect.sqlite_path(self._url)
         created = None
         if path is not None and not create and not path.exists():
@@ -204,12 +210,12 @@ class StudyStore:
                 f"no study database at {path}",
                 "pass --storage (or set $EVOTUNER_STORAGE) to the database `evotuner search` wrote",
             )
-        if path is not None and not _connect.precheck_sqlite(path):
+        if path is not None and not _connect.precheck_sqlite(path, read_only=read_only):
             created = _connect.CreatedFiles(path)
         self._engine = None
         self._optuna: RDBStorage | None = None
         try:
-            self._engine = _connect.connect(self._url)
+            self._engine = _connect.connect(self._url, read_only=read_only)
             self._sessions = sessionmaker(bind=self._engine, expire_on_commit=False)
             self._initialise()
         except BaseException:
@@ -220,7 +226,10 @@ class StudyStore:
 
     # -- opening ---------------------------------------------------------------------------
     def _initialise(self) -> None:
-        """The writes of opening (after every check passed)."""
+        """The writes of opening (after every check passed); read-only: none of them."""
+        if self.read_only:
+            self._open_optuna_read_only()
+            return
         try:
             if self._url.get_backend_name() == "sqlite":
                 _connect.set_wal(self._engine)
@@ -246,6 +255,21 @@ class StudyStore:
             elif int(found) < schema.SCHEMA_VERSION:   # older layouts differ only by tables create_all added
                 s.execute(update(schema.schema_version).where(schema.schema_version.c.id == 1).values(
                     version=schema.SCHEMA_VERSION, evotuner_version=evotuner_version(), updated_at=_now()))
+
+    def _open_optuna_read_only(self) -> None:
+        from evotuner.storage.readonly import readonly_url
+
+        try:
+            self._optuna = RDBStorage(
+                readonly_url(self._url).render_as_string(hide_password=False),
+                engine_kwargs=_connect.engine_kwargs(self._url), skip_compatibility_check=False,
+                skip_table_creation=True,
+            )
+        except RuntimeError as exc:
+            raise StorageError(f"database {self.display_url}: {str(exc).splitlines()[0]}",
+                               "install the optuna version that wrote it") from None
+        except SQLAlchemyError as exc:
+            raise _connect.translate(exc, self._url, "reading the study") from None
 
     @property
     def url(self) -> str:

@@ -153,7 +153,7 @@ def test_bench_without_a_gpu_refuses_like_search(capsys, studied, monkeypatch):
     before = studied.read_bytes()
     code, out, err = run(capsys, "bench", "--study", "s", "--storage", f"sqlite:///{studied}")
     one_line_error(code, out, err, "no CUDA GPU on this machine")
-    assert err.strip() == f"error: {cli.NO_GPU}"
+    assert "evotuner bench needs one" in err and "evotuner search" not in err   # names the command run
     assert studied.read_bytes() == before
 
 

@@ -212,8 +212,8 @@ def test_failed_write_leaves_the_old_header(tmp_path: Path, monkeypatch: pytest.
     def boom(src: str, dst: str) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("evotuner.export.os.replace", boom)
-    with pytest.raises(OSError, match="No space left"):
+    monkeypatch.setattr("evotuner.atomicfile.os.replace", boom)
+    with pytest.raises(ExportError, match="No space left"):   # one line naming the file, not a bare OSError
         export_header(three_studies(), ["d64_s2k"], out)
     assert out.read_text() == "// the previous export\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["flashcore_config.h"]   # no temp file left

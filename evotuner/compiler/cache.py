@@ -28,6 +28,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from evotuner.errors import BuildError
+
 CACHE_FORMAT = 1
 _IGNORED_DIRS = {"__pycache__", ".git"}
 
@@ -40,6 +42,24 @@ def default_cache_root() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return base / "evotuner"
+
+
+def check_cache_root(root: Path, *, from_env: bool = False) -> None:
+    """Refuse, with a remedy, a cache root that is a file, lies under a file, or cannot be written."""
+    what = f"build cache {root}" + (" ($EVOTUNER_CACHE_DIR)" if from_env else "")
+    remedy = "point $EVOTUNER_CACHE_DIR at a writable folder, or unset it"
+    for path in (root, *root.parents):
+        try:
+            if not path.exists():
+                continue
+        except OSError as exc:
+            raise BuildError(f"{what}: cannot reach {path} ({exc.strerror})", remedy) from None
+        if not path.is_dir():
+            where = "is a file" if path == root else f"lies under {path}, which is a file"
+            raise BuildError(f"{what} {where}, not a directory", remedy)
+        if path == root and not os.access(path, os.W_OK | os.X_OK):
+            raise BuildError(f"{what} is not writable", remedy)
+        return
 
 
 def source_files(kernels_root: Path, family: str, abi_h: Path) -> list[tuple[str, Path]]:
@@ -102,6 +122,7 @@ class BuildCache:
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root is not None else default_cache_root()
+        check_cache_root(self.root, from_env=root is None and bool(os.environ.get("EVOTUNER_CACHE_DIR")))
 
     def entry_dir(self, key: str) -> Path:
         return self.root / "builds" / key[:2] / key

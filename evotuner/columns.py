@@ -1,0 +1,52 @@
+"""Config tables that read at 80 columns: one narrow column per kernel parameter.
+
+A config such as ``TILE_M=128,TILE_N=64,MIN_CTAS=2,WARP_COUNT=4,DEPTH=3`` in one
+cell is cut on an 80-column terminal right where configs differ, so the top rows of
+a table look identical. Tables instead give every parameter its own column under a
+short header (``TM`` for ``TILE_M``) and say once, in the caption, what each header
+stands for; every value stays visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+#: A parameter name this short is its own header.
+_SHORT_ENOUGH = 6
+
+
+def short_names(names: Iterable[str]) -> dict[str, str]:
+    """A unique short header per parameter: initials of its ``_``-parts (``WARP_COUNT`` ->
+    ``WC``), the name itself when it is short (``DEPTH``); the full name on a clash."""
+    names = list(dict.fromkeys(names))
+    out: dict[str, str] = {}
+    for name in names:
+        parts = [p for p in name.split("_") if p]
+        if len(name) <= _SHORT_ENOUGH or len(parts) < 2:
+            short = name if len(name) <= _SHORT_ENOUGH else name[:_SHORT_ENOUGH]
+        else:
+            short = "".join(p[0] for p in parts)
+        out[name] = short
+    counts: dict[str, int] = {}
+    for short in out.values():
+        counts[short] = counts.get(short, 0) + 1
+    return {n: (s if counts[s] == 1 and (s == n or s not in names) else n) for n, s in out.items()}
+
+
+def legend(short: Mapping[str, str]) -> str:
+    """``TM = TILE_M, TN = TILE_N, ...`` for the headers that abbreviate."""
+    return ", ".join(f"{s} = {n}" for n, s in short.items() if s != n)
+
+
+def param_names(configs: Iterable[Mapping[str, int]], order: Sequence[str] = ()) -> list[str]:
+    """The parameter names of ``configs``: ``order`` first (the space file's), then the rest sorted."""
+    seen: set[str] = set()
+    for c in configs:
+        seen.update(c)
+    return [n for n in order if n in seen] + sorted(seen - set(order))
+
+
+def cells(config: Mapping[str, int] | None, names: Sequence[str]) -> list[str]:
+    """One cell per parameter (``-`` where a config lacks it)."""
+    config = config or {}
+    return [str(config[n]) if n in config else "-" for n in names]

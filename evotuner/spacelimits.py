@@ -1,0 +1,59 @@
+"""Bounds that keep a search-space file from hanging evotuner.
+
+A space file is user input. Python integers are unbounded, so an expression such as
+``(((max_smem_per_sm ** 64) ** 64) ** 64) ** 64`` would compute a number with
+billions of digits at 100% CPU; a deeply nested one would exhaust the recursion of
+the checker; a duplicate check by ``list.count`` is quadratic in a long value list.
+These helpers bound each of them and raise a :class:`SpaceError` that names the
+place and the limit.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from typing import Any
+
+from evotuner.errors import SpaceError
+
+#: Largest magnitude (in bits) of any intermediate value of a space expression.
+#: Real limits (shared memory, registers, sequence lengths) need far fewer.
+MAX_BITS = 256
+#: Deepest nesting of a space expression's syntax tree.
+MAX_DEPTH = 48
+
+
+def check_bits(value: Any, where: str) -> Any:
+    """``value`` if it is a bool or an int of at most :data:`MAX_BITS` bits."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > MAX_BITS:
+        raise SpaceError(f"{where}: a value exceeds {MAX_BITS} bits",
+                         "space expressions compute sizes and counts; keep them within sane integer ranges")
+    return value
+
+
+def check_pow(base: int, exponent: int, where: str) -> None:
+    """Refuse ``base ** exponent`` before computing it when the result would exceed :data:`MAX_BITS`."""
+    bits = abs(int(base)).bit_length()
+    if bits > 1 and (bits - 1) * exponent > MAX_BITS:
+        raise SpaceError(f"{where}: {base} ** {exponent} exceeds {MAX_BITS} bits",
+                         "space expressions compute sizes and counts; use a smaller exponent")
+
+
+def check_depth(node: ast.AST, where: str) -> None:
+    """Refuse a syntax tree nested deeper than :data:`MAX_DEPTH` (iteratively: no recursion)."""
+    stack = [(node, 1)]
+    while stack:
+        current, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise SpaceError(f"{where}: expression nested deeper than {MAX_DEPTH} levels",
+                             "split it into [derived] names")
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(current))
+
+
+def first_duplicate(values: Iterable[Any]) -> Any | None:
+    """The smallest value that occurs more than once (linear time), or None."""
+    seen: set[Any] = set()
+    dupes: set[Any] = set()
+    for v in values:
+        (dupes if v in seen else seen).add(v)
+    return min(dupes) if dupes else None
