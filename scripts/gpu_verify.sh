@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The GPU verification a landing's note quotes, in one script (run on the H100 machine from the
+# project root, after `source .device/setup.sh` there). Logs go to $OUT (default out/verify).
+#   bash scripts/gpu_verify.sh [tests|bench|diagnose|workers|all]...
+set -uo pipefail
+out=${OUT:-out/verify}; mkdir -p "$out"
+db="sqlite:////tmp/evotuner-verify.db"
+step() { echo "== $* ($(date +%T))"; }
+for what in "${@:-all}"; do
+  case $what in
+    tests|all)
+      step "GPU tests"
+      timeout 420 python3 -m pytest -q -rs -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -25 ;;&
+    bench|all)
+      step "bench_attention (every family's recommended config vs SDPA, same run)"
+      timeout 300 python3 scripts/bench_attention.py --output "$out/bench" 2>&1 | tee "$out/bench.log" | tail -40 ;;&
+    diagnose|all)
+      step "search + check + export --require-checked + profile"
+      timeout 120 evotuner search --study v64 --shape B=16,H=16,S=2048,D=64 --trials 24 --storage "$db" 2>&1 | tail -4
+      timeout 300 evotuner check --study v64 --top 3 --storage "$db" 2>&1 | tee "$out/check.log" | tail -16
+      timeout 60 evotuner export --study v64 --output "$out/tuned.h" --require-checked --storage "$db" 2>&1 | tail -6
+      timeout 180 evotuner profile --study v64 --top 3 --storage "$db" 2>&1 | tee "$out/profile.log" | tail -20 ;;&
+    workers|all)
+      step "two search processes on one study (exact budget, nothing measured twice)"
+      timeout 240 python3 scripts/two_workers.py --storage "sqlite:////tmp/evotuner-two.db" 2>&1 | tee "$out/two_workers.log" | tail -12 ;;
+  esac
+done
