@@ -288,3 +288,12 @@ def test_a_parameter_named_like_a_build_stage_macro_is_refused():
     bad = text.replace("MIN_BLOCKS", "KERNEL_NAME")
     with pytest.raises(SpaceError, match=r"\[params.KERNEL_NAME\].*reserved for the build stage"):
         parse_space(bad, "bad.toml")
+
+
+def test_the_fault_injection_space_loads():
+    """tests/gpu/test_faults.py and test_diagnose.py build it: FAULT is a space parameter there
+    (emitted as FLASHCORE_FAULT), so no family may reserve the name (that broke the GPU suite once)."""
+    from evotuner.space import load_space
+
+    space = load_space(Path(__file__).parent / "data" / "spaces" / "faults.toml")
+    assert sorted(c["FAULT"] for c in space.configs()) == list(range(7))

@@ -43,10 +43,6 @@ class FlashCore(KernelFamily):
         res = resources.files("evotuner.kernels") / "flashcore" / "defaults.toml"
         return res if isinstance(res, Path) else Path(str(res))
 
-    def reserved(self) -> frozenset[str]:
-        # FLASHCORE_FAULT is the fault-injection switch of the measure-stage tests.
-        return super().reserved() | {"FAULT"}
-
     def recommended_configs(self, problem: Problem) -> tuple[KernelConfig, ...]:
         try:
             return (pick_config(_entries(), problem.shape.head_dim, problem.dtype, problem.causal, self.title),)
