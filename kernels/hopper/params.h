@@ -1,0 +1,72 @@
+// Hopper family forward: the launch ABI (host and device share this header).
+//
+// Launch:
+//   grid  = SCHED 0: (ceil(seqlen_q / BLOCK_M), heads, batch)        BLOCK_M = 64 * CONSUMER_WGS
+//           SCHED 1, 2: (min(#SMs, ceil(seqlen_q / BLOCK_M) * heads * batch), 1, 1)   (persistent;
+//           2 = dynamic: needs Params::tile_counter zeroed before each launch)
+//   block = (THREADS, 1, 1)                                 THREADS = 128 * (CONSUMER_WGS + 1)
+//   dynamic shared memory = SMEM_BYTES                      (raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
+// with THREADS, SMEM_BYTES, BLOCK_M, BLOCK_N read from the cubin's `hopper_meta`
+// table (HOPPER_META_* below), never recomputed by the host.
+//
+// The kernel takes `const __grid_constant__ hopper::Params` (TMA reads the maps
+// from the parameter space, so they must not be copied to local memory).
+//
+// Tensor maps (cuTensorMapEncodeTiled, one per tensor), for X in {Q, K, V, O},
+// X a [B, H, S, D] view with element strides (sb, sh, ss, 1):
+//   dtype   CU_TENSOR_MAP_DATA_TYPE_FLOAT16 (6) or _BFLOAT16 (9), rank 5
+//   dims    {64, S, D/64, H, B}                      (S = seqlen_q for Q/O, seqlen_k for K/V)
+//   strides {ss*2, 128, sh*2, sb*2} bytes            (each % 16 == 0 and < 2^40; base 16-B aligned)
+//   box     Q {64, BLOCK_M, D/64, 1, 1}   K, V {64, BLOCK_N, D/64, 1, 1}   O {64, 64, 1, 1, 1}
+//   element strides {1,1,1,1,1}, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_L2_256B,
+//   OOB_FILL_NONE (rows past S load as zeros; stores past S are clipped).
+#pragma once
+
+#include <stdint.h>
+#include <cuda.h>  // CUtensorMap (alignas(128), 128 bytes); no driver call is made from device code
+
+#define HOPPER_ABI_VERSION 1
+
+namespace hopper {
+
+struct alignas(128) Params {
+    CUtensorMap tm_q;  // box rows BLOCK_M
+    CUtensorMap tm_k;  // box rows BLOCK_N
+    CUtensorMap tm_v;  // box rows BLOCK_N
+    CUtensorMap tm_o;  // box rows 64, one 64-column panel
+    // Optional logsumexp output, fp32 [B, H, Sq] contiguous, natural log; nullptr: not written.
+    float* lse;
+    int32_t batch, heads, seqlen_q, seqlen_k;
+    // softmax(scale * Q K^T): scale_log2 = scale * log2(e).
+    float scale_log2;
+    int32_t reserved;        // 0
+    // SCHED 2 only: a device int32 that is 0 at launch (the host zeroes it on the
+    // launch stream before each launch); the kernel counts handed-out tiles in it.
+    int32_t* tile_counter;
+};
+
+static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap must be 128 bytes");
+static_assert(alignof(Params) == 128, "Params must be 128-byte aligned (CUtensorMap members)");
+
+}  // namespace hopper
+
+// `extern "C" __constant__ int32_t hopper_meta[HOPPER_META_LEN]` in every cubin:
+#define HOPPER_META_ABI 0
+#define HOPPER_META_THREADS 1
+#define HOPPER_META_SMEM_BYTES 2
+#define HOPPER_META_BLOCK_M 3
+#define HOPPER_META_BLOCK_N 4
+#define HOPPER_META_HEAD_DIM 5
+#define HOPPER_META_IS_CAUSAL 6
+#define HOPPER_META_DTYPE 7 /* 0 = fp16, 1 = bf16 */
+#define HOPPER_META_STAGES 8
+#define HOPPER_META_CONSUMER_WGS 9
+#define HOPPER_META_REG_PROD 10
+#define HOPPER_META_REG_CONS 11
+#define HOPPER_META_OVERLAP 12
+#define HOPPER_META_PINGPONG 13
+#define HOPPER_META_O_BOX_ROWS 14 /* rows of the O map's box (64) */
+#define HOPPER_META_SCHED 15 /* 0: grid (ceil(Sq/BLOCK_M), H, B); 1, 2: grid (min(#SMs, tiles), 1, 1); 2: zeroed tile_counter */
+#define HOPPER_META_RESCALE_LOG2 16
+#define HOPPER_META_EXP_EMU 17
+#define HOPPER_META_LEN 18

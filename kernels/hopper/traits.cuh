@@ -1,0 +1,99 @@
+// Hopper family forward: every compile-time knob in one traits template.
+// An impossible config dies here with a static_assert naming the knob.
+#pragma once
+
+#include <stdint.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace hopper {
+
+template <typename Element> struct ElementInfo;
+template <> struct ElementInfo<__half> { static constexpr int kDtype = 0; };         // HOPPER_DTYPE 0
+template <> struct ElementInfo<__nv_bfloat16> { static constexpr int kDtype = 1; };  // HOPPER_DTYPE 1
+
+template <int HEAD_DIM_, int BLOCK_N_, int STAGES_, int CONSUMER_WGS_, int REG_PROD_, int REG_CONS_, int OVERLAP_,
+          int PINGPONG_, int SCHED_, bool IS_CAUSAL_, typename Element_, int RESCALE_LOG2_ = 0, int EXP_EMU_ = 0>
+struct Traits {
+    using Element = Element_;
+    static constexpr int kDtype = ElementInfo<Element>::kDtype;
+    static constexpr int kHeadDim = HEAD_DIM_;
+    static constexpr int kWGs = CONSUMER_WGS_;  // consumer warpgroups, 64 query rows each
+    static constexpr int kBlockM = 64 * kWGs;
+    static constexpr int kBlockN = BLOCK_N_;
+    static constexpr int kStages = STAGES_;
+    static constexpr int kRegProd = REG_PROD_;
+    static constexpr int kRegCons = REG_CONS_;
+    static constexpr bool kOverlap = OVERLAP_ != 0;
+    static constexpr bool kPingpong = PINGPONG_ != 0;
+    static constexpr bool kIsCausal = IS_CAUSAL_;
+    // 0: one CTA per (m block, head, batch) tile, grid (ceil(Sq/BLOCK_M), H, B);
+    // 1: persistent, grid (min(#SMs, tiles)), tiles strided by gridDim.x; the
+    //    epilogue stages O in its own buffer so the next tile's Q/K/V loads
+    //    overlap it.
+    //    2: persistent with dynamic tile fetch (atomicAdd on Params::tile_counter,
+    //    broadcast to the consumers through smem with the Q barrier).
+    static constexpr int kSched = SCHED_;
+    static constexpr bool kPersistent = SCHED_ >= 1;
+    static constexpr bool kDynamic = SCHED_ == 2;
+    // 0: rescale O whenever a row max grows; k > 0: lazy, keep a stale max until
+    // some row of the warp grows by more than k (log2 units; P <= 2^k).
+    static constexpr int kRescaleLog2 = RESCALE_LOG2_;
+    static constexpr bool kLazyRescale = RESCALE_LOG2_ > 0;
+    // 0: every exp2 on MUFU (ex2.approx); k >= 2: one score in k goes through an
+    // FMA-pipe polynomial instead (D64 is MUFU-bound: 256 MMA flops per exp).
+    static constexpr int kExpEmu = EXP_EMU_;
+
+    // One producer warpgroup (one elected thread issues TMA) + kWGs consumers.
+    static constexpr int kThreads = 128 * (kWGs + 1);
+    // Registers per thread at launch (__launch_bounds__(kThreads, 1)): the pool
+    // setmaxnreg redistributes. ptxas does not check the pool: we do.
+    static constexpr int kLaunchRegs = (65536 / kThreads / 8) * 8 > 255 ? 255 : (65536 / kThreads / 8) * 8;
+    static constexpr int kPool = kThreads * kLaunchRegs;
+    static constexpr int kPoolUsed = 128 * (kRegProd + kWGs * kRegCons);
+
+    static constexpr int kPanels = kHeadDim / 64;          // 64-column (128-byte) swizzle panels
+    static constexpr int kKStepsQK = kHeadDim / 16;        // k16 steps of S = Q K^T
+    static constexpr int kKStepsPV = kBlockN / 16;         // k16 steps of O += P V
+    static constexpr int kSRegs = kBlockN / 2;             // fp32 S accumulator per thread
+    static constexpr int kORegs = kHeadDim / 2;            // fp32 O accumulator per thread
+    static constexpr int kPRegs = kBlockN / 4;             // packed 16-bit P per thread
+
+    // Shared memory (bytes, from a 1024-B aligned base): Q, STAGES K, STAGES V,
+    // the O staging tile (persistent only; else O is staged in Q's slab), then
+    // the mbarriers. Tiles are [panels][rows][64] as TMA writes them.
+    static constexpr int kQBytes = kBlockM * kHeadDim * 2;
+    static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+    static constexpr int kOffK = kQBytes;
+    static constexpr int kOffV = kOffK + kStages * kKVBytes;
+    static constexpr int kOffO = kOffV + kStages * kKVBytes;
+    static constexpr int kOBytes = kPersistent ? kQBytes : 0;
+    static constexpr int kOffBar = kOffO + kOBytes;
+    static constexpr int kNumBars = 2 + 4 * kStages;   // q_full, q_empty, k_full[], k_empty[], v_full[], v_empty[]
+    static constexpr int kBarBytes = ((kNumBars * 8 + 8 /* tile slot */ + 127) / 128) * 128;
+    static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBar + kBarBytes;
+
+    static_assert(sizeof(Element) == 2, "Element must be __half or __nv_bfloat16");
+    static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                  "HEAD_DIM must be a multiple of 64 (128B-swizzle panels) in 64..256");
+    static_assert(kWGs >= 1 && kWGs <= 3, "CONSUMER_WGS must be 1, 2 or 3 (BLOCK_M = 64*CONSUMER_WGS)");
+    static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256,
+                  "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N, P's k16 slices, TMA box <= 256)");
+    static_assert(kStages >= 1 && kStages <= 8, "STAGES must be in 1..8");
+    static_assert(kRegProd % 8 == 0 && kRegProd >= 24 && kRegProd <= 256, "REG_PROD must be a multiple of 8 in 24..256");
+    static_assert(kRegCons % 8 == 0 && kRegCons >= 24 && kRegCons <= 256, "REG_CONS must be a multiple of 8 in 24..256");
+    static_assert(kRegProd <= kLaunchRegs, "REG_PROD must not exceed the launch register count (setmaxnreg.dec)");
+    static_assert(kRegCons >= kLaunchRegs, "REG_CONS must be >= the launch register count (setmaxnreg.inc)");
+    static_assert(kPoolUsed <= kPool,
+                  "register pool: 128*(REG_PROD + CONSUMER_WGS*REG_CONS) exceeds THREADS*launch registers "
+                  "(setmaxnreg.inc would block forever)");
+    static_assert(!kPingpong || (kOverlap && kWGs >= 2), "PINGPONG needs OVERLAP=1 and CONSUMER_WGS >= 2");
+    static_assert(kRescaleLog2 >= 0 && kRescaleLog2 <= 10, "RESCALE_LOG2 must be 0 (eager) or 1..10 (P <= 2^k, fp16-safe)");
+    static_assert(kExpEmu == 0 || (kExpEmu >= 2 && kExpEmu <= 16), "EXP_EMU must be 0 (off) or 2..16");
+    static_assert(kSched >= 0 && kSched <= 2, "SCHED must be 0 (one CTA per tile), 1 (persistent) or 2 (dynamic)");
+    static_assert(kSmemBytes <= 232448,
+                  "shared memory ((1+SCHED)*BLOCK_M*HEAD_DIM*2 + 2*STAGES*BLOCK_N*HEAD_DIM*2 + barriers + 1 KiB) exceeds 227 KiB");
+    static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-B (swizzle atom) alignment");
+};
+
+}  // namespace hopper
