@@ -134,10 +134,12 @@ def test_family_parameter_names_stay_in_the_family():
         for path in sorted((REPO / folder).rglob("*.py")):
             rel = path.relative_to(REPO).as_posix()
             text = path.read_text(encoding="utf-8")
+            # a name two families share (BLOCK_N) may appear in either family's own folder
+            own = set().union(*(names for family, names in params.items() if rel.startswith(f"kernels/{family}/")))
             for family, names in params.items():
                 if rel.startswith(f"kernels/{family}/"):
                     continue
-                for n in sorted(names):
+                for n in sorted(names - own):
                     for m in re.finditer(rf"\b{re.escape(n)}\b", text):
                         line = text.count("\n", 0, m.start()) + 1
                         offenders.append(f"{rel}:{line}: {n} ({family})")
