@@ -198,6 +198,12 @@ class KernelFamily(abc.ABC):
 
     # -- runtime ---------------------------------------------------------------------------
 
+    def unsupported_views(self, views: Mapping[str, TensorView]) -> str | None:
+        """Why the family cannot take these tensors ({"q", "k", "v", "o"}: [B, H, S, D] views),
+        naming the tensor and stride (one line), or None. ``evotuner.flash_attention`` then
+        runs another family (when the family was not asked for) and says why."""
+        return None
+
     def workspace_bytes(self, meta: Mapping[str, int]) -> int:
         """Device bytes one launch needs zeroed on its stream before it starts (e.g. a
         dynamic scheduler's tile counter); the runtime passes them as ``AttentionArgs.workspace``."""

@@ -238,5 +238,10 @@ def _device_index(device: int | torch.device | None) -> int:
     return int(device)
 
 
+def tensor_view(t: torch.Tensor) -> TensorView:
+    """The family-side view of a tensor: device pointer, shape and strides in elements."""
+    return _view(t)
+
+
 def _view(t: torch.Tensor) -> TensorView:
     return TensorView(ptr=t.data_ptr(), shape=tuple(t.shape), strides=tuple(t.stride()))

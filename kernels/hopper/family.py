@@ -19,8 +19,9 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 from evotuner.config import KernelConfig
 from evotuner.defaults import parse_defaults, pick_config
 from evotuner.errors import EvotunerError
-from evotuner.family import BUILD_RESERVED, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec
-from evotuner.kernels.hopper.params import META_FIELDS, Params, decode_hopper_meta, encode_tensor_map
+from evotuner.family import BUILD_RESERVED, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView
+from evotuner.kernels.hopper.params import (META_FIELDS, Params, TmaStrideError, check_tma_view, decode_hopper_meta,
+                                            encode_tensor_map)
 from evotuner.problem import Problem
 
 #: Header field order (space order wins when known).
@@ -129,6 +130,14 @@ class Hopper(KernelFamily):
         return tuple(n for n in PARAM_ORDER if n in names) + tuple(sorted(names - set(PARAM_ORDER)))
 
     # -- runtime ---------------------------------------------------------------------------
+
+    def unsupported_views(self, views: Mapping[str, TensorView]) -> str | None:
+        for name, view in views.items():
+            try:
+                check_tma_view(name, view.ptr, view.shape, view.strides)
+            except TmaStrideError as exc:
+                return exc.message
+        return None
 
     def workspace_bytes(self, meta: Mapping[str, int]) -> int:
         return TILE_COUNTER_BYTES if int(meta["sched"]) == 2 else 0

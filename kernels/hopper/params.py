@@ -32,7 +32,7 @@ HOPPER_META = ("abi", "threads", "smem_bytes", "block_m", "block_n", "head_dim",
 META_FIELDS = ("block_m", "block_n", "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong",
                "o_box_rows", "sched", "rescale_log2", "exp_emu")
 #: __launch_bounds__(THREADS, 1) in instantiate.cuh.
-MIN_BLOCKS = 1
+LAUNCH_MIN_BLOCKS = 1
 
 # CUtensorMapDataType / enums (cuda.h)
 TMA_DTYPE = {"fp16": 6, "bf16": 9}
@@ -84,7 +84,7 @@ def decode_hopper_meta(raw: bytes, *, source: str = "hopper_meta") -> dict[str, 
     if t["dtype"] not in DTYPE_NAMES or t["is_causal"] not in (0, 1) or t["threads"] <= 0 or t["head_dim"] <= 0:
         raise MetaError(f"{source}: inconsistent table {t}", "rebuild the cubin (clear the build cache)")
     meta = {"abi": ABI_VERSION, "threads": t["threads"], "smem_bytes": t["smem_bytes"], "head_dim": t["head_dim"],
-            "is_causal": t["is_causal"], "dtype": t["dtype"], "min_blocks": MIN_BLOCKS}
+            "is_causal": t["is_causal"], "dtype": t["dtype"], "min_blocks": LAUNCH_MIN_BLOCKS}
     meta.update({f: t[f] for f in META_FIELDS})
     return meta
 
