@@ -203,6 +203,8 @@ def test_space_smem_formula_equals_the_cubins_meta_table(builder, d, knobs):
     assert meta["smem_bytes"] == _smem_formula(cfg, problem)
     assert meta["block_m"] == 64 * knobs["CONSUMER_WGS"] and meta["threads"] == 128 * (knobs["CONSUMER_WGS"] + 1)
     assert all(meta[f] == knobs[p] for p, f in HOPPER.echoed.items())
+    gate = apply_gate(result, SPACE.gate, family=HOPPER)       # incl. "Used N" == the launch cap
+    assert gate.passed, gate.reason
 
 
 # --------------------------------------------------------------------------- gate rules
