@@ -340,3 +340,15 @@ def test_replayed_search_resume_and_export_compile(capsys, tmp_path, env):
                            capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr
     assert subprocess.run([str(tmp_path / "use")], timeout=30).returncode == 0
+
+
+def test_flash_attention_chooses_hopper_where_it_is_recommended_and_falls_back_saying_why():
+    attention = pytest.importorskip("evotuner.runtime.attention")
+    for d, dt, c in RECOMMENDED:
+        choice = attention.choose(_problem(d, dt, c))
+        assert choice.family == "hopper" and choice.config == HOPPER.recommended_configs(_problem(d, dt, c))[0]
+    d96 = attention.choose(_problem(96))
+    assert d96.family == "flashcore" and "hopper: " in d96.why and "D=96" in d96.why
+    refused = attention.choose(_problem(64), exclude={"hopper": "k: row (S) stride 68 elements (136 B) ..."})
+    assert refused.family == "flashcore" and "row (S) stride 68" in refused.why
+    assert attention.choose(_problem(64), family="flashcore").family == "flashcore"
