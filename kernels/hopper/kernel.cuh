@@ -270,7 +270,7 @@ struct Consumer {
     }
     // Every issue region ends with an arrival for the next WG; WG 0 got one up
     // front from the last WG and absorbs the last WG's final one at exit.
-    __device__ __forceinline__ void pp_arrive(bool /*last*/) {
+    __device__ __forceinline__ void pp_arrive() {
         if constexpr (T::kPingpong) named_arrive(1 + (g + 1) % T::kWGs, 256);
     }
 
@@ -299,7 +299,7 @@ struct Consumer {
         pp_sync();
         issue_qk(s, st);
         issue_pv(pr, sp);
-        pp_arrive(false);
+        pp_arrive();
         wgmma_wait<1>();
         pin(s);
         release(sm.k_empty(st));
@@ -350,13 +350,13 @@ struct Consumer {
             int it = 0;
             for (; it < n_masked_iters; ++it) plain_step<true>(s, pr, corr, it);
             for (; it < nb; ++it) plain_step<false>(s, pr, corr, it);
-            release(sm.q_empty());
+            mbar_arrive(sm.q_empty());  // every consumer thread: its reads of Q and the tile slot precede it
         } else {
             // Block 0: S only.
             mbar_wait(sm.k_full(stage_of<T>(kv)), phase_of<T>(kv));
             pp_sync();
             issue_qk(s, stage_of<T>(kv));
-            pp_arrive(false);
+            pp_arrive();
             wgmma_wait<0>();
             pin(s);
             release(sm.k_empty(stage_of<T>(kv)));
@@ -369,13 +369,13 @@ struct Consumer {
             for (; it < n_masked_iters; ++it) overlap_step<true>(s, pr, corr, it);
             for (; it < nb; ++it) overlap_step<false>(s, pr, corr, it);
             // Every Q K^T of this tile has retired: the producer may load the next Q.
-            release(sm.q_empty());
+            mbar_arrive(sm.q_empty());  // every consumer thread: its reads of Q and the tile slot precede it
             // Last P V.
             const int sl = stage_of<T>(kv + nb - 1);
             mbar_wait(sm.v_full(sl), phase_of<T>(kv + nb - 1));
             pp_sync();
             issue_pv(pr, sl);
-            pp_arrive(true);
+            pp_arrive();
             wgmma_wait<0>();
             pin(o);
             release(sm.v_empty(sl));
@@ -447,7 +447,7 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
     const int tid = threadIdx.x;
     if (tid == 0) {
         mbar_init(sm.q_full(), 1);
-        mbar_init(sm.q_empty(), T::kWGs);
+        mbar_init(sm.q_empty(), 128 * T::kWGs);  // all consumer threads arrive
         for (int s = 0; s < T::kStages; ++s) {
             mbar_init(sm.k_full(s), 1);
             mbar_init(sm.v_full(s), 1);
