@@ -352,3 +352,32 @@ def test_flash_attention_chooses_hopper_where_it_is_recommended_and_falls_back_s
     refused = attention.choose(_problem(64), exclude={"hopper": "k: row (S) stride 68 elements (136 B) ..."})
     assert refused.family == "flashcore" and "row (S) stride 68" in refused.why
     assert attention.choose(_problem(64), family="flashcore").family == "flashcore"
+
+
+def test_tensor_map_encoding_follows_params_h_and_is_cached(monkeypatch):
+    """cuTensorMapEncodeTiled's arguments (a stand-in for the driver records them): rank 5,
+    dims {64, S, D/64, H, B}, byte strides {ss*2, 128, sh*2, sb*2} (extent-1 dims take the row
+    stride), box {64, rows, panels, 1, 1}, SWIZZLE_128B, L2_256B, a 128-B aligned map."""
+    calls = []
+
+    def fake(addr, dtype, rank, base, dims, strides, box, estr, interleave, swizzle, l2, oob):
+        calls.append(dict(aligned=addr.value % 128 == 0, dtype=dtype, rank=rank, base=base.value, dims=list(dims[:5]),
+                          strides=list(strides[:4]), box=list(box[:5]), estr=list(estr[:5]),
+                          enums=(interleave, swizzle, l2, oob)))
+        ctypes.memmove(addr.value, bytes(range(128)), 128)
+        return 0
+
+    monkeypatch.setattr(HP, "_encode_fn", fake)
+    monkeypatch.setattr(HP, "_cache", type(HP._cache)())
+    view = (0x7F0000000000, (2, 3, 97, 128), (97 * 3 * 128, 128, 3 * 128, 1))    # a [B, S, H, D] tensor
+    data = HP.encode_tensor_map(*view, "bf16", 128, 2, name="q")
+    assert data == bytes(range(128))
+    assert calls == [dict(aligned=True, dtype=9, rank=5, base=0x7F0000000000, dims=[64, 97, 2, 3, 2],
+                          strides=[3 * 128 * 2, 128, 128 * 2, 97 * 3 * 128 * 2], box=[64, 128, 2, 1, 1],
+                          estr=[1] * 5, enums=(0, 3, 3, 0))]
+    assert HP.encode_tensor_map(*view, "bf16", 128, 2, name="q") == data and len(calls) == 1   # cached
+    HP.encode_tensor_map(*view, "bf16", 64, 1, name="o")                                      # another box
+    HP.encode_tensor_map(0x7F0000000000, (1, 1, 5, 64), (999, 999, 64, 1), "fp16", 64, 1, name="o")
+    assert len(calls) == 3 and calls[2]["dtype"] == 6 and calls[2]["strides"] == [128, 128, 128, 128]
+    with pytest.raises(HP.TmaStrideError, match="q: row \\(S\\) stride 68"):
+        HP.encode_tensor_map(0x7F0000000000, (1, 1, 5, 64), (340, 340, 68, 1), "fp16", 64, 1, name="q")

@@ -16,7 +16,7 @@ import ctypes
 import struct
 import threading
 from collections import OrderedDict
-from ctypes import POINTER, c_int, c_int32, c_uint, c_uint32, c_uint64, c_void_p
+from ctypes import POINTER, c_int, c_int32, c_uint, c_uint32, c_uint64, c_void_p  # noqa: F401
 
 from evotuner.abi import ABI_VERSION, DTYPE_NAMES, MetaError
 from evotuner.errors import ShapeError
@@ -129,7 +129,7 @@ def _driver_encode():
     if _encode_fn is None:
         lib = driver_library()
         fn = lib.cuTensorMapEncodeTiled
-        fn.argtypes = [POINTER(CUtensorMap), c_int, c_uint, c_void_p, POINTER(c_uint64), POINTER(c_uint64),
+        fn.argtypes = [c_void_p, c_int, c_uint, c_void_p, POINTER(c_uint64), POINTER(c_uint64),
                        POINTER(c_uint32), POINTER(c_uint32), c_int, c_int, c_int, c_int]
         fn.restype = c_int
         _encode_fn = fn
@@ -158,13 +158,15 @@ def encode_tensor_map(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...]
     bstr = (c_uint64 * 4)(ss * 2, 128, (sh if H > 1 else ss) * 2, (sb if B > 1 else ss) * 2)
     box = (c_uint32 * 5)(64, box_rows, box_panels, 1, 1)
     estr = (c_uint32 * 5)(1, 1, 1, 1, 1)
-    tmap = CUtensorMap()
-    code = _driver_encode()(ctypes.byref(tmap), TMA_DTYPE[dtype], 5, c_void_p(ptr), dims, bstr, box, estr,
+    # cuda.h declares CUtensorMap alignas(64) (128 in hopper::Params): encode into a 128-B aligned slot
+    buf = ctypes.create_string_buffer(2 * ctypes.sizeof(CUtensorMap))
+    addr = (ctypes.addressof(buf) + PARAMS_ALIGN - 1) & ~(PARAMS_ALIGN - 1)
+    code = _driver_encode()(c_void_p(addr), TMA_DTYPE[dtype], 5, c_void_p(ptr), dims, bstr, box, estr,
                             _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_NONE)
     if code != 0:
         cuda.check(code, f"cuTensorMapEncodeTiled({name}: shape {tuple(shape)}, strides {tuple(strides)}, "
                          f"box {box_rows}x{box_panels})")
-    data = bytes(tmap)
+    data = ctypes.string_at(addr, ctypes.sizeof(CUtensorMap))
     with _cache_lock:
         _cache[key] = data
         while len(_cache) > _CACHE_MAX:
