@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Benchmark FlashCore configs against PyTorch SDPA at the standard shapes.
+"""Benchmark kernel-family configs against PyTorch SDPA at the standard shapes.
 
-For each shape (B, H, S, D, causal) and dtype: one correctness check per config
+For each shape (B, H, S, D, causal) and dtype, for each kernel family (--family,
+repeatable; default: every registered family that supports the problem, e.g.
+flashcore and hopper): one correctness check per config
 (FA2's rule, fresh inputs), then CUDA-event timing (warm-up, L2 flushed before
 every repetition, median) of each config and of SDPA's default, flash and
 memory-efficient backends, all in the same process. Prints a table; writes
@@ -10,6 +12,12 @@ JSON and CSV to --output.
     python scripts/bench_attention.py                      # recommended defaults
     python scripts/bench_attention.py --config BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4,STAGES=2,MIN_BLOCKS=1
     python scripts/bench_attention.py --shapes 1,8,512,64,0 --dtypes fp16 --output out/bench
+    python scripts/bench_attention.py --family hopper           # hopper's recommended configs vs SDPA
+    python scripts/bench_attention.py --family hopper --config BLOCK_N=128,CONSUMER_WGS=2,SCHED=1
+                                    # a partial config overrides the recommended one's keys
+
+A --config is tried on every selected family whose parameters it names (a family
+whose names it does not use skips it, with a note).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
+from evotuner.family import families, get_family
 from evotuner.problem import Problem, Shape
 from evotuner.runtime import attention as A
 from evotuner.runtime import check as C
@@ -58,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", default=[], help="kernel config NAME=V,...; repeatable "
                     "(default: the kernel's recommended config per head dim, dtype, causal)")
+    ap.add_argument("--family", action="append", default=[], help="kernel family; repeatable "
+                    "(default: every registered family supporting the problem)")
     ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL; repeatable")
     ap.add_argument("--dtypes", default="fp16,bf16")
     ap.add_argument("--warmup", type=int, default=10)
@@ -70,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         user_configs = [KernelConfig.parse(c) for c in args.config]
+        selected = [get_family(f) for f in args.family] or list(families())
     except EvotunerError as exc:
         print(f"bench_attention: {exc}", file=sys.stderr)
         return 2
@@ -83,8 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     for (b, h, s, d, causal), dtype in ((sh, dt) for sh in shapes for dt in dtypes):
         problem = Problem(Shape(b, h, s, s, d), dtype, causal)
         tag = f"{problem.shape} {dtype} causal={int(causal)}"
-        configs = [A.resolve_config(c, d, dtype, causal) for c in user_configs] or \
-            [A.default_config(d, dtype, causal)]
+        configs: list[tuple[str, KernelConfig]] = []
+        for fam in selected:
+            why_not = fam.unsupported(problem)
+            if why_not or not fam.recommended_configs(problem):
+                print(f"  {tag}: {fam.name} skipped: {why_not or 'no recommended config'}", file=sys.stderr)
+                continue
+            if not user_configs:
+                configs.append((fam.name, A.resolve_config(None, d, dtype, causal, family=fam.name)))
+            for c in user_configs:
+                try:
+                    configs.append((fam.name, A.resolve_config(c, d, dtype, causal, family=fam.name)))
+                except EvotunerError as exc:
+                    print(f"  {tag}: {fam.name} skips --config {c}: {exc}", file=sys.stderr)
         q, k, v = C.make_inputs(problem.shape, dtype, device="cuda", seed=1)
         scale = 1.0 / math.sqrt(d)
         base: dict[str, float | None] = {}
@@ -100,12 +123,12 @@ def main(argv: list[str] | None = None) -> int:
             except RuntimeError as exc:
                 base[name] = None
                 print(f"  {tag}: {name} unavailable: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
-        for cfg in configs:
+        for family, cfg in configs:
             row: dict[str, object] = {"B": b, "H": h, "S": s, "D": d, "causal": causal, "dtype": dtype,
-                                      "config": str(cfg), **{f"{n}_us": base[n] for n in BASELINES}}
+                                      "family": family, "config": str(cfg), **{f"{n}_us": base[n] for n in BASELINES}}
             try:
                 t0 = time.perf_counter()
-                mod = A.kernel_module(cfg, problem, torch.cuda.current_device())
+                mod = A.kernel_module(cfg, problem, torch.cuda.current_device(), family=family)
                 row["load_s"] = round(time.perf_counter() - t0, 3)
                 chk = C.check(mod.launch, problem, seed=2, check_lse=False)
                 row.update(ok=chk.ok, max_error=chk.max_error, tolerance=chk.tolerance, reason=chk.reason)
@@ -132,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         w.writerows(rows)
     print(f"\n{device['name']}, torch {device['torch']}, CUDA {device['cuda']}")
     print(f"{'shape':<28}{'dtype':<6}{'c':<3}{'µs':>9}{'TFLOPS':>8}{'xdef':>7}{'xflash':>8}{'xeff':>7}  "
-          f"{'ok':<4}config")
+          f"{'ok':<4}{'family':<11}config")
     for r in rows:
         print(_line(r))
     print(f"wrote {json_path} and {csv_path}")
@@ -148,7 +171,7 @@ def _line(r: dict[str, object]) -> str:
     return (f"{shape:<28}{r['dtype']!s:<6}{int(bool(r['causal'])):<3}{_fmt(r.get('median_us'), '9.1f')}"
             f"{_fmt(r.get('tflops'), '8.1f')}{_fmt(r.get('speedup_vs_sdpa_default'), '7.2f')}"
             f"{_fmt(r.get('speedup_vs_sdpa_flash'), '8.2f')}{_fmt(r.get('speedup_vs_sdpa_efficient'), '7.2f')}  "
-            f"{'yes' if r.get('ok') else 'NO':<4}{r['config']}" + ("" if r.get("ok") else f"  {r.get('reason')}"))
+            f"{'yes' if r.get('ok') else 'NO':<4}{r.get('family', '')!s:<11}{r['config']}" + ("" if r.get("ok") else f"  {r.get('reason')}"))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,8 @@ from evotuner.export import HeaderInfo, read_header, row_instantiation
 
 HERE = Path(__file__).resolve().parent / "extension"
 MODULE = "flashcore_ext"
+#: Registered families whose kernel argument is not flashcore::Params: the launcher template cannot run them.
+FAMILIES_WITH_OWN_PARAMS = frozenset({"hopper"})
 #: One row's real kernel compiles in seconds; 10 minutes is only a guard against a hung nvcc.
 ROW_TIMEOUT_S = 600.0
 #: The torch binding compiles torch/extension.h (about a minute on 2 cores); 30 minutes is a guard.
@@ -198,6 +200,12 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
     header = Path(header).resolve()
     info = read_header(header)
     check_family(family)
+    if family in FAMILIES_WITH_OWN_PARAMS:
+        raise EvotunerError(
+            f"kernel family {family!r}: the extension's row launcher (scripts/extension/launch_row.cu.in) packs "
+            "flashcore::Params; this family's kernels take their own Params (TMA tensor maps) and cannot be built here yet",
+            f"run {family} through evotuner.flash_attention(..., family={family!r}) (driver-API runtime), "
+            "or build the extension from FlashCore rows")
     root = (kernels_root or _kernels_root()).resolve()
     inc = [*(Path(p).resolve() for p in includes), root]
     if not any((p / family / "instantiate.cuh").is_file() for p in inc):

@@ -391,6 +391,8 @@ def test_build_extension_refuses_bad_inputs(tmp_path: Path) -> None:
     export_header(three_studies(), ["d64_s2k"], header)
     with pytest.raises(EvotunerError, match="no nope/instantiate.cuh under"):
         bx.build(header, tmp_path / "o", family="nope")
+    with pytest.raises(EvotunerError, match="'hopper'.*cannot be built here yet"):
+        bx.build(header, tmp_path / "o", family="hopper")
     (tmp_path / "file").write_text("")
     with pytest.raises(EvotunerError, match="exists and is not a folder"):
         bx.build(header, tmp_path / "file")

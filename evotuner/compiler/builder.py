@@ -21,7 +21,7 @@ from pathlib import Path
 from evotuner.abi import ABI_HEADER, DTYPE_CODES
 from evotuner.compiler import nvcc as toolchain_mod
 from evotuner.compiler.cache import BuildCache, CacheEntry, build_key, hash_sources, source_files
-from evotuner.compiler.cubin import CubinError, read_meta
+from evotuner.compiler.cubin import CubinError, read_family_meta
 from evotuner.compiler.instantiate import check_family, compile_flags, evotuner_version, render_source
 from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
@@ -190,7 +190,7 @@ class Builder:
                 cubin = workdir / "kernel.cubin"
                 data = cubin.read_bytes()
                 try:
-                    meta = read_meta(data, self.family.meta_symbol, self.family.meta_fields)
+                    meta = read_family_meta(data, self.family)
                     _check_meta(meta, config, problem, self.family)
                 except CubinError as exc:
                     record.update(ok=False, error=str(exc))

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import struct
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from evotuner.abi import MetaError, decode_meta, meta_fields
 from evotuner.errors import EvotunerError
+
+if TYPE_CHECKING:  # only for annotations
+    from evotuner.family.base import KernelFamily
 
 _SHT_SYMTAB = 2
 _SHT_NOBITS = 8
@@ -81,5 +84,17 @@ def read_meta(cubin: bytes | Path, symbol: str, family_fields: Sequence[str] = (
         )
     try:
         return decode_meta(blob, family_fields, source=f"cubin: {symbol}")
+    except MetaError as exc:
+        raise CubinError(exc.message, exc.remedy) from None
+
+
+def read_family_meta(cubin: bytes | Path, family: "KernelFamily") -> dict[str, int]:
+    """Decode ``family``'s meta table (:meth:`KernelFamily.decode_meta`: the shared layout
+    by default, or the family's own)."""
+    data = cubin.read_bytes() if isinstance(cubin, Path) else cubin
+    symbol = family.meta_symbol
+    blob = read_symbol(data, symbol)
+    try:
+        return family.decode_meta(blob, source=f"cubin: {symbol}")
     except MetaError as exc:
         raise CubinError(exc.message, exc.remedy) from None

@@ -48,6 +48,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from evotuner.abi import decode_meta
 from evotuner.config import KernelConfig
 from evotuner.problem import Problem
 
@@ -98,6 +99,9 @@ class AttentionArgs:
     lse: TensorView | None
     dtype: str
     scale: float
+    #: Device pointer to :meth:`KernelFamily.workspace_bytes` bytes that the runtime zeroed
+    #: on the launch stream just before this launch (0 when the family asks for none).
+    workspace: int = 0
 
 
 class KernelFamily(abc.ABC):
@@ -166,6 +170,13 @@ class KernelFamily(abc.ABC):
         runs the family with the highest. 0.0: unknown."""
         return 0.0
 
+    def decode_meta(self, raw: bytes, *, source: str = "meta table") -> dict[str, int]:
+        """The meta table's bytes as {field: value}: the common fields (evotuner/abi.py) plus
+        :attr:`meta_fields`. The default reads the shared layout (kernels/evotuner_abi.h); a
+        family whose kernel keeps its own table layout maps it onto the same names here
+        (raising :class:`evotuner.abi.MetaError` for a table it does not recognise)."""
+        return decode_meta(raw, self.meta_fields, source=source)
+
     # -- gate ------------------------------------------------------------------------------
 
     def gate_hint(self, check: str, meta: Mapping[str, int]) -> str:
@@ -186,6 +197,17 @@ class KernelFamily(abc.ABC):
         return tuple(sorted(names))
 
     # -- runtime ---------------------------------------------------------------------------
+
+    def unsupported_views(self, views: Mapping[str, TensorView]) -> str | None:
+        """Why the family cannot take these tensors ({"q", "k", "v", "o"}: [B, H, S, D] views),
+        naming the tensor and stride (one line), or None. ``evotuner.flash_attention`` then
+        runs another family (when the family was not asked for) and says why."""
+        return None
+
+    def workspace_bytes(self, meta: Mapping[str, int]) -> int:
+        """Device bytes one launch needs zeroed on its stream before it starts (e.g. a
+        dynamic scheduler's tile counter); the runtime passes them as ``AttentionArgs.workspace``."""
+        return 0
 
     @abc.abstractmethod
     def launch(self, meta: Mapping[str, int], args: AttentionArgs, device: DeviceInfo) -> LaunchSpec:

@@ -28,7 +28,7 @@ from evotuner.defaults import default_config, parse_defaults, supported_head_dim
 from evotuner.errors import BuildError, ShapeError, SpaceError
 from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
 from evotuner.problem import HEAD_DIMS, Problem, Shape
-from evotuner.runtime.loader import KernelModule
+from evotuner.runtime.loader import KernelModule, tensor_view as _view
 
 LAYOUTS = ("bhsd", "bshd")
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -50,8 +50,9 @@ class Choice:
 
 
 def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | None = None,
-           family: str | None = None) -> Choice:
-    """The family and config :func:`flash_attention` runs for ``problem`` (see the module docstring)."""
+           family: str | None = None, exclude: Mapping[str, str] | None = None) -> Choice:
+    """The family and config :func:`flash_attention` runs for ``problem`` (see the module docstring);
+    ``exclude``: {family: why} families the automatic choice must pass over."""
     if family is not None or config is not None:
         fam = get_family(family or DEFAULT_FAMILY)
         why_not = fam.unsupported(problem)
@@ -62,7 +63,7 @@ def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | No
     candidates: list[tuple[float, int, KernelFamily, KernelConfig]] = []
     skipped: list[str] = []
     for fam in families():
-        why_not = fam.unsupported(problem)
+        why_not = (exclude or {}).get(fam.name) or fam.unsupported(problem)
         recommended = () if why_not else fam.recommended_configs(problem)
         if not recommended:
             skipped.append(f"{fam.name}: {why_not or 'no recommended config'}")
@@ -259,9 +260,15 @@ def flash_attention(
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     problem = Problem(Shape(B, H, Sq, Sk, D), dtype, causal)
     choice = choose(problem, config, family)
-    module = kernel_module(choice.config, problem, device, choice.family)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     ov = out.transpose(1, 2) if layout == "bshd" else out
+    views = {"q": _view(qv), "k": _view(kv), "v": _view(vv), "o": _view(ov)}
+    why_not = get_family(choice.family).unsupported_views(views)
+    if why_not:
+        if family is not None:
+            raise ShapeError(why_not, "make the tensors contiguous, or leave family=None to fall back")
+        choice = choose(problem, config, None, exclude={choice.family: why_not})
+    module = kernel_module(choice.config, problem, device, choice.family)
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device) if return_lse else None
     with torch.cuda.device(device):
         module.launch(qv, kv, vv, ov, lse, scale)

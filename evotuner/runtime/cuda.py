@@ -119,6 +119,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "cuLaunchKernel": [CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint,
                            CUstream, POINTER(c_void_p), POINTER(c_void_p)],
         "cuStreamSynchronize": [CUstream],
+        "cuMemsetD8Async": [CUdeviceptr, ctypes.c_ubyte, c_size_t, CUstream],
         "cuGetErrorName": [CUresult, POINTER(c_char_p)],
         "cuGetErrorString": [CUresult, POINTER(c_char_p)],
         "cuDriverGetVersion": [POINTER(c_int)],
@@ -293,6 +294,12 @@ def launch_kernel(
                            shared_bytes, CUstream(stream or None), arg_ptrs, None),
         what,
     )
+
+
+def memset_d8_async(ptr: int, value: int, nbytes: int, stream: int) -> None:
+    """Set ``nbytes`` bytes at device ``ptr`` to ``value``, ordered on ``stream``."""
+    lib = driver()
+    _check(lib, lib.cuMemsetD8Async(CUdeviceptr(ptr), value, nbytes, CUstream(stream or None)), "cuMemsetD8Async")
 
 
 def stream_synchronize(stream: int, *, what: str = "cuStreamSynchronize") -> None:

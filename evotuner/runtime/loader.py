@@ -18,7 +18,7 @@ from typing import Mapping
 
 import torch
 
-from evotuner.abi import DTYPE_NAMES, MetaError, decode_meta, meta_mismatch
+from evotuner.abi import DTYPE_NAMES, MetaError, meta_mismatch
 from evotuner.compiler.result import Artifact
 from evotuner.errors import EvotunerError, ShapeError
 from evotuner.family import DEFAULT_FAMILY, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView, get_family
@@ -53,6 +53,8 @@ class KernelModule:
         self.source = source
         self.dtype = _TORCH_DTYPES[DTYPE_NAMES[meta["dtype"]]]
         self._sm_count: int | None = None
+        # stream handle -> the family's workspace buffer (zeroed on that stream before each launch)
+        self._workspace: dict[int, torch.Tensor] = {}
 
     # -- loading -----------------------------------------------------------------
 
@@ -104,7 +106,7 @@ class KernelModule:
             function = cuda.module_get_function(module, entry)
             symbol = family.meta_symbol
             ptr, size = cuda.module_get_global(module, symbol)
-            meta = decode_meta(cuda.memcpy_dtoh(ptr, size), family.meta_fields, source=f"{source}: {symbol}")
+            meta = family.decode_meta(cuda.memcpy_dtoh(ptr, size), source=f"{source}: {symbol}")
             if expected:
                 diff = meta_mismatch(meta, expected)
                 if diff is not None:
@@ -154,11 +156,11 @@ class KernelModule:
     # -- launching -------------------------------------------------------------------
 
     def launch_spec(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                    lse: torch.Tensor | None, scale: float) -> LaunchSpec:
+                    lse: torch.Tensor | None, scale: float, workspace: int = 0) -> LaunchSpec:
         """The family's argument bytes and geometry for tensors in the [B, H, S, D] view."""
         args = AttentionArgs(q=_view(q), k=_view(k), v=_view(v), o=_view(o),
                              lse=_view(lse) if lse is not None else None,
-                             dtype=DTYPE_NAMES[self.meta["dtype"]], scale=float(scale))
+                             dtype=DTYPE_NAMES[self.meta["dtype"]], scale=float(scale), workspace=workspace)
         return self.family.launch(self.meta, args, DeviceInfo(self.device, self.sm_count))
 
     def launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -177,11 +179,23 @@ class KernelModule:
         else:
             handle = int(stream)
         cuda.ensure_context(self.device)
-        spec = self.launch_spec(q, k, v, o, lse, scale)
+        spec = self.launch_spec(q, k, v, o, lse, scale, self._zeroed_workspace(handle))
         cuda.launch_kernel(self.function, spec.grid, spec.block, spec.smem_bytes,
                            handle, spec.args, what=f"cuLaunchKernel({self.entry} from {self.source})")
 
     __call__ = launch
+
+    def _zeroed_workspace(self, stream: int) -> int:
+        """The family's workspace for a launch on ``stream``, zeroed on that stream (stream
+        order makes the previous launch's use finish first); 0 when the family needs none."""
+        nbytes = self.family.workspace_bytes(self.meta)
+        if nbytes <= 0:
+            return 0
+        buf = self._workspace.get(stream)
+        if buf is None or buf.numel() < nbytes:
+            buf = self._workspace[stream] = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self.device}")
+        cuda.memset_d8_async(buf.data_ptr(), 0, nbytes, stream)
+        return buf.data_ptr()
 
     def _check_launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                       lse: torch.Tensor | None) -> None:
@@ -222,6 +236,11 @@ def _device_index(device: int | torch.device | None) -> int:
     if isinstance(device, torch.device):
         return device.index if device.index is not None else torch.cuda.current_device()
     return int(device)
+
+
+def tensor_view(t: torch.Tensor) -> TensorView:
+    """The family-side view of a tensor: device pointer, shape and strides in elements."""
+    return _view(t)
 
 
 def _view(t: torch.Tensor) -> TensorView:

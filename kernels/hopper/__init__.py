@@ -1,0 +1,1 @@
+"""The Hopper (wgmma + TMA) kernel family: CUDA sources and its Python side."""

@@ -1,0 +1,188 @@
+"""The Hopper family's Python side: the :class:`~evotuner.family.KernelFamily` the generic
+stages use for kernels/hopper/ (registered through the ``evotuner.families`` entry point
+in pyproject.toml). Host contract: kernels/hopper/params.h and README.md."""
+
+from __future__ import annotations
+
+import math
+import re
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+try:
+    import tomllib  # Python 3.11+
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+from evotuner.config import KernelConfig
+from evotuner.defaults import parse_defaults, pick_config
+from evotuner.errors import EvotunerError
+from evotuner.family import BUILD_RESERVED, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView
+from evotuner.kernels.hopper.params import (META_FIELDS, Params, TmaStrideError, check_tma_view, decode_hopper_meta,
+                                            encode_tensor_map)
+from evotuner.problem import Problem
+
+#: Header field order (space order wins when known).
+PARAM_ORDER = ("BLOCK_N", "CONSUMER_WGS", "STAGES", "REG_PROD", "REG_CONS", "OVERLAP", "PINGPONG", "SCHED",
+               "RESCALE_LOG2", "EXP_EMU")
+#: ptxas notes that wgmma instructions were serialized (C7510-C7519): a slow kernel.
+WGMMA_SERIALIZED = re.compile(r"^.*\(C751\d\).*$", re.M)
+#: Bytes of the SCHED=2 tile counter (one int32, zero at launch).
+TILE_COUNTER_BYTES = 4
+
+
+def launch_registers(threads: int, regs_per_sm: int = 65536, unit: int = 8, cap: int = 255) -> int:
+    """Registers per thread __launch_bounds__(threads, 1) leaves (traits.cuh kLaunchRegs)."""
+    return min(cap, regs_per_sm // threads // unit * unit)
+
+
+class Hopper(KernelFamily):
+    name = "hopper"
+    title = "Hopper (wgmma/TMA)"
+    macro_prefix = "HOPPER"
+    entry = "hopper_fwd"
+    meta_symbol = "hopper_meta"
+    meta_fields = META_FIELDS
+    echoed = {"BLOCK_N": "block_n", "CONSUMER_WGS": "consumer_wgs", "STAGES": "stages", "REG_PROD": "reg_prod",
+              "REG_CONS": "reg_cons", "OVERLAP": "overlap", "PINGPONG": "pingpong", "SCHED": "sched",
+              "RESCALE_LOG2": "rescale_log2", "EXP_EMU": "exp_emu"}
+    head_dims = (64, 128)
+    dtypes = ("fp16", "bf16")
+    min_blocks_label = "blocks per SM (__launch_bounds__) "
+    export_namespace = "hopper::tuned"
+    export_macro_prefix = "HOPPER_TUNED"
+
+    def default_space(self) -> Path:
+        res = resources.files("evotuner.search_spaces") / "hopper.toml"
+        return res if isinstance(res, Path) else Path(str(res))
+
+    def defaults_file(self) -> Path:
+        res = resources.files("evotuner.kernels") / "hopper" / "defaults.toml"
+        return res if isinstance(res, Path) else Path(str(res))
+
+    def reserved(self) -> frozenset[str]:
+        # instantiate.cuh owns HOPPER_BLOCK_M (= 64*CONSUMER_WGS); ptx.cuh the wait timeout.
+        return BUILD_RESERVED | {"BLOCK_M", "WAIT_TIMEOUT_CYCLES"}
+
+    def decode_meta(self, raw: bytes, *, source: str = "meta table") -> dict[str, int]:
+        return decode_hopper_meta(raw, source=source)
+
+    # -- problems and configs ------------------------------------------------------------
+
+    def recommended_configs(self, problem: Problem) -> tuple[KernelConfig, ...]:
+        if self.unsupported(problem):
+            return ()
+        try:
+            return (pick_config(_entries(), problem.shape.head_dim, problem.dtype, problem.causal, self.title),)
+        except EvotunerError:
+            return ()
+
+    def expected_speed(self, problem: Problem) -> float:
+        """The measured TFLOP/s noted next to the recommended config (defaults.toml)."""
+        if self.unsupported(problem):
+            return 0.0
+        table: Any = _raw().get(f"d{problem.shape.head_dim}", {})
+        speed = table.get(f"tflops_{problem.dtype}", 0.0)
+        if problem.causal and isinstance(table.get("causal"), dict):
+            speed = table["causal"].get(f"tflops_{problem.dtype}", speed)
+        return float(speed)
+
+    # -- gate ------------------------------------------------------------------------------
+
+    def gate_hint(self, check: str, meta: Mapping[str, int]) -> str:
+        return {
+            "spills": "lower BLOCK_N, use OVERLAP=0, or give the consumers more registers (REG_CONS, fewer CONSUMER_WGS)",
+            "stack": "lower BLOCK_N or OVERLAP",
+            "registers": "lower REG_CONS",
+            "regs_per_sm": "lower REG_CONS or CONSUMER_WGS",
+            "smem_per_block": "reduce STAGES or BLOCK_N, or use SCHED=0",
+            "smem_per_sm": "reduce STAGES or BLOCK_N, or use SCHED=0",
+        }.get(check, "choose a smaller config")
+
+    def extra_gate(self, log: str, report: Any, meta: Mapping[str, int],
+                   thresholds: Any) -> tuple[str, str] | None:
+        dev = thresholds.device
+        threads = int(meta["threads"])
+        cap = launch_registers(threads, dev.regs_per_sm, dev.reg_alloc_unit, dev.max_regs_per_thread)
+        prod, cons, wgs = int(meta["reg_prod"]), int(meta["reg_cons"]), int(meta["consumer_wgs"])
+        pool = 128 * (prod + wgs * cons)
+        if pool > threads * cap:
+            return ("register_pool", f"register pool 128*(REG_PROD={prod} + CONSUMER_WGS={wgs} x REG_CONS={cons}) = "
+                                     f"{pool} > {threads} threads x {cap} launch registers = {threads * cap}: "
+                                     "setmaxnreg.inc would block forever; lower REG_CONS or REG_PROD")
+        serialized = WGMMA_SERIALIZED.search(log or "")
+        if serialized:
+            note = " ".join(serialized.group(0).split())
+            return ("wgmma_serialized", f"ptxas serialized the wgmma instructions ({note[:200]}): "
+                                        "lower BLOCK_N or use OVERLAP=0 (fewer live accumulator registers)")
+        if report.registers != cap:
+            return ("launch_registers", f"ptxas reports {report.registers} registers, expected the launch cap {cap} "
+                                        f"of __launch_bounds__({threads}, 1) that setmaxnreg redistributes: "
+                                        "the kernel was not built as the family expects; rebuild (clear the cache)")
+        return None
+
+    # -- export ----------------------------------------------------------------------------
+
+    def export_order(self, names: Sequence[str]) -> tuple[str, ...]:
+        names = set(names)
+        return tuple(n for n in PARAM_ORDER if n in names) + tuple(sorted(names - set(PARAM_ORDER)))
+
+    # -- runtime ---------------------------------------------------------------------------
+
+    def unsupported_views(self, views: Mapping[str, TensorView]) -> str | None:
+        for name, view in views.items():
+            try:
+                check_tma_view(name, view.ptr, view.shape, view.strides)
+            except TmaStrideError as exc:
+                return exc.message
+        return None
+
+    def workspace_bytes(self, meta: Mapping[str, int]) -> int:
+        return TILE_COUNTER_BYTES if int(meta["sched"]) == 2 else 0
+
+    def launch(self, meta: Mapping[str, int], args: AttentionArgs, device: DeviceInfo) -> LaunchSpec:
+        q, k, v, o, lse = args.q, args.k, args.v, args.o, args.lse
+        B, H, Sq, D = q.shape
+        Sk = k.shape[2]
+        panels = D // 64
+        p = Params()
+        for field, view, rows, pan in (("tm_q", q, meta["block_m"], panels), ("tm_k", k, meta["block_n"], panels),
+                                       ("tm_v", v, meta["block_n"], panels), ("tm_o", o, meta["o_box_rows"], 1)):
+            data = encode_tensor_map(view.ptr, view.shape, view.strides, args.dtype, rows, pan, name=field[3:])
+            getattr(p, field).opaque[:] = memoryview(data).cast("Q").tolist()
+        p.lse = lse.ptr if lse is not None else None
+        p.batch, p.heads, p.seqlen_q, p.seqlen_k = B, H, Sq, Sk
+        p.scale_log2 = float(args.scale) * math.log2(math.e)
+        p.reserved = 0
+        sched = int(meta["sched"])
+        if sched == 2:
+            if not args.workspace:
+                raise EvotunerError("hopper SCHED=2: no zeroed tile counter (AttentionArgs.workspace is 0)",
+                                    "launch through evotuner.runtime.KernelModule, which zeroes it per launch")
+            p.tile_counter = args.workspace
+        else:
+            p.tile_counter = None
+        m_blocks = math.ceil(Sq / meta["block_m"])
+        grid = (m_blocks, H, B) if sched == 0 else (max(1, min(device.sm_count, m_blocks * H * B)), 1, 1)
+        return LaunchSpec(args=(bytes(p),), grid=grid, block=(meta["threads"], 1, 1), smem_bytes=meta["smem_bytes"])
+
+
+def _defaults_text() -> tuple[str, str]:
+    path = Hopper().defaults_file()
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except OSError as exc:
+        raise EvotunerError(f"{path}: cannot read the hopper family's recommended configs ({exc.strerror})",
+                            "pass config={...} explicitly, or reinstall evotuner") from None
+
+
+@lru_cache(maxsize=1)
+def _entries():
+    return parse_defaults(*_defaults_text())
+
+
+@lru_cache(maxsize=1)
+def _raw() -> dict[str, Any]:
+    return tomllib.loads(_defaults_text()[0])

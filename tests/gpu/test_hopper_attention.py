@@ -1,0 +1,116 @@
+"""The Hopper family on the GPU through the real runtime (evotuner.runtime: Builder ->
+cubin -> driver, tensor maps encoded by kernels/hopper/params.py): the issue's
+correctness matrix with the recommended configs, every scheduler (incl. SCHED=2's
+per-launch tile counter), LSE, and evotuner.flash_attention's choice.
+
+Every check draws fresh random inputs, poisons O and LSE with NaN and applies FA2's
+rule (evotuner.runtime.check). Skips cleanly without a GPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from evotuner.config import KernelConfig  # noqa: E402
+from evotuner.family import get_family  # noqa: E402
+from evotuner.problem import Problem, Shape  # noqa: E402
+from evotuner.runtime import attention as A  # noqa: E402
+from evotuner.runtime import check as C  # noqa: E402
+from evotuner.space import load_space  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+HOPPER = get_family("hopper")
+SPACE = load_space(HOPPER.default_space())
+SEQLENS = (1, 17, 97, 513, 2047)
+DTYPES = ("fp16", "bf16")
+LAYOUTS = ("bhsd", "bshd")
+#: Sq != Sk: one query row, ragged tails on both sides, Sq > Sk (rows past Sk under causal).
+CROSS = ((1, 513), (17, 2047), (128, 97), (513, 200), (1024, 17), (200, 1), (97, 1024))
+
+
+def _batch_heads(sq: int, sk: int) -> tuple[int, int]:
+    return (3, 5) if sq * sk <= 513 * 513 else (1, 3)     # odd B*H
+
+
+def _runner(problem: Problem, config: KernelConfig | None = None):
+    cfg = config or HOPPER.recommended_configs(problem)[0]
+    return A.kernel_module(cfg, problem, torch.cuda.current_device(), family="hopper").launch
+
+
+def _assert_ok(res: C.CheckResult, what: str) -> None:
+    assert res.ok, f"{what}: {res.reason} (max error {res.max_error:.3g}, tolerance {res.tolerance:.3g})"
+    assert res.lse_error is not None and res.lse_error <= res.lse_tolerance, what
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_seqlen_matrix(head_dim: int, dtype: str, causal: bool) -> None:
+    for i, (s, layout) in enumerate(itertools.product(SEQLENS, LAYOUTS)):
+        b, h = _batch_heads(s, s)
+        problem = Problem(Shape(b, h, s, s, head_dim), dtype, causal)
+        res = C.check(_runner(problem), problem, seed=300 + i, layout=layout)
+        _assert_ok(res, f"hopper {problem.shape} {dtype} causal={causal} {layout}")
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_cross_lengths(head_dim: int, dtype: str, causal: bool) -> None:
+    for i, ((sq, sk), layout) in enumerate(itertools.product(CROSS, LAYOUTS)):
+        b, h = _batch_heads(sq, sk)
+        problem = Problem(Shape(b, h, sq, sk, head_dim), dtype, causal)
+        res = C.check(_runner(problem), problem, seed=400 + i, layout=layout)
+        _assert_ok(res, f"hopper {problem.shape} {dtype} causal={causal} {layout}")
+
+
+@pytest.mark.parametrize("sched", [0, 1, 2])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_scheduler_of_the_recommended_config(sched: int, head_dim: int, causal: bool) -> None:
+    # SCHED=2 needs its tile counter zeroed before every launch: launch twice on one module.
+    for i, (sq, sk) in enumerate(((97, 513), (2047, 2047), (1, 17), (513, 97))):
+        b, h = _batch_heads(sq, sk)
+        problem = Problem(Shape(b, h, sq, sk, head_dim), "bf16", causal)
+        cfg = KernelConfig.of({**HOPPER.recommended_configs(problem)[0].as_dict(), "SCHED": sched})
+        if SPACE.violated(cfg, problem) is not None:      # D128 causal: 3 stages + an O tile exceed smem
+            cfg = KernelConfig.of({**cfg.as_dict(), "STAGES": 2})
+        assert SPACE.violated(cfg, problem) is None, cfg
+        runner = _runner(problem, cfg)
+        for rep in range(2):
+            res = C.check(runner, problem, seed=500 + 10 * i + rep)
+            _assert_ok(res, f"hopper SCHED={sched} {problem.shape} causal={causal} launch {rep + 1}")
+
+
+def test_flash_attention_runs_hopper_where_it_is_recommended() -> None:
+    B, H, Sq, Sk, D = 3, 5, 97, 513, 128
+    q = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(B, H, Sk, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(B, H, Sk, D, device="cuda", dtype=torch.bfloat16)
+    out, lse, choice = A.flash_attention(q, k, v, causal=True, return_lse=True, return_choice=True)
+    assert choice.family == "hopper", choice
+    ref, ref_lse = C.reference(q, k, v, True, 1 / math.sqrt(D))
+    tol = C.tolerance(C.torch_low_precision(q, k, v, True, 1 / math.sqrt(D)), ref)
+    assert float((out.float() - ref).abs().max()) <= tol
+    assert torch.allclose(lse, ref_lse, atol=1e-3)
+    # D=96: not a hopper problem; FlashCore runs it and the choice says why
+    q96 = torch.randn(1, 2, 33, 96, device="cuda", dtype=torch.float16)
+    _, choice96 = A.flash_attention(q96, q96, q96, return_choice=True)
+    assert choice96.family == "flashcore" and "hopper" in choice96.why
+
+
+def test_bshd_packed_qkv_views_take_the_tensor_maps() -> None:
+    B, S, H, D = 2, 193, 4, 64
+    qkv = torch.randn(B, S, 3, H, D, device="cuda", dtype=torch.float16)   # row stride 3*H*D
+    q, k, v = qkv.unbind(2)
+    out, choice = A.flash_attention(q, k, v, layout="bshd", scale=0.3, family="hopper", return_choice=True)
+    view = lambda t: t.transpose(1, 2)  # noqa: E731
+    ref, _ = C.reference(view(q), view(k), view(v), False, 0.3)
+    tol = C.tolerance(C.torch_low_precision(view(q), view(k), view(v), False, 0.3), ref)
+    assert choice.family == "hopper" and float((view(out).float() - ref).abs().max()) <= tol

@@ -1,0 +1,383 @@
+"""The Hopper family (kernels/hopper/, kernels/hopper/family.py) on the CPU.
+
+* the space file loads, names its family, and its constraints match traits.cuh;
+* ``hopper::Params`` (params.h, alignas(128), 4 CUtensorMap) is laid out exactly like
+  the ctypes mirror (a host program prints sizeof/alignof/offsetof);
+* every recommended config compiles with nvcc (sm_90a), has 0 spills / 0 stack, no
+  ptxas wgmma-serialization note, and passes the gate; the space's smem formula equals
+  the cubin's ``hopper_meta`` for those and a sample of other configs;
+* the family's gate rules (register pool, C751x notes, launch-cap registers) reject;
+* launch(): Params bytes, grid per SCHED, the SCHED=2 tile counter, TMA stride errors;
+* a replayed search + export over the SYNTHETIC hopper fixture
+  (tests/data/replay/hopper_synthetic_d64.csv: made-up timings, never measurements).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import re
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import run
+from evotuner import cli
+from evotuner.compiler import Builder
+from evotuner.family import AttentionArgs, DeviceInfo, TensorView, get_family
+from evotuner.gate import apply_gate, parse_ptxas
+from evotuner.kernels.hopper import params as HP
+from evotuner.problem import DTYPES, Problem, Shape
+from evotuner.space import load_space
+
+REPO = Path(__file__).resolve().parents[1]
+PARAMS_H = Path(str(resources.files("evotuner.kernels"))) / "hopper" / "params.h"
+SMALL = REPO / "tests" / "data" / "spaces" / "hopper_small.toml"
+SYNTHETIC = REPO / "tests" / "data" / "replay" / "hopper_synthetic_d64.csv"
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+HOPPER = get_family("hopper")
+SPACE = load_space(HOPPER.default_space())
+
+
+def _problem(d: int, dtype: str = "fp16", causal: bool = False, s: int = 2048) -> Problem:
+    return Problem(Shape(4, 8, s, s, d), dtype, causal)
+
+
+RECOMMENDED = [(d, dt, c) for d in HOPPER.head_dims for dt in DTYPES for c in (False, True)]
+
+
+# --------------------------------------------------------------------------- space
+
+
+def test_space_loads_and_names_the_family():
+    assert SPACE.kernel == "hopper" and SPACE.arch == "sm_90a"
+    assert set(SPACE.names) == {"BLOCK_N", "CONSUMER_WGS", "STAGES", "REG_PROD", "REG_CONS", "OVERLAP", "PINGPONG",
+                                "SCHED", "RESCALE_LOG2", "EXP_EMU"}
+    feasible = [c for c in SPACE.configs() if SPACE.violated(c, _problem(64)) is None]
+    assert 1000 <= len(feasible) <= 20000
+
+
+@pytest.mark.parametrize("config, constraint", [
+    (dict(CONSUMER_WGS=2, REG_PROD=32, REG_CONS=240), "register_pool"),      # 128*(32+480) > 384*168
+    (dict(CONSUMER_WGS=3, REG_PROD=24, REG_CONS=232), "register_pool"),
+    (dict(CONSUMER_WGS=1, REG_CONS=240), "consumer_regs"),                   # launch regs 255 at 256 threads
+    (dict(CONSUMER_WGS=1, PINGPONG=1, REG_CONS=256), "pingpong"),
+    (dict(OVERLAP=0, PINGPONG=1), "pingpong"),
+    (dict(STAGES=4, BLOCK_N=192, SCHED=1), "smem_per_block"),
+])
+def test_static_constraints_mirror_the_kernels_static_asserts(config, constraint):
+    base = dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
+                RESCALE_LOG2=8, EXP_EMU=0)
+    from evotuner.config import KernelConfig
+    violated = SPACE.violated(KernelConfig.of({**base, **config}), _problem(128))
+    assert violated is not None and violated.name == constraint, violated
+
+
+def test_head_dims_other_than_64_and_128_are_not_hopper_problems():
+    assert HOPPER.unsupported(_problem(96)) and HOPPER.recommended_configs(_problem(96)) == ()
+    assert HOPPER.unsupported(_problem(64)) is None
+
+
+def test_every_recommended_config_is_in_the_space_and_has_a_figure():
+    for d, dt, c in RECOMMENDED:
+        (cfg,) = HOPPER.recommended_configs(_problem(d, dt, c))
+        SPACE.validate(cfg)
+        assert SPACE.violated(cfg, _problem(d, dt, c)) is None, (d, dt, c, cfg)
+        assert HOPPER.expected_speed(_problem(d, dt, c)) > 0
+
+
+# --------------------------------------------------------------------------- Params ABI
+
+
+def _host_compiler() -> list[str]:
+    gxx = shutil.which("g++") or shutil.which("c++")
+    if gxx:
+        return [gxx, "-std=c++17", "-x", "c++"]
+    return [shutil.which("nvcc") or pytest.skip("no host C++ compiler"), "-std=c++17", "-x", "c++"]
+
+
+@needs_nvcc
+def test_params_layout_matches_params_h(tmp_path):
+    fields = [name for name, _ in HP.Params._fields_ if not name.startswith("_")]
+    src = tmp_path / "layout.cpp"
+    src.write_text("\n".join([
+        "#include <cstddef>", "#include <cstdio>", '#include "hopper/params.h"', "int main() {",
+        'std::printf("sizeof %zu\\n", sizeof(hopper::Params));',
+        'std::printf("alignof %zu\\n", alignof(hopper::Params));',
+        *[f'std::printf("{f} %zu %zu\\n", offsetof(hopper::Params, {f}), sizeof(hopper::Params::{f}));'
+          for f in fields],
+        *[f'std::printf("{m} %d\\n", (int)({m}));'
+          for m in re.findall(r"#define\s+(HOPPER_(?:META_\w+|ABI_VERSION))\s", PARAMS_H.read_text())],
+        "return 0; }"]))
+    exe = tmp_path / "layout"
+    # nvcc -x c++: the host compiler with the CUDA include path (params.h includes cuda.h)
+    build = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-x", "c++", str(src), "-I", str(PARAMS_H.parent.parent),
+                            "-o", str(exe)], capture_output=True, text=True, timeout=180)
+    assert build.returncode == 0, build.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=30, check=True).stdout
+    host = {line.split()[0]: [int(x) for x in line.split()[1:]] for line in out.splitlines()}
+    assert host["sizeof"] == [ctypes.sizeof(HP.Params)] == [640]
+    assert host["alignof"] == [128]
+    for f in fields:
+        field = getattr(HP.Params, f)
+        assert host[f] == [field.offset, field.size], f
+    # the meta table: HOPPER_META_<NAME> indices are the Python order, HOPPER_META_LEN its length
+    for i, name in enumerate(HP.HOPPER_META):
+        assert host[f"HOPPER_META_{name.upper()}"] == [i], name
+    assert host["HOPPER_META_LEN"] == [len(HP.HOPPER_META)]
+    assert host["HOPPER_ABI_VERSION"] == [HP.HOPPER_ABI_VERSION]
+
+
+def test_meta_table_decodes_onto_the_common_names_and_refuses_other_versions():
+    values = [HP.HOPPER_ABI_VERSION, 384, 197760, 128, 128, 128, 0, 1, 2, 2, 24, 240, 1, 1, 64, 1, 8, 0]
+    raw = b"".join(v.to_bytes(4, "little", signed=True) for v in values)
+    meta = HOPPER.decode_meta(raw)
+    assert meta["threads"] == 384 and meta["min_blocks"] == 1 and meta["dtype"] == 1 and meta["sched"] == 1
+    assert set(meta) == set(("abi", "threads", "smem_bytes", "head_dim", "is_causal", "dtype", "min_blocks")) | set(
+        HOPPER.meta_fields)
+    from evotuner.abi import MetaError
+    with pytest.raises(MetaError, match="HOPPER_ABI_VERSION 7"):
+        HOPPER.decode_meta(b"\x07\0\0\0" + raw[4:])
+    with pytest.raises(MetaError, match="expected 72"):
+        HOPPER.decode_meta(raw[:-4])
+
+
+# --------------------------------------------------------------------------- build + gate
+
+
+@pytest.fixture(scope="module")
+def builder(build_cache_dir):
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc")
+    with Builder("hopper", cache_dir=build_cache_dir, jobs=2) as b:
+        yield b
+
+
+def _smem_formula(config, problem) -> int:
+    return SPACE.derive(config, problem)["smem_bytes"]
+
+
+@needs_nvcc
+def test_recommended_configs_compile_clean_and_pass_the_gate(builder):
+    jobs = []
+    for d, dt, c in RECOMMENDED:
+        problem = _problem(d, dt, c)
+        (cfg,) = HOPPER.recommended_configs(problem)
+        jobs.append((cfg, problem, builder.submit(cfg, problem)))
+    for cfg, problem, fut in jobs:
+        result = fut.result()
+        assert result.ok, (cfg, problem, result.error)
+        log = result.ptxas_log
+        report = parse_ptxas(log, HOPPER.entry)
+        # ptxas reports spills per function, not per warpgroup path: require none at all
+        assert report.spill_stores == 0 and report.spill_loads == 0 and report.stack == 0, (cfg, report)
+        assert not re.search(r"\(C751\d\)", log), log
+        gate = apply_gate(result, SPACE.gate, family=HOPPER)
+        assert gate.passed, (cfg, problem, gate.reason)
+        assert result.artifact.meta["smem_bytes"] == _smem_formula(cfg, problem), (cfg, problem)
+
+
+SAMPLE = [  # (head dim, knobs): SCHED 0/1/2, stages 1..4, every WG count, BLOCK_N off 128
+    (64, dict(BLOCK_N=64, CONSUMER_WGS=1, STAGES=4, REG_PROD=24, REG_CONS=256, OVERLAP=0, PINGPONG=0, SCHED=2,
+              RESCALE_LOG2=0, EXP_EMU=4)),
+    (128, dict(BLOCK_N=176, CONSUMER_WGS=2, STAGES=1, REG_PROD=32, REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=1,
+               RESCALE_LOG2=0, EXP_EMU=0)),
+    (128, dict(BLOCK_N=80, CONSUMER_WGS=3, STAGES=3, REG_PROD=24, REG_CONS=160, OVERLAP=1, PINGPONG=1, SCHED=2,
+               RESCALE_LOG2=8, EXP_EMU=0)),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("d, knobs", SAMPLE)
+def test_space_smem_formula_equals_the_cubins_meta_table(builder, d, knobs):
+    from evotuner.config import KernelConfig
+    cfg, problem = KernelConfig.of(knobs), _problem(d, "bf16", True)
+    assert SPACE.violated(cfg, problem) is None
+    result = builder.build(cfg, problem)
+    assert result.ok, result.error
+    meta = result.artifact.meta
+    assert meta["smem_bytes"] == _smem_formula(cfg, problem)
+    assert meta["block_m"] == 64 * knobs["CONSUMER_WGS"] and meta["threads"] == 128 * (knobs["CONSUMER_WGS"] + 1)
+    assert all(meta[f] == knobs[p] for p, f in HOPPER.echoed.items())
+    gate = apply_gate(result, SPACE.gate, family=HOPPER)       # incl. "Used N" == the launch cap
+    assert gate.passed, gate.reason
+
+
+# --------------------------------------------------------------------------- gate rules
+
+LOG = ("ptxas info    : Compiling entry function 'hopper_fwd' for 'sm_90a'\n"
+       "ptxas info    : Function properties for hopper_fwd\n"
+       "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+       "ptxas info    : Used {regs} registers, used 16 barriers\n")
+META = dict(abi=2, threads=384, smem_bytes=197760, head_dim=128, is_causal=0, dtype=0, min_blocks=1, block_m=128,
+            block_n=128, stages=2, consumer_wgs=2, reg_prod=24, reg_cons=240, overlap=1, pingpong=1, o_box_rows=64,
+            sched=1, rescale_log2=8, exp_emu=0)
+
+
+def _extra(log: str, meta: dict) -> tuple[str, str] | None:
+    return HOPPER.extra_gate(log, parse_ptxas(log, "hopper_fwd"), meta, SPACE.gate)
+
+
+def test_gate_accepts_the_launch_cap_and_rejects_the_familys_faults():
+    assert _extra(LOG.format(regs=168), META) is None
+    check, reason = _extra(LOG.format(regs=168), {**META, "reg_prod": 32})
+    assert check == "register_pool" and "128*(REG_PROD=32" in reason and "lower REG_CONS" in reason
+    serial = LOG.format(regs=168) + ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async "
+                                     "instructions are serialized due to the presence of Extern calls\n")
+    check, reason = _extra(serial, META)
+    assert check == "wgmma_serialized" and "C7512" in reason
+    check, reason = _extra(LOG.format(regs=154), META)
+    assert check == "launch_registers" and "154" in reason and "168" in reason
+
+
+# --------------------------------------------------------------------------- launch packing
+
+
+def _view(shape, strides=None, ptr=0x7F0000000000):
+    if strides is None:
+        strides = tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+    return TensorView(ptr, tuple(shape), tuple(strides))
+
+
+def _args(B=3, H=5, Sq=97, Sk=513, D=128, workspace=0, lse=True):
+    q, k = _view((B, H, Sq, D)), _view((B, H, Sk, D), ptr=0x7F1000000000)
+    return AttentionArgs(q=q, k=k, v=_view((B, H, Sk, D), ptr=0x7F2000000000), o=_view((B, H, Sq, D), ptr=0x7F3000000000),
+                         lse=_view((B, H, Sq), ptr=0x7F4000000000) if lse else None, dtype="bf16", scale=0.125,
+                         workspace=workspace)
+
+
+@pytest.fixture
+def fake_maps(monkeypatch):
+    calls = []
+
+    def encode(ptr, shape, strides, dtype, rows, panels, *, name="tensor"):
+        HP.check_tma_view(name, ptr, shape, strides)
+        calls.append((name, ptr, shape, rows, panels))
+        return bytes([len(calls)]) * 128
+
+    monkeypatch.setattr("evotuner.kernels.hopper.family.encode_tensor_map", encode)
+    return calls
+
+
+def test_launch_packs_params_and_grid_per_scheduler(fake_maps):
+    dev = DeviceInfo(index=0, sm_count=132)
+    spec = HOPPER.launch({**META, "sched": 0}, _args(), dev)
+    assert spec.grid == (math.ceil(97 / 128), 5, 3) and spec.block == (384, 1, 1) and spec.smem_bytes == 197760
+    p = HP.Params.from_buffer_copy(spec.args[0])
+    assert len(spec.args) == 1 and len(spec.args[0]) == 640
+    assert (p.batch, p.heads, p.seqlen_q, p.seqlen_k) == (3, 5, 97, 513) and p.lse == 0x7F4000000000
+    assert p.scale_log2 == pytest.approx(0.125 * math.log2(math.e)) and not p.tile_counter and p.reserved == 0
+    assert bytes(p.tm_q) == b"\x01" * 128 and bytes(p.tm_o) == b"\x04" * 128
+    assert [(c[0], c[3], c[4]) for c in fake_maps] == [("q", 128, 2), ("k", 128, 2), ("v", 128, 2), ("o", 64, 1)]
+    # persistent: one CTA per SM at most, or one per tile when there are fewer tiles
+    assert HOPPER.launch({**META, "sched": 1}, _args(), dev).grid == (1 * 5 * 3, 1, 1)
+    assert HOPPER.launch({**META, "sched": 1}, _args(B=16, H=16, Sq=2048), dev).grid == (132, 1, 1)
+    assert HOPPER.workspace_bytes({**META, "sched": 1}) == 0 and HOPPER.workspace_bytes({**META, "sched": 2}) == 4
+    spec = HOPPER.launch({**META, "sched": 2}, _args(workspace=0x7F5000000000), dev)
+    assert HP.Params.from_buffer_copy(spec.args[0]).tile_counter == 0x7F5000000000
+    with pytest.raises(Exception, match="tile counter"):
+        HOPPER.launch({**META, "sched": 2}, _args(workspace=0), dev)
+    assert HP.Params.from_buffer_copy(HOPPER.launch(META, _args(lse=False), dev).args[0]).lse is None
+
+
+def test_layouts_tma_cannot_take_are_refused_naming_the_stride(fake_maps):
+    ok = {n: getattr(_args(), n) for n in "qkvo"}
+    assert HOPPER.unsupported_views(ok) is None
+    bshd = _view((2, 4, 33, 64), strides=(33 * 4 * 64, 64, 4 * 64, 1))      # [B, S, H, D] seen as [B, H, S, D]
+    assert HOPPER.unsupported_views({**ok, "q": bshd}) is None
+    padded = _view((2, 4, 33, 64), strides=(4 * 40 * 72, 40 * 72, 72, 1))    # rows of 72 elements = 144 B: fine
+    assert HOPPER.unsupported_views({**ok, "k": padded}) is None
+    bad_row = _view((2, 4, 33, 64), strides=(4 * 40 * 72, 40 * 72, 68, 1))   # 136 B is not a multiple of 16
+    why = HOPPER.unsupported_views({**ok, "k": bad_row})
+    assert why and why.startswith("k: row (S) stride 68 elements (136 B)")
+    bad_head = _view((2, 4, 33, 64), strides=(4 * 33 * 64 + 8, 33 * 64 + 4, 64, 1))
+    assert "head stride" in HOPPER.unsupported_views({**ok, "v": bad_head})
+    with pytest.raises(HP.TmaStrideError, match="row \\(S\\) stride 68"):
+        HOPPER.launch(META, AttentionArgs(**{**_args().__dict__, "k": bad_row}), DeviceInfo(0, 132))
+    assert "not 16-byte aligned" in HOPPER.unsupported_views({**ok, "o": _view((2, 4, 33, 64), ptr=0x7F0000000008)})
+
+
+# --------------------------------------------------------------------------- replayed search + export
+
+
+@pytest.fixture
+def env(monkeypatch, build_cache_dir):
+    monkeypatch.delenv(cli.STORAGE_ENV, raising=False)
+    monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(build_cache_dir))
+
+
+def test_synthetic_fixture_says_it_is_synthetic():
+    sidecar = json.loads(SYNTHETIC.with_name(SYNTHETIC.name + ".json").read_text())
+    assert sidecar["synthetic"] is True and sidecar["device"]["name"].startswith("SYNTHETIC")
+    assert "NOT" in sidecar["note"] and "measurements" in sidecar["note"]
+
+
+def test_replayed_search_resume_and_export_compile(capsys, tmp_path, env):
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    code, out, err = run(capsys, "search", "--study", "h", "--shape", "B=16,H=16,S=2048,D=64", "--space", SMALL,
+                         "--trials", 6, "--replay", SYNTHETIC, "--storage", db)
+    assert code == 0, err
+    code, out, err = run(capsys, "resume", "--study", "h", "--trials", 10, "--replay", SYNTHETIC, "--storage", db)
+    assert code == 0, err
+    code, out, err = run(capsys, "show", "--study", "h", "--json", "--storage", db)
+    assert code == 0, err
+    shown = json.loads(out)
+    assert set(shown["best"]["params"]) == set(SPACE.names)
+    header = tmp_path / "tuned.h"
+    code, out, err = run(capsys, "export", "--study", "h", "--output", header, "--storage", db)
+    assert code == 0, err
+    text = header.read_text()
+    assert "namespace hopper::tuned {" in text and "#define HOPPER_TUNED_COUNT 1" in text
+    assert "HOPPER_TUNED_0_CONSUMER_WGS" in text
+    src = tmp_path / "use.cpp"
+    src.write_text('#include "tuned.h"\nint main() {\n  const auto* h = hopper::tuned::select(64, 0, false, 2048);\n'
+                   "  return h != nullptr ? 0 : 1;\n}\n")
+    build = subprocess.run([*_host_compiler(), str(src), "-I", str(tmp_path), "-o", str(tmp_path / "use")],
+                           capture_output=True, text=True, timeout=120)
+    assert build.returncode == 0, build.stderr
+    assert subprocess.run([str(tmp_path / "use")], timeout=30).returncode == 0
+
+
+def test_flash_attention_chooses_hopper_where_it_is_recommended_and_falls_back_saying_why():
+    attention = pytest.importorskip("evotuner.runtime.attention")
+    for d, dt, c in RECOMMENDED:
+        choice = attention.choose(_problem(d, dt, c))
+        assert choice.family == "hopper" and choice.config == HOPPER.recommended_configs(_problem(d, dt, c))[0]
+    d96 = attention.choose(_problem(96))
+    assert d96.family == "flashcore" and "hopper: " in d96.why and "D=96" in d96.why
+    refused = attention.choose(_problem(64), exclude={"hopper": "k: row (S) stride 68 elements (136 B) ..."})
+    assert refused.family == "flashcore" and "row (S) stride 68" in refused.why
+    assert attention.choose(_problem(64), family="flashcore").family == "flashcore"
+
+
+def test_tensor_map_encoding_follows_params_h_and_is_cached(monkeypatch):
+    """cuTensorMapEncodeTiled's arguments (a stand-in for the driver records them): rank 5,
+    dims {64, S, D/64, H, B}, byte strides {ss*2, 128, sh*2, sb*2} (extent-1 dims take the row
+    stride), box {64, rows, panels, 1, 1}, SWIZZLE_128B, L2_256B, a 128-B aligned map."""
+    calls = []
+
+    def fake(addr, dtype, rank, base, dims, strides, box, estr, interleave, swizzle, l2, oob):
+        calls.append(dict(aligned=addr.value % 128 == 0, dtype=dtype, rank=rank, base=base.value, dims=list(dims[:5]),
+                          strides=list(strides[:4]), box=list(box[:5]), estr=list(estr[:5]),
+                          enums=(interleave, swizzle, l2, oob)))
+        ctypes.memmove(addr.value, bytes(range(128)), 128)
+        return 0
+
+    monkeypatch.setattr(HP, "_encode_fn", fake)
+    monkeypatch.setattr(HP, "_cache", type(HP._cache)())
+    view = (0x7F0000000000, (2, 3, 97, 128), (97 * 3 * 128, 128, 3 * 128, 1))    # a [B, S, H, D] tensor
+    data = HP.encode_tensor_map(*view, "bf16", 128, 2, name="q")
+    assert data == bytes(range(128))
+    assert calls == [dict(aligned=True, dtype=9, rank=5, base=0x7F0000000000, dims=[64, 97, 2, 3, 2],
+                          strides=[3 * 128 * 2, 128, 128 * 2, 97 * 3 * 128 * 2], box=[64, 128, 2, 1, 1],
+                          estr=[1] * 5, enums=(0, 3, 3, 0))]
+    assert HP.encode_tensor_map(*view, "bf16", 128, 2, name="q") == data and len(calls) == 1   # cached
+    HP.encode_tensor_map(*view, "bf16", 64, 1, name="o")                                      # another box
+    HP.encode_tensor_map(0x7F0000000000, (1, 1, 5, 64), (999, 999, 64, 1), "fp16", 64, 1, name="o")
+    assert len(calls) == 3 and calls[2]["dtype"] == 6 and calls[2]["strides"] == [128, 128, 128, 128]
+    with pytest.raises(HP.TmaStrideError, match="q: row \\(S\\) stride 68"):
+        HP.encode_tensor_map(0x7F0000000000, (1, 1, 5, 64), (340, 340, 68, 1), "fp16", 64, 1, name="q")
