@@ -42,7 +42,7 @@ class _Selection:
 
 def _select(store_url: str | None, study: str | None, top: int, config: str | None, shape: str | None,
             dtype: str, causal: bool, space_path: Path | None, require: tuple[str, ...] = ("D",)) -> _Selection:
-    from evotuner.diagnose import top_targets
+    from evotuner.bench import best_configs
     from evotuner.space import load_space, parse_space
 
     if study is None:
@@ -68,7 +68,7 @@ def _select(store_url: str | None, study: str | None, top: int, config: str | No
         cfg = KernelConfig.parse(config)
         space.validate(cfg)
         return _Selection(problem, space, [(None, cfg, None)], study)
-    picks = top_targets(summary, space, top)
+    picks = best_configs(summary, space, top)
     if not picks:
         raise EvotunerError(f"study {study!r} has no COMPLETE trial to run", "run `evotuner search` first")
     return _Selection(problem, space, picks, study)

@@ -113,25 +113,6 @@ def tool_version(exe: Path | str) -> str:
     return lines[-1] if lines else ""
 
 
-def top_targets(summary: Any, space: Any, top: int) -> list[tuple[int, KernelConfig, float]]:
-    """(trial, config, µs) of the ``top`` fastest COMPLETE trials, one per config."""
-    from evotuner.vocabulary import config_of
-
-    done = sorted((t for t in summary.trials if t.state == "COMPLETE" and t.value is not None and t.duplicate_of is None),
-                  key=lambda t: t.value)
-    out: list[tuple[int, KernelConfig, float]] = []
-    seen: set[KernelConfig] = set()
-    for t in done:
-        config = config_of(t.params, space)
-        if config is None or config in seen:
-            continue
-        seen.add(config)
-        out.append((t.number, config, float(t.value)))
-        if len(out) == top:
-            break
-    return out
-
-
 def build_targets(space: Any, problem: Problem, picks: list[tuple[int | None, KernelConfig, float | None]]
                   ) -> list[Target]:
     """Build (or take from the cache) each config's cubin; a failed build is a Target with its error."""
