@@ -84,7 +84,8 @@ def test_create_load_list_and_optuna_reads_it(store: StudyStore) -> None:
         assert {"studies", "trials", "version_info", "alembic_version"} <= tables
         ours = {t for t in tables if t.startswith("evotuner_")}
         assert ours == {"evotuner_schema_version", "evotuner_studies", "evotuner_devices",
-                        "evotuner_builds", "evotuner_baselines", "evotuner_measurements"}
+                        "evotuner_builds", "evotuner_baselines", "evotuner_measurements",
+                        "evotuner_workers", "evotuner_claims"}
         assert db.execute("select version from evotuner_schema_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
