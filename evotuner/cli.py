@@ -112,6 +112,24 @@ BudgetOpt = Annotated[
     typer.Option("--budget", min=0.05, help="Timing budget per config and per SDPA backend, seconds "
                                             "[default: the measure stage's, 0.5]."),
 ]
+GpusOpt = Annotated[
+    Optional[str],
+    typer.Option("--gpus", help="Measure on these GPUs at once: one coordinator (sampler, budget, builds) and one "
+                                "measure worker per GPU, e.g. 0,1,2,3 or all [default: GPU 0 only]."),
+]
+MixedGpusOpt = Annotated[
+    bool, typer.Option("--mixed-gpus", help="Allow --gpus of different models in one study (timings then mix)."),
+]
+StaleAfterOpt = Annotated[
+    Optional[float],
+    typer.Option("--stale-after", min=0.5, help="Seconds without a heartbeat after which other workers on the "
+                                               "study take this one's trials over [default: 60]."),
+]
+ReplayDelayOpt = Annotated[
+    Optional[str],
+    typer.Option("--replay-delay", help="With --replay: seconds each build and each measurement takes, BUILD,MEASURE "
+                                        "(rehearse timing-dependent setups such as several workers)."),
+]
 RecordOpt = Annotated[
     bool, typer.Option("--record/--no-record", help="Store this run's device and SDPA baselines with the study."),
 ]
@@ -150,40 +168,53 @@ def search(
     space: SpaceOpt = None,
     storage: StorageOpt = None,
     replay: ReplayOpt = None,
+    gpus: GpusOpt = None,
+    mixed_gpus: MixedGpusOpt = False,
+    stale_after: StaleAfterOpt = None,
+    replay_delay: ReplayDelayOpt = None,
 ) -> None:
     """Tune the kernel for one problem: run the study until it has --trials finished trials.
 
     Running it again with the same options does nothing; with a larger --trials it
     continues the study (as `resume` does). Samplers: tpe (default), nsga2, cmaes,
-    random, grid, and gp where Optuna's GPSampler can run.
+    random, grid, and gp where Optuna's GPSampler can run. Several `search` processes
+    (on one host or, with a PostgreSQL --storage, on many) may run one study at once:
+    together they finish exactly --trials trials and never measure a config twice.
     """
     from evotuner.propose import make_sampler
     from evotuner.space import load_space
+    from evotuner.storage.start import ensure_study
 
     problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
     search_space = load_space(space)
     make_sampler(sampler, search_space, seed)     # an unknown sampler is refused here
-    stages = _stages(replay)                      # refuses at once without a GPU (unless replaying)
+    devices = _gpu_list(gpus, replay)
+    stages = _stages(replay, replay_delay, devices)   # refuses at once without a GPU (unless replaying)
     store = _open_store(storage)
+
+    def check_existing() -> None:
+        store.load_study(study, problem=problem, space=search_space)   # refuses a mismatch
+        recorded = store.study_info(study)
+        if (recorded.sampler, recorded.seed) != (sampler, seed):
+            raise StudyMismatchError(
+                f"study {study!r} runs sampler {recorded.sampler} with seed {recorded.seed}, "
+                f"not {sampler} with seed {seed}",
+                f"continue it with `evotuner resume --study {study}`, or choose another --study name "
+                f"(every worker of a study passes the study's --seed; each runs its own seed derived from it)",
+            )
+
     with ExitStack() as stack:
         stack.callback(store.close)
         exists = store.study_exists(study)
         if exists:
-            store.load_study(study, problem=problem, space=search_space)   # refuses a mismatch
-            recorded = store.summary(study)
-            if (recorded.sampler, recorded.seed) != (sampler, seed):
-                raise StudyMismatchError(
-                    f"study {study!r} runs sampler {recorded.sampler} with seed {recorded.seed}, "
-                    f"not {sampler} with seed {seed}",
-                    f"continue it with `evotuner resume --study {study}`, or choose another --study name",
-                )
+            check_existing()
         builder, measure = stages(problem, search_space, jobs, stack)
-        if not exists:
-            store.create_study(
+        if not exists and not ensure_study(store, study, lambda: store.create_study(
                 study, problem, search_space, sampler, seed,
-                source_hash=builder.source_hash(), nvcc_version=builder.nvcc_version(),
-            )
-        _run(store, study, problem, search_space, sampler, seed, trials, builder, measure)
+                source_hash=builder.source_hash(), nvcc_version=builder.nvcc_version())):
+            check_existing()                      # another worker created it meanwhile
+        _run(store, study, problem, search_space, sampler, seed, trials, builder, measure,
+             stale_after=stale_after, mixed_gpus=mixed_gpus)
 
 
 @app.command()
@@ -195,13 +226,17 @@ def resume(
     space: SpaceOpt = None,
     storage: StorageOpt = None,
     replay: ReplayOpt = None,
+    gpus: GpusOpt = None,
+    mixed_gpus: MixedGpusOpt = False,
+    stale_after: StaleAfterOpt = None,
+    replay_delay: ReplayDelayOpt = None,
 ) -> None:
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
     from evotuner.space import load_space, parse_space
 
     wanted_shape = Shape.parse(shape) if shape is not None else None
     wanted_space = load_space(space) if space is not None else None
-    stages = _stages(replay)                      # refuses at once without a GPU (unless replaying)
+    stages = _stages(replay, replay_delay, _gpu_list(gpus, replay))   # refuses at once without a GPU (unless replaying)
     store = _open_store(storage, must_exist=True)
     with ExitStack() as stack:
         stack.callback(store.close)
@@ -221,7 +256,8 @@ def resume(
             )
         target = trials if trials is not None else store.count_finished(study) + RESUME_STEP
         builder, measure = stages(problem, search_space, jobs, stack)
-        _run(store, study, problem, search_space, info.sampler, info.seed, target, builder, measure)
+        _run(store, study, problem, search_space, info.sampler, info.seed, target, builder, measure,
+             stale_after=stale_after, mixed_gpus=mixed_gpus)
 
 
 @app.command()
@@ -427,19 +463,25 @@ def _bench_table(result: Any) -> Table:
 # -- the search run and its live view ------------------------------------------------------
 
 
-def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure) -> None:
+def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure, *,
+         stale_after=None, mixed_gpus=False) -> None:
     from evotuner.defaults import recommended
     from evotuner.loop import run_search
+    from evotuner.multigpu import run_multi
     from evotuner.propose import make_sampler
 
-    sampler = make_sampler(sampler_name, space, seed, problem)
+    def sampler(worker_seed: int | None) -> Any:   # each worker's own seed, derived from the study's
+        return make_sampler(sampler_name, space, worker_seed, problem)
+
     view = _SearchView(study, problem)
+    common = dict(store=store, study_name=study, problem=problem, space=space, trials=trials, builder=builder,
+                  on_event=view.on_event, start=recommended(problem))
     with view.live():
-        result = run_search(
-            store=store, study_name=study, problem=problem, space=space, sampler=sampler, seed=seed,
-            trials=trials, builder=builder, measure=measure, on_event=view.on_event,
-            start=recommended(problem),
-        )
+        if isinstance(measure, list):             # --gpus: one measure stage per GPU
+            result = run_multi(measures=measure, sampler_for=sampler, seed=seed, stale_after=stale_after,
+                               allow_mixed=mixed_gpus, **common)
+        else:
+            result = run_search(sampler=sampler, seed=seed, measure=measure, stale_after=stale_after, **common)
     view.close(result, store.summary(study), space)
 
 
@@ -652,23 +694,58 @@ def _builder(space: Any, jobs: int | None, stack: ExitStack) -> Any:
 Stages = Callable[[Problem, Any, Optional[int], ExitStack], tuple[Any, MeasureStage]]
 
 
-def _stages(replay: Path | None) -> Stages:
+def _gpu_list(gpus: str | None, replay: Path | None) -> list[int] | None:
+    """--gpus as device indices (None: not given); ``all`` with --replay means GPU 0."""
+    if gpus is None:
+        return None
+    from evotuner.multigpu import parse_gpus
+
+    return parse_gpus(gpus, (lambda: 1) if replay is not None else None)
+
+
+def _replay_delay(text: str | None) -> tuple[float, float]:
+    if text is None:
+        return 0.0, 0.0
+    try:
+        build_s, measure_s = (float(part) for part in text.split(","))
+    except ValueError:
+        raise EvotunerError(f"--replay-delay {text!r}: not BUILD,MEASURE seconds", "e.g. --replay-delay 0.05,0.02") from None
+    if build_s < 0 or measure_s < 0:
+        raise EvotunerError(f"--replay-delay {text!r}: delays cannot be negative", "e.g. --replay-delay 0.05,0.02")
+    return build_s, measure_s
+
+
+def _stages(replay: Path | None, replay_delay: str | None = None, gpus: list[int] | None = None) -> Stages:
     """The (builder, measure) pair for search/resume, made once the study's problem and
     space are known: nvcc + the GPU worker, or a recorded sweep (``--replay``), which
-    needs neither. Without a GPU and without --replay this refuses at once, before
-    any database is opened."""
+    needs neither. With ``gpus`` the measure is a list: one stage per GPU index. Without
+    a GPU and without --replay this refuses at once, before any database is opened."""
+    build_s, measure_s = _replay_delay(replay_delay)
+    if replay_delay is not None and replay is None:
+        raise EvotunerError("--replay-delay needs --replay FILE", "drop --replay-delay, or replay a sweep")
     if replay is not None:
-        def replayed(problem: Problem, space: Any, jobs: int | None, stack: ExitStack) -> tuple[Any, MeasureStage]:
+        def replayed(problem: Problem, space: Any, jobs: int | None, stack: ExitStack) -> tuple[Any, Any]:
             from evotuner.measure.replay import ReplayMeasure
 
-            measure = stack.enter_context(ReplayMeasure(replay, problem, space))
-            return measure.builder(jobs or os.cpu_count() or 1), measure
+            def one(index: int | None) -> ReplayMeasure:
+                return stack.enter_context(ReplayMeasure(replay, problem, space, build_s=build_s,
+                                                         measure_s=measure_s, device_index=index))
+            measure = one(gpus[0] if gpus else None)
+            builder = stack.enter_context(measure.builder(jobs or os.cpu_count() or 1))
+            if gpus is None:
+                return builder, measure
+            return builder, [measure, *(one(i) for i in gpus[1:])]
         return replayed
     measure_factory = _measure_factory()
 
-    def real(problem: Problem, space: Any, jobs: int | None, stack: ExitStack) -> tuple[Any, MeasureStage]:
+    def real(problem: Problem, space: Any, jobs: int | None, stack: ExitStack) -> tuple[Any, Any]:
         builder = _builder(space, jobs, stack)
-        return builder, stack.enter_context(measure_factory())
+        if gpus is None:
+            return builder, stack.enter_context(measure_factory())
+        from evotuner.measure import GpuMeasure
+
+        make = (lambda i: GpuMeasure(device_index=i)) if measure_factory is GpuMeasure else (lambda i: measure_factory())
+        return builder, [stack.enter_context(make(i)) for i in gpus]
     return real
 
 

@@ -195,6 +195,7 @@ class _Search:
         self.study: optuna.Study | None = None
         self.remote: list[_Remote] = []
         self.lost = 0                        # trials reaped from under this worker (it stalled)
+        self.device_tag: dict[str, Any] = {}
         self.pending: deque[_InFlight] = deque()
         self.by_config: dict[KernelConfig, _InFlight] = {}
         self.known: dict[KernelConfig, _Result] = {}
@@ -372,6 +373,8 @@ class _Search:
         """Record this run's device; measure SDPA baselines once per study and device."""
         started = time.perf_counter()
         device = self.measure.device()
+        if device is not None:
+            self.device_tag = {k: device[k] for k in ("name", "device_index") if device.get(k) is not None}
         if device is not None and self.store.record_device(self.name, device):
             self.emit(ev.DeviceChanged(str(device.get("name", "unknown device"))))
         # Baselines belong to a device: a resume on another GPU measures its own, and of
@@ -540,6 +543,8 @@ class _Search:
             "tflops": outcome.tflops, "max_error": outcome.max_error,
             "p20_us": outcome.p20_us, "p80_us": outcome.p80_us,
         }
+        if self.device_tag:
+            attrs["device"] = dict(self.device_tag)   # which GPU measured it (several workers, --gpus)
         return "COMPLETE", outcome.median_us, None, attrs
 
     # -- telling -------------------------------------------------------------------------
