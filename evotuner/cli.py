@@ -183,7 +183,7 @@ def search(
     """
     from evotuner.propose import make_sampler
     from evotuner.space import load_space
-    from evotuner.storage.start import ensure_study
+    from evotuner.storage.start import ensure_study, wait_for_study
 
     problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
     search_space = load_space(space)
@@ -207,6 +207,7 @@ def search(
         stack.callback(store.close)
         exists = store.study_exists(study)
         if exists:
+            wait_for_study(store, study)          # its creator may not have written evotuner's row yet
             check_existing()
         builder, measure = stages(problem, search_space, jobs, stack)
         if not exists and not ensure_study(store, study, lambda: store.create_study(

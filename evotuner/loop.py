@@ -533,6 +533,8 @@ class _Search:
             raise _Reaped()             # reaped while building: the config is someone else's now
         outcome = self.measure.measure(build.artifact, self.problem)
         t = self._tally("measure", t)
+        if not self.worker.holds_config(flight.config):
+            raise _Reaped()             # stalled mid-measurement and reaped: the new owner records it
         self.store.record_measurement(self.name, number, flight.config, outcome)
         self._tally("record", t)
         if isinstance(outcome, MeasureFailure):

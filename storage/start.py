@@ -92,7 +92,7 @@ def ensure_study(store: Any, name: str, create: Callable[[], Any], wait_s: float
     with the store's "not created by evotuner" error after the wait.
     """
     if store.study_exists(name):
-        _wait_for_row(store, name, wait_s)
+        wait_for_study(store, name, wait_s)
         return False
     try:
         create()
@@ -100,11 +100,13 @@ def ensure_study(store: Any, name: str, create: Callable[[], Any], wait_s: float
     except StorageError:
         if not store.study_exists(name):
             raise
-    _wait_for_row(store, name, wait_s)
+    wait_for_study(store, name, wait_s)
     return False
 
 
-def _wait_for_row(store: Any, name: str, wait_s: float) -> None:
+def wait_for_study(store: Any, name: str, wait_s: float = STUDY_ROW_WAIT_S) -> None:
+    """Wait until study ``name`` has its evotuner row (a creator may be between Optuna's
+    half and evotuner's); the store's not-found / not-evotuner error after ``wait_s``."""
     deadline = time.monotonic() + wait_s
     while True:
         try:
