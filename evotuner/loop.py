@@ -436,7 +436,7 @@ class _Search:
         self._unseen -= {r.config for r in self.remote}
         return not self._unseen
 
-    def _ask_one(self, slot: int) -> None:
+    def _ask_one(self, slot: str) -> None:
         started = time.perf_counter()
         trial = self.current = self.study.ask()
         self.worker.bind(slot, trial.number)

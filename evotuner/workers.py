@@ -62,7 +62,7 @@ class StudyWorker:
         self.id: int | None = None
         self.seat: int | None = None
         self.reaped = False
-        self._slots: dict[int, int] = {}         # trial number -> slot
+        self._slots: dict[int, str] = {}         # trial number -> slot key
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
         self._last_reap = 0.0
@@ -134,17 +134,17 @@ class StudyWorker:
 
     # -- budget ----------------------------------------------------------------------------
 
-    def claim_slot(self, target: int) -> int | None:
+    def claim_slot(self, target: int) -> str | None:
         return _claims.claim_slot(self.store, self.study, self._id(), target)
 
-    def bind(self, slot: int, trial_number: int) -> None:
+    def bind(self, slot: str, trial_number: int) -> None:
         self._slots[trial_number] = slot
         _claims.bind_slot(self.store, self.study, slot, self._id(), trial_number)
 
     def finish_trial(self, trial_number: int) -> None:
         slot = self._slots.pop(trial_number, None)
         if slot is not None:
-            _claims.finish(self.store, self.study, f"slot:{slot}", self._id(), trial_number)
+            _claims.finish(self.store, self.study, slot, self._id(), trial_number)
 
     def slots(self) -> tuple[int, int]:
         """(done, held) slots of the study."""

@@ -3,7 +3,7 @@ on one study never do it twice (table ``evotuner_claims``).
 
 Kinds and keys:
 
-* ``slot:<n>`` -- one of the study's ``--trials`` finished trials. A worker claims a slot
+* ``slot:<id>`` -- one of the study's ``--trials`` finished trials. A worker claims a slot
   *before* it asks Optuna for a trial, binds the trial's number to it after the ask, and
   marks it ``done`` once the trial is told. Slots are claimed under a lock on the study's
   ``evotuner_studies`` row (``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``
@@ -23,6 +23,7 @@ its held claims are deleted (or, for a trial it managed to tell, marked done) by
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -125,30 +126,32 @@ def release(store: Any, study: str, key: str, worker_id: int) -> bool:
 
 # -- slots: the global budget ----------------------------------------------------------------
 
-def _slot_numbers(s: Session, sid: int) -> set[int]:
-    keys = s.execute(select(C.c.key).where(C.c.study_id == sid, C.c.kind == SLOT)).scalars()
-    return {int(k.split(":", 1)[1]) for k in keys}
+def _slot_count(s: Session, sid: int) -> int:
+    return int(s.execute(select(func.count()).select_from(C).where(C.c.study_id == sid, C.c.kind == SLOT)).scalar())
 
 
-def claim_slot(store: Any, study: str, worker_id: int, target: int) -> int | None:
-    """Claim one of the study's ``target`` slots (held by this worker); None when held +
-    done slots already reach the target."""
+def _slot_key() -> str:
+    return f"slot:{uuid.uuid4().hex}"
+
+
+def claim_slot(store: Any, study: str, worker_id: int, target: int) -> str | None:
+    """Claim one of the study's ``target`` slots (held by this worker); returns its key, or
+    None when held + done slots already reach the target."""
     with store.session() as s:
         sid = study_id(s, study, lock=True)       # serialises slot claims on this study
-        taken = _slot_numbers(s, sid)
-        if len(taken) >= target:
+        if _slot_count(s, sid) >= target:
             return None
-        slot = next(n for n in range(len(taken) + 1) if n not in taken)
-        s.execute(insert(C).values(study_id=sid, kind=SLOT, key=f"slot:{slot}", worker_id=worker_id,
+        key = _slot_key()
+        s.execute(insert(C).values(study_id=sid, kind=SLOT, key=key, worker_id=worker_id,
                                    trial_number=None, state=HELD, created=db_now(s)))
-    return slot
+    return key
 
 
-def bind_slot(store: Any, study: str, slot: int, worker_id: int, trial_number: int) -> bool:
+def bind_slot(store: Any, study: str, slot: str, worker_id: int, trial_number: int) -> bool:
     """Record which trial fills this worker's held slot (right after the ask)."""
     with store.session() as s:
         sid = study_id(s, study)
-        result = s.execute(update(C).where(C.c.study_id == sid, C.c.key == f"slot:{slot}",
+        result = s.execute(update(C).where(C.c.study_id == sid, C.c.key == slot,
                                            C.c.worker_id == worker_id, C.c.state == HELD)
                            .values(trial_number=trial_number))
     return result.rowcount == 1
@@ -175,14 +178,9 @@ def adopt(store: Any, study: str, finished_numbers: Iterable[int]) -> int:
         bound = set(s.execute(select(C.c.trial_number).where(C.c.study_id == sid, C.c.kind == SLOT,
                                                              C.c.trial_number.is_not(None))).scalars())
         missing = sorted(numbers - bound)
-        taken = _slot_numbers(s, sid)
         now = db_now(s)
-        slot = 0
         for number in missing:
-            while slot in taken:
-                slot += 1
-            taken.add(slot)
-            s.execute(insert(C).values(study_id=sid, kind=SLOT, key=f"slot:{slot}", worker_id=None,
+            s.execute(insert(C).values(study_id=sid, kind=SLOT, key=_slot_key(), worker_id=None,
                                        trial_number=number, state=DONE, created=now))
     return len(missing)
 

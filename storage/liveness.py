@@ -105,6 +105,7 @@ class WorkerRow:
     stale_after: float
     heartbeat: float
     age: float           # seconds since its last heartbeat, by the database's clock
+    reason: str | None = None   # why it ended
 
 
 def register(store: Any, study: str, *, stale_after: float, device: Any = None) -> int:
@@ -155,7 +156,7 @@ def workers(store: Any, study: str, *, live_only: bool = True) -> list[WorkerRow
             query = query.where(W.c.state == LIVE)
         rows = s.execute(query.order_by(W.c.id)).all()
     return [WorkerRow(r.id, r.host, r.host_key, r.pid, r.proc_start, r.seat, r.seed, r.device, r.state,
-                      r.stale_after, r.heartbeat, now - r.heartbeat) for r in rows]
+                      r.stale_after, r.heartbeat, now - r.heartbeat, r.reason) for r in rows]
 
 
 def _mark_dead(store: Any, w: WorkerRow, why: str, *, by_heartbeat: bool) -> bool:

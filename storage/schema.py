@@ -159,7 +159,7 @@ workers = Table(
     Column("reason", Text, nullable=True),              # why it ended (done, reaped: ...)
 )
 
-#: Claims: one row per (study, key) decides who does a thing once. Keys: ``slot:<n>``
+#: Claims: one row per (study, key) decides who does a thing once. Keys: ``slot:<id>``
 #: (one finished trial of the budget), ``config:<config>`` (who builds and measures a
 #: config), ``seat:<k>`` (a worker's derived seed), ``baselines:<device>``, ``start``.
 claims = Table(

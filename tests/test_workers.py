@@ -286,3 +286,35 @@ def test_gpu_lists_and_model_mixing() -> None:
     check_same_model([h100, h200], allow_mixed=True)
     with pytest.raises(Exception, match="different models"):
         check_same_model([h100, h200], allow_mixed=False)
+
+
+def test_reaping_spares_the_living_and_happens_once(tmp_path: Path) -> None:
+    """Library level: a worker that heartbeats is never reaped; a silent one is reaped by
+    database time, exactly once, and its held claims go back; it learns it was reaped."""
+    from evotuner.measure.replay import read_sweep
+    from evotuner.space import load_space
+    from evotuner.storage import claims, liveness
+    from evotuner.workers import StudyWorker
+
+    url = f"sqlite:///{tmp_path / 'reap.db'}"
+    with StudyStore(url) as store:
+        store.create_study(STUDY, read_sweep(SWEEP).problem, load_space(None), sampler="tpe", seed=0,
+                           source_hash="replay", nvcc_version="none")
+        living = StudyWorker(store, STUDY, stale_after=0.6).join()             # heartbeats every 0.1 s
+        silent = liveness.register(store, STUDY, stale_after=0.6)              # never heartbeats
+        assert claims.claim_slot(store, STUDY, silent, 3) is not None
+        assert claims.claim(store, STUDY, "config:X", claims.CONFIG, silent, trial_number=None)
+        assert liveness.reap(store, STUDY) == []                              # nobody is stale yet
+        time.sleep(1.0)
+        liveness.reap(store, STUDY)
+        liveness.reap(store, STUDY)                                            # a second reaper finds nothing
+        rows = {w.id: w for w in liveness.workers(store, STUDY, live_only=False)}
+        assert rows[living.id].state == "live"
+        assert rows[silent].state == "dead" and rows[silent].reason.startswith("reaped: no heartbeat")
+        assert claims.owner(store, STUDY, "config:X") is None                 # its claims went back
+        assert claims.slot_counts(store, STUDY) == (0, 0)
+        assert not liveness.heartbeat(store, silent)                           # it learns it was reaped
+        assert claims.claim_slot(store, STUDY, living.id, 1) is not None
+        assert claims.claim_slot(store, STUDY, living.id, 1) is None          # the budget is global
+        living.leave()
+        assert claims.slot_counts(store, STUDY) == (0, 0)                      # leaving gives held slots back
