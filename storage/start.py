@@ -39,7 +39,10 @@ STUDY_ROW_WAIT_S = 15.0
 INIT_ATTEMPTS = 8
 
 _RACE_WORDS = ("already exists", "unique constraint", "duplicate key", "integrityerror", "locked", "busy",
-               "pg_type_typname_nsp_index", "could not serialize", "deadlock")
+               "pg_type_typname_nsp_index", "could not serialize", "deadlock",
+               # Optuna read its alembic table while another opener was still stamping it
+               # (a real version mismatch is reported after the retries, a few seconds later)
+               "no longer compatible")
 
 
 def create_exclusively(path: Path) -> _connect.CreatedFiles | None:
