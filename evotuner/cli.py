@@ -118,7 +118,8 @@ GpusOpt = Annotated[
                                 "measure worker per GPU, e.g. 0,1,2,3 or all [default: GPU 0 only]."),
 ]
 MixedGpusOpt = Annotated[
-    bool, typer.Option("--mixed-gpus", help="Allow --gpus of different models in one study (timings then mix)."),
+    bool, typer.Option("--mixed-gpus", help="Allow GPUs of different models in one study at once (--gpus, or "
+                                            "other workers'); timings then mix."),
 ]
 StaleAfterOpt = Annotated[
     Optional[float],
@@ -482,7 +483,8 @@ def _run(store, study, problem, space, sampler_name, seed, trials, builder, meas
             result = run_multi(measures=measure, sampler_for=sampler, seed=seed, stale_after=stale_after,
                                allow_mixed=mixed_gpus, **common)
         else:
-            result = run_search(sampler=sampler, seed=seed, measure=measure, stale_after=stale_after, **common)
+            result = run_search(sampler=sampler, seed=seed, measure=measure, stale_after=stale_after,
+                                allow_mixed_gpus=mixed_gpus, **common)
     view.close(result, store.summary(study), space)
 
 

@@ -56,7 +56,7 @@ from optuna.trial import TrialState
 
 from evotuner import events as ev
 from evotuner.config import KernelConfig
-from evotuner.errors import EvotunerError
+from evotuner.errors import EvotunerError, StudyMismatchError
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
 from evotuner.problem import Problem
 from evotuner.workers import POLL_S, StudyWorker
@@ -147,6 +147,7 @@ def run_search(
     start: Sequence[KernelConfig] = (),
     worker: StudyWorker | None = None,
     stale_after: float | None = None,
+    allow_mixed_gpus: bool = False,
 ) -> SearchResult:
     """Run the study ``study_name`` (already created) until it has ``trials`` finished trials.
 
@@ -168,14 +169,14 @@ def run_search(
     search = _Search(
         store=store, study_name=study_name, problem=problem, space=space, sampler=sampler,
         trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch, start=start,
-        seed=seed, worker=worker, stale_after=stale_after,
+        seed=seed, worker=worker, stale_after=stale_after, allow_mixed_gpus=allow_mixed_gpus,
     )
     return search.run()
 
 
 class _Search:
     def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch,
-                 start=(), seed=None, worker=None, stale_after=None):
+                 start=(), seed=None, worker=None, stale_after=None, allow_mixed_gpus=False):
         self.store = store
         self.start = tuple(start)
         self.name = study_name
@@ -196,6 +197,7 @@ class _Search:
         self.remote: list[_Remote] = []
         self.lost = 0                        # trials reaped from under this worker (it stalled)
         self.device_tag: dict[str, Any] = {}
+        self.allow_mixed_gpus = bool(allow_mixed_gpus)
         self.pending: deque[_InFlight] = deque()
         self.by_config: dict[KernelConfig, _InFlight] = {}
         self.known: dict[KernelConfig, _Result] = {}
@@ -375,6 +377,7 @@ class _Search:
         device = self.measure.device()
         if device is not None:
             self.device_tag = {k: device[k] for k in ("name", "device_index") if device.get(k) is not None}
+            self._refuse_mixed_models()
         if device is not None and self.store.record_device(self.name, device):
             self.emit(ev.DeviceChanged(str(device.get("name", "unknown device"))))
         # Baselines belong to a device: a resume on another GPU measures its own, and of
@@ -398,6 +401,19 @@ class _Search:
         self.baselines = recorded
         self._tally("baselines", started)
         self.emit(ev.BaselinesMeasured(dict(recorded)))
+
+    def _refuse_mixed_models(self) -> None:
+        """Timings of one study must come from one GPU model: refuse to join workers that
+        measure on another (unless ``allow_mixed_gpus``)."""
+        self.worker.set_device(self.device_tag)
+        name = self.device_tag.get("name")
+        others = {str(d["name"]) for d in self.worker.other_devices() if d.get("name")}
+        if name and others - {name} and not self.allow_mixed_gpus:
+            raise StudyMismatchError(
+                f"study {self.name!r} is being measured on {', '.join(sorted(others))} by other workers; "
+                f"this one measures on {name}, and one study's timings must not mix GPU models",
+                "run this worker on a GPU of the same model, or pass --mixed-gpus to all workers",
+            )
 
     # -- asking --------------------------------------------------------------------------
 

@@ -114,7 +114,7 @@ def run_multi(
         try:
             results[i] = run_search(store=store, study_name=study_name, sampler=sampler, seed=seed,
                                     measure=measures[i], worker=workers[i], on_event=emit, batch=per_thread,
-                                    **search)
+                                    allow_mixed_gpus=allow_mixed, **search)
         except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
             errors.append(exc)
 

@@ -21,6 +21,7 @@ A lone worker behaves exactly as before: seat 0, the study's seed, every claim w
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 import time
 from typing import Any
@@ -117,6 +118,21 @@ class StudyWorker:
                     self.reaped = True
             except Exception:  # noqa: BLE001 -- a busy database: beat again next time
                 pass
+
+    def set_device(self, device: dict[str, Any]) -> None:
+        self.device = device
+        _live.set_device(self.store, self._id(), device)
+
+    def other_devices(self) -> list[dict[str, Any]]:
+        """The devices the study's other live workers measure on (as they recorded them)."""
+        out = []
+        for w in _live.workers(self.store, self.study):
+            if w.id != self.id and w.device:
+                try:
+                    out.append(dict(json.loads(w.device)))
+                except (ValueError, TypeError):
+                    continue
+        return out
 
     # -- reaping ---------------------------------------------------------------------------
 

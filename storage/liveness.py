@@ -127,6 +127,12 @@ def set_seat(store: Any, worker_id: int, seat: int, seed: int | None) -> None:
         s.execute(update(W).where(W.c.id == worker_id).values(seat=seat, seed=seed))
 
 
+def set_device(store: Any, worker_id: int, device: Any) -> None:
+    """Record the device this worker measures on (name, index)."""
+    with store.session() as s:
+        s.execute(update(W).where(W.c.id == worker_id).values(device=json.dumps(device, sort_keys=True, default=str)))
+
+
 def heartbeat(store: Any, worker_id: int) -> bool:
     """Touch this worker's heartbeat; False when it was reaped (it must not go on as itself)."""
     with store.session() as s:

@@ -318,3 +318,28 @@ def test_reaping_spares_the_living_and_happens_once(tmp_path: Path) -> None:
         assert claims.claim_slot(store, STUDY, living.id, 1) is None          # the budget is global
         living.leave()
         assert claims.slot_counts(store, STUDY) == (0, 0)                      # leaving gives held slots back
+
+
+def test_a_worker_on_another_gpu_model_is_refused(tmp_path: Path) -> None:
+    """A live worker of the study measures on another GPU model: a new worker refuses to
+    join (one study's timings must not mix models) unless --mixed-gpus."""
+    from evotuner.measure.replay import read_sweep
+    from evotuner.space import load_space
+    from evotuner.workers import StudyWorker
+
+    url = f"sqlite:///{tmp_path / 'mixed.db'}"
+    with StudyStore(url) as store:
+        store.create_study(STUDY, read_sweep(SWEEP).problem, load_space(None), sampler="tpe", seed=0,
+                           source_hash="replay", nvcc_version="none")
+        other = StudyWorker(store, STUDY, seat=False).join()
+        other.set_device({"name": "NVIDIA H200", "device_index": 0})
+        try:
+            refused = subprocess.run(_cmd(url, 4), capture_output=True, text=True, env=_env(), timeout=240)
+            assert refused.returncode == 1
+            assert "must not mix GPU models" in refused.stderr and "--mixed-gpus" in refused.stderr
+            allowed = subprocess.run(_cmd(url, 4, "--mixed-gpus"), capture_output=True, text=True, env=_env(),
+                                     timeout=240)
+            assert allowed.returncode == 0, allowed.stderr[-1500:]
+        finally:
+            other.leave()
+    assert check_study(url, 4) == []
