@@ -397,6 +397,8 @@ class _Search:
                 self.worker.finish_once(key)
                 break
             self._wait()
+            if self.worker.reaped:
+                self.worker.rejoin()
             recorded = self.store.baselines(self.name, device)
         self.baselines = recorded
         self._tally("baselines", started)
@@ -514,6 +516,7 @@ class _Search:
             self.pending.appendleft(flight)   # still in flight: _interrupt() fails it
             raise
         except _Reaped:
+            self.worker.reaped = True       # certain: its claim is gone; the loop rejoins
             self.by_config.pop(flight.config, None)
             self.lost += 1 + len(flight.followers)
             return

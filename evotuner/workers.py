@@ -151,7 +151,12 @@ class StudyWorker:
     # -- budget ----------------------------------------------------------------------------
 
     def claim_slot(self, target: int) -> str | None:
-        return _claims.claim_slot(self.store, self.study, self._id(), target)
+        """A budget slot, or None (none free now, or this worker was reaped: see ``reaped``)."""
+        try:
+            return _claims.claim_slot(self.store, self.study, self._id(), target)
+        except _claims.WorkerGone:
+            self.reaped = True
+            return None
 
     def bind(self, slot: str, trial_number: int) -> None:
         self._slots[trial_number] = slot
@@ -174,14 +179,20 @@ class StudyWorker:
     def claim_config(self, config: Any, trial_number: int) -> _claims.Claim | None:
         """None: this worker owns ``config`` now; else who does."""
         key = _claims.config_key(config)
-        if _claims.claim(self.store, self.study, key, _claims.CONFIG, self._id(), trial_number=trial_number):
-            return None
-        found = _claims.owner(self.store, self.study, key)
-        if found is None:   # released between the insert and the read: try once more
+        gone = _claims.Claim(key, _claims.CONFIG, None, None, _claims.HELD, None)
+        try:
             if _claims.claim(self.store, self.study, key, _claims.CONFIG, self._id(), trial_number=trial_number):
                 return None
             found = _claims.owner(self.store, self.study, key)
-        return found or _claims.Claim(key, _claims.CONFIG, None, None, _claims.HELD, None)
+            if found is None:   # released between the insert and the read: try once more
+                if _claims.claim(self.store, self.study, key, _claims.CONFIG, self._id(),
+                                 trial_number=trial_number):
+                    return None
+                found = _claims.owner(self.store, self.study, key)
+        except _claims.WorkerGone:
+            self.reaped = True   # the loop drops this trial and rejoins
+            return gone
+        return found or gone
 
     def config_owner(self, config: Any) -> _claims.Claim | None:
         return _claims.owner(self.store, self.study, _claims.config_key(config))
@@ -195,8 +206,12 @@ class StudyWorker:
 
     def once(self, key: str, *, done: bool = False) -> bool:
         """Claim once-key ``key`` (held, or straight away done); True when this worker got it."""
-        return _claims.claim(self.store, self.study, key, _claims.ONCE, self._id(),
-                             state=_claims.DONE if done else _claims.HELD)
+        try:
+            return _claims.claim(self.store, self.study, key, _claims.ONCE, self._id(),
+                                 state=_claims.DONE if done else _claims.HELD)
+        except _claims.WorkerGone:
+            self.reaped = True
+            return False
 
     def finish_once(self, key: str) -> None:
         _claims.finish(self.store, self.study, key, self._id())

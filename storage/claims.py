@@ -72,6 +72,22 @@ def study_id(s: Session, name: str, *, lock: bool = False) -> int:
     return int(found)
 
 
+class WorkerGone(StorageError):
+    """The worker is no longer live (it was reaped, or left): it must not claim anything."""
+
+
+def _require_live(s: Session, worker_id: int | None) -> None:
+    """Refuse a claim by a worker that is not live. The row is read FOR SHARE (PostgreSQL),
+    so a concurrent reaper's update waits for this claim to commit and then sees it;
+    SQLite serialises every writer anyway."""
+    if worker_id is None:
+        return
+    state = s.execute(select(schema.workers.c.state).where(schema.workers.c.id == worker_id)
+                      .with_for_update(read=True)).scalar()
+    if state != "live":
+        raise WorkerGone(f"worker {worker_id} is {state or 'unknown'}", "join the study again")
+
+
 def _is_conflict(err: StorageError) -> bool:
     return isinstance(err.__cause__, IntegrityError)
 
@@ -82,9 +98,12 @@ def claim(store: Any, study: str, key: str, kind: str, worker_id: int | None, *,
     try:
         with store.session() as s:
             sid = study_id(s, study)
+            _require_live(s, worker_id)
             s.execute(insert(C).values(study_id=sid, kind=kind, key=key, worker_id=worker_id,
                                        trial_number=trial_number, state=state, created=db_now(s)))
         return True
+    except WorkerGone:
+        raise
     except StorageError as err:
         if _is_conflict(err):
             return False
@@ -139,6 +158,7 @@ def claim_slot(store: Any, study: str, worker_id: int, target: int) -> str | Non
     None when held + done slots already reach the target."""
     with store.session() as s:
         sid = study_id(s, study, lock=True)       # serialises slot claims on this study
+        _require_live(s, worker_id)
         if _slot_count(s, sid) >= target:
             return None
         key = _slot_key()
@@ -189,6 +209,7 @@ def claim_seat(store: Any, study: str, worker_id: int) -> int:
     """The lowest seat no live worker holds, claimed for this worker."""
     with store.session() as s:
         sid = study_id(s, study, lock=True)
+        _require_live(s, worker_id)
         keys = s.execute(select(C.c.key).where(C.c.study_id == sid, C.c.kind == SEAT)).scalars()
         taken = {int(k.split(":", 1)[1]) for k in keys}
         seat = next(n for n in range(len(taken) + 1) if n not in taken)
