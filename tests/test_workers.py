@@ -314,6 +314,10 @@ def test_reaping_spares_the_living_and_happens_once(tmp_path: Path) -> None:
         assert claims.owner(store, STUDY, "config:X") is None                 # its claims went back
         assert claims.slot_counts(store, STUDY) == (0, 0)
         assert not liveness.heartbeat(store, silent)                           # it learns it was reaped
+        with pytest.raises(claims.WorkerGone):                                 # and can claim nothing
+            claims.claim_slot(store, STUDY, silent, 3)
+        with pytest.raises(claims.WorkerGone):
+            claims.claim(store, STUDY, "config:Y", claims.CONFIG, silent)
         assert claims.claim_slot(store, STUDY, living.id, 1) is not None
         assert claims.claim_slot(store, STUDY, living.id, 1) is None          # the budget is global
         living.leave()
