@@ -217,15 +217,15 @@ def reap(store: Any, study: str, *, exclude: int | None = None) -> list[Zombie]:
     if running:
         with store.session() as s:
             sid = claims.study_id(s, study)
-            bound = set(s.execute(select(claims.C.c.trial_number).where(
-                claims.C.c.study_id == sid, claims.C.c.kind == claims.SLOT,
-                claims.C.c.trial_number.is_not(None))).scalars())
-            asking = s.execute(
-                select(claims.C.c.id).select_from(claims.C.join(W, W.c.id == claims.C.c.worker_id))
-                .where(claims.C.c.study_id == sid, claims.C.c.kind == claims.SLOT, claims.C.c.state == claims.HELD,
-                       claims.C.c.trial_number.is_(None), W.c.state == LIVE)
-                .limit(1)).first()
-        if asking is None:
+            # ONE statement, so bound and asking come from one snapshot (read separately, a bind
+            # landing in between would make a live worker's fresh trial look like an orphan)
+            slots = s.execute(
+                select(claims.C.c.trial_number, claims.C.c.state, W.c.state)
+                .select_from(claims.C.outerjoin(W, W.c.id == claims.C.c.worker_id))
+                .where(claims.C.c.study_id == sid, claims.C.c.kind == claims.SLOT)).all()
+        bound = {number for number, _, _ in slots if number is not None}
+        asking = any(number is None and state == claims.HELD and holder == LIVE for number, state, holder in slots)
+        if not asking:
             failed.extend(t for t in running if t.number not in bound and _fail(store, t))
     return _zombies(store, study, sorted(failed, key=lambda t: t.number))
 
