@@ -589,6 +589,7 @@ class _Search:
             if self._state_of(trial) == TrialState.RUNNING:
                 raise
             self.lost += 1                  # reaped from under this worker: another takes it over
+            self.worker.drop_trial(trial.number, config if duplicate_of is None else None)
             return
         self.worker.finish_trial(trial.number)
         if config is not None and duplicate_of is None:

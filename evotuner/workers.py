@@ -167,6 +167,15 @@ class StudyWorker:
         if slot is not None:
             _claims.finish(self.store, self.study, slot, self._id(), trial_number)
 
+    def drop_trial(self, trial_number: int, config: Any = None) -> None:
+        """A trial of this worker was failed by a reaper: give its slot (and its config, when
+        this worker owned it) back, so the budget and the config go to whoever can finish them."""
+        slot = self._slots.pop(trial_number, None)
+        if slot is not None and self.id is not None:
+            _claims.release(self.store, self.study, slot, self.id)
+        if config is not None and self.id is not None:
+            _claims.release(self.store, self.study, _claims.config_key(config), self.id)
+
     def slots(self) -> tuple[int, int]:
         """(done, held) slots of the study."""
         return _claims.slot_counts(self.store, self.study)
