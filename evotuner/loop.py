@@ -256,6 +256,7 @@ class _Search:
             while True:
                 if self.worker.reaped:
                     self._rejoin()
+                self._take_over(every=self.worker.reap_every)   # dead or frozen workers' trials
                 exhausted = self._fill()
                 self._poll_remote()
                 if self.pending:

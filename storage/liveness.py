@@ -194,9 +194,9 @@ def reap(store: Any, study: str, *, exclude: int | None = None) -> list[Zombie]:
         if _mark_dead(store, w, why, by_heartbeat=by_heartbeat):
             dead.append(w.id)
 
-    oid, trials = store._trials(study)
-    by_number = {t.number: t for t in trials}
     failed: list[Any] = []
+    oid, trials = store._trials(study) if dead else (None, [])
+    by_number = {t.number: t for t in trials}
     for worker_id in dead:
         with store.session() as s:
             held = claims.held_by(s, worker_id)
@@ -213,7 +213,9 @@ def reap(store: Any, study: str, *, exclude: int | None = None) -> list[Zombie]:
             claims.drop_held(s, worker_id, keep_done=told)
 
     # RUNNING trials bound to no slot: their asker died before binding (or predates claims).
-    running = [t for t in store._trials(study)[1] if t.state == TrialState.RUNNING]
+    with store.session() as s:
+        oid = s.execute(select(schema.studies.c.optuna_study_id).where(schema.studies.c.name == study)).scalar()
+    running = store.optuna_storage.get_all_trials(oid, deepcopy=False, states=(TrialState.RUNNING,))
     if running:
         with store.session() as s:
             sid = claims.study_id(s, study)

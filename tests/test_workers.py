@@ -14,6 +14,7 @@ where that is a failure: CI installs both (.ci/run).
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -212,25 +213,37 @@ def test_sigkill_of_one_worker_still_ends_exact(dbs: Databases) -> None:
 def test_a_stalled_worker_is_reaped_and_carries_on(tmp_path: Path) -> None:
     """SIGSTOP one worker past its heartbeat window: the other reaps it (by database time)
     and takes its trials over; continued, the reaped worker goes on under a new identity
-    and the study still ends exact."""
-    url = f"sqlite:///{tmp_path / 'stall.db'}"
-    slow = ("--stale-after", "1", "--replay-delay", "0.3,0.1")
-    a = _start(url, 30, *slow)
-    time.sleep(2.5)
-    b = _start(url, 30, *slow)
-    time.sleep(2.0)
-    assert a.poll() is None and b.poll() is None, "the workers ended before the stall"
-    a.send_signal(signal.SIGSTOP)
-    time.sleep(3.0)
-    a.send_signal(signal.SIGCONT)
-    _, err_b = b.communicate(timeout=240)
-    _, err_a = a.communicate(timeout=240)
-    assert a.returncode == 0, err_a[-1500:]
-    assert b.returncode == 0, err_b[-1500:]
-    assert check_study(url, 30) == []
-    with StudyStore(url, create=False) as store, store.session() as s:
-        reasons = [r for (r,) in s.execute(text("SELECT reason FROM evotuner_workers"))]
-    assert any((r or "").startswith("reaped: no heartbeat") for r in reasons), reasons
+    and the study still ends exact. A freeze that lands while the frozen worker holds
+    SQLite's write lock stalls the other worker too (then nobody is reaped): up to three
+    attempts, one of which must reap. A freeze between a measurement and its trial's tell
+    loses that trial, so one config may be measured twice (as with SIGKILL)."""
+    reaped_once = False
+    for attempt in range(3):
+        url = f"sqlite:///{tmp_path / f'stall{attempt}.db'}"
+        slow = ("--stale-after", "1", "--replay-delay", "0.3,0.1")
+        a = _start(url, 30, *slow)
+        time.sleep(2.5)
+        b = _start(url, 30, *slow)
+        time.sleep(2.0)
+        assert a.poll() is None and b.poll() is None, "the workers ended before the stall"
+        a.send_signal(signal.SIGSTOP)
+        time.sleep(3.0)
+        a.send_signal(signal.SIGCONT)
+        _, err_b = b.communicate(timeout=240)
+        _, err_a = a.communicate(timeout=240)
+        assert a.returncode == 0, err_a[-1500:]
+        assert b.returncode == 0, err_b[-1500:]
+        problems = [p for p in check_study(url, 30) if not p.startswith("configs measured twice")]
+        assert problems == []
+        with StudyStore(url, create=False) as store, store.session() as s:
+            reasons = [r for (r,) in s.execute(text("SELECT reason FROM evotuner_workers"))]
+            twice = s.execute(text("SELECT COUNT(*) FROM (SELECT config FROM evotuner_measurements "
+                                   "GROUP BY config HAVING COUNT(*) > 1) AS t")).scalar()
+        assert twice <= 1
+        if any((r or "").startswith("reaped: no heartbeat") for r in reasons):
+            reaped_once = True
+            break
+    assert reaped_once, "a worker frozen past its heartbeat window was never reaped"
 
 
 def test_workers_run_distinct_recorded_seeds(tmp_path: Path) -> None:
@@ -261,7 +274,7 @@ def test_gpus_runs_one_measure_worker_per_device(tmp_path: Path) -> None:
     measured = [t for t in summary.trials if t.state == "COMPLETE" and t.duplicate_of is None]
     indices = {t.attrs.get("device", {}).get("device_index") for t in measured}
     assert indices <= {0, 1} and None not in indices and measured
-    assert sorted(labels) == ['{"device_index": 0}', '{"device_index": 1}']
+    assert sorted(json.loads(label)["device_index"] for label in labels) == [0, 1]
 
 
 def test_two_single_gpu_processes_and_gpus_zero(tmp_path: Path) -> None:
