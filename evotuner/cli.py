@@ -56,7 +56,7 @@ from evotuner.cli_options import (
     DtypeOpt, CausalOpt, TrialsOpt, ResumeTrialsOpt, SamplerOpt, SeedOpt,
     JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
-    CompileShapeOpt, GATE_REJECTED_EXIT,
+    CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, GATE_REJECTED_EXIT,
     _io, _one_line, _open_store,
 )
 
@@ -89,17 +89,23 @@ def search(
     space: SpaceOpt = None,
     storage: StorageOpt = None,
     replay: ReplayOpt = None,
+    gpus: GpusOpt = None,
+    mixed_gpus: MixedGpusOpt = False,
+    stale_after: StaleAfterOpt = None,
+    replay_delay: ReplayDelayOpt = None,
 ) -> None:
     """Tune the kernel for one problem: run the study until it has --trials finished trials.
 
     Running it again with the same options does nothing; with a larger --trials it
     continues the study (as `resume` does). Samplers: tpe (default), nsga2, cmaes,
-    random, grid, and gp where Optuna's GPSampler can run.
+    random, grid, and gp where Optuna's GPSampler can run. Several `search` processes
+    (on one host or, with a PostgreSQL --storage, on many) may run one study at once:
+    together they finish exactly --trials trials and never measure a config twice.
     """
     problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
     search_space = load_space(space)
     make_sampler(sampler, search_space, seed)     # an unknown sampler is refused here
-    stages = _stages(replay, "search")            # refuses at once without a GPU (unless replaying)
+    stages = _stages(replay, "search", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
     store = _open_store(storage)
     with ExitStack() as stack:
         stack.callback(store.close)
@@ -107,7 +113,8 @@ def search(
         builder, measure = stages.stages(problem, search_space, jobs, stack)
         if not exists:
             session.start_study(store, study, problem, search_space, sampler, seed, builder)
-        _run(store, study, problem, search_space, sampler, seed, trials, builder, measure)
+        _run(store, study, problem, search_space, sampler, seed, trials, builder, measure,
+             stale_after=stale_after, mixed_gpus=mixed_gpus)
 
 
 @app.command()
@@ -119,18 +126,23 @@ def resume(
     space: SpaceOpt = None,
     storage: StorageOpt = None,
     replay: ReplayOpt = None,
+    gpus: GpusOpt = None,
+    mixed_gpus: MixedGpusOpt = False,
+    stale_after: StaleAfterOpt = None,
+    replay_delay: ReplayDelayOpt = None,
 ) -> None:
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
     wanted_shape = Shape.parse(shape) if shape is not None else None
     wanted_space = load_space(space) if space is not None else None
-    stages = _stages(replay, "resume")            # refuses at once without a GPU (unless replaying)
+    stages = _stages(replay, "resume", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
     store = _open_store(storage, must_exist=True)
     with ExitStack() as stack:
         stack.callback(store.close)
         resumed = session.resume_study(store, study, shape=wanted_shape, space=wanted_space)
         target = trials if trials is not None else store.count_finished(study) + RESUME_STEP
         builder, measure = stages.stages(resumed.problem, resumed.space, jobs, stack)
-        _run(store, study, resumed.problem, resumed.space, resumed.sampler, resumed.seed, target, builder, measure)
+        _run(store, study, resumed.problem, resumed.space, resumed.sampler, resumed.seed, target, builder, measure,
+             stale_after=stale_after, mixed_gpus=mixed_gpus)
 
 
 @app.command()
@@ -343,12 +355,14 @@ def _bench_table(result: Any) -> Table:
 # -- the search run and its live view ------------------------------------------------------
 
 
-def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure) -> None:
+def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure, *,
+         stale_after=None, mixed_gpus=False) -> None:
     view = _SearchView(study, problem)
     try:
         with view.live():
             result = session.run_study(store, study, problem, space, sampler_name, seed, trials, builder, measure,
-                                       on_event=view.on_event)
+                                       on_event=view.on_event, stale_after=stale_after,
+                                       mixed_gpus=mixed_gpus)
     except KeyboardInterrupt:   # typer would turn it into a silent exit 130: say what was kept
         raise _interrupted(store, study, trials) from None
     view.close(result, store.summary(study), space)
@@ -595,11 +609,16 @@ def _builder(space: Any, jobs: int | None, stack: ExitStack) -> Any:
 _injected: dict[str, session.MeasureFactory | None] = {"measure": None}
 
 
-def _stages(replay: Path | None, command: str) -> session.StageFactory:
+def _stages(replay: Path | None, command: str, replay_delay: str | None = None,
+            gpus: str | None = None) -> session.StageFactory:
     """The stage factory for search/resume/bench: nvcc + the GPU worker (or the measure stage
-    ``main`` was handed), or a recorded sweep (``--replay``), which needs neither. Without a
-    GPU this refuses at once, before any database is opened."""
-    return session.StageFactory(measure_factory=_injected["measure"], replay=replay).ready(command)
+    ``main`` was handed), or a recorded sweep (``--replay``, ``--replay-delay``), which needs
+    neither; ``--gpus``: one measure stage per GPU. Without a GPU this refuses at once,
+    before any database is opened."""
+    delay = session.replay_delay(replay_delay, replay)
+    devices = session.gpu_list(gpus, replay)
+    return session.StageFactory(measure_factory=_injected["measure"], replay=replay, delay=delay,
+                                gpus=devices).ready(command)
 
 
 # check / profile live in their own module; importing it registers them on ``app``.

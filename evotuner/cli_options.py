@@ -82,6 +82,25 @@ RequireCheckedOpt = Annotated[
 RecordOpt = Annotated[
     bool, typer.Option("--record/--no-record", help="Store this run's device and SDPA baselines with the study."),
 ]
+GpusOpt = Annotated[
+    Optional[str],
+    typer.Option("--gpus", help="Measure on these GPUs at once: one coordinator (sampler, budget, builds) and one "
+                                "measure worker per GPU, e.g. 0,1,2,3 or all [default: GPU 0 only]."),
+]
+MixedGpusOpt = Annotated[
+    bool, typer.Option("--mixed-gpus", help="Allow GPUs of different models in one study at once (--gpus, or "
+                                            "other workers'); timings then mix."),
+]
+StaleAfterOpt = Annotated[
+    Optional[float],
+    typer.Option("--stale-after", min=0.5, help="Seconds without a heartbeat after which other workers on the "
+                                               "study take this one's trials over [default: 60]."),
+]
+ReplayDelayOpt = Annotated[
+    Optional[str],
+    typer.Option("--replay-delay", help="With --replay: seconds each build and each measurement takes, BUILD,MEASURE "
+                                        "(rehearse timing-dependent setups such as several workers)."),
+]
 
 class _Out:
     """The two consoles; created per invocation so redirected streams are honoured."""

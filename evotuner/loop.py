@@ -28,6 +28,14 @@ and the one place where exceptions become trial states:
 study should hold in total: the loop runs until the study has that many, so a
 second run with the same number does nothing and ``resume`` extends a study.
 
+Several workers (processes, hosts, or ``--gpus`` threads) may run one study at
+once; a :class:`~evotuner.workers.StudyWorker` makes each of them claim in the
+database before it acts: a budget slot before each ask (the target is global),
+the config before it is built (a config another worker owns is copied as
+``duplicate_of`` once that worker is done with it), the start config and the
+baselines of a device once. A worker with nothing left to ask waits until every
+slot is done, taking over the slots and trials of workers that died.
+
 Reproducibility: builds run in parallel and complete in any order, but their
 results are told in proposal order and new trials are asked only at those
 points, so a seed reproduces the study (timings aside). The measure queue
@@ -45,16 +53,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import optuna
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from evotuner import events as ev
 from evotuner.config import KernelConfig
-from evotuner.errors import EvotunerError
+from evotuner.errors import EvotunerError, StudyMismatchError
 from evotuner.gate import apply_gate
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
 from evotuner.problem import Problem
 from evotuner.propose import params_for, suggest
 from evotuner.vocabulary import config_of  # noqa: F401 (re-exported)
+from evotuner.workers import POLL_S, StudyWorker
 
 #: How a search ended: ``done`` (the study has ``trials`` finished trials),
 #: ``already_done`` (it had them before this run started; nothing was asked),
@@ -125,6 +135,14 @@ class _InFlight:
     followers: list[optuna.trial.Trial] = field(default_factory=list)
 
 
+@dataclass
+class _Remote:
+    """A trial whose config another worker owns: finished with its result when done."""
+
+    trial: optuna.trial.Trial
+    config: KernelConfig
+
+
 def run_search(
     *,
     store: Any,
@@ -139,6 +157,9 @@ def run_search(
     on_event: Callable[[object], None] | None = None,
     batch: int | None = None,
     start: Sequence[KernelConfig] = (),
+    worker: StudyWorker | None = None,
+    stale_after: float | None = None,
+    allow_mixed_gpus: bool = False,
 ) -> SearchResult:
     """Run the study ``study_name`` (already created) until it has ``trials`` finished trials.
 
@@ -149,19 +170,25 @@ def run_search(
     configs a NEW study tries first (the CLI passes the kernel's recommended
     config: a warm start, as Triton's autotuner starts from its user configs);
     those outside the space or breaking a static constraint are skipped.
+
+    ``sampler`` may also be a callable ``seed -> sampler``: it is called with this
+    worker's seed (the study's ``seed`` for the first live worker, a derived one for
+    each other; see :mod:`evotuner.workers`). ``worker`` is this run's membership of
+    the study (joined and left here when None; ``stale_after`` is its heartbeat window).
     """
     if trials < 1:
         raise EvotunerError(f"--trials: {trials} is not a positive number of trials", "e.g. --trials 64")
     search = _Search(
         store=store, study_name=study_name, problem=problem, space=space, sampler=sampler,
         trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch, start=start,
+        seed=seed, worker=worker, stale_after=stale_after, allow_mixed_gpus=allow_mixed_gpus,
     )
     return search.run()
 
 
 class _Search:
     def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch,
-                 start=()):
+                 start=(), seed=None, worker=None, stale_after=None, allow_mixed_gpus=False):
         self.store = store
         self.start = tuple(start)
         self.name = study_name
@@ -173,7 +200,16 @@ class _Search:
         self.on_event = on_event or (lambda event: None)
         jobs = getattr(builder, "jobs", None) or os.cpu_count() or 1
         self.batch = max(1, int(batch if batch is not None else jobs))
-        self.study = store.load_study(study_name, problem=problem, space=space, sampler=sampler)
+        store.study_info(study_name, problem=problem, space=space)   # refuses a mismatch before joining
+        self.sampler = sampler
+        self.seed = seed
+        self.own_worker = worker is None
+        self.worker = worker if worker is not None else StudyWorker(store, study_name, stale_after=stale_after)
+        self.study: optuna.Study | None = None
+        self.remote: list[_Remote] = []
+        self.lost = 0                        # trials reaped from under this worker (it stalled)
+        self.device_tag: dict[str, Any] = {}
+        self.allow_mixed_gpus = bool(allow_mixed_gpus)
         self.pending: deque[_InFlight] = deque()
         self.by_config: dict[KernelConfig, _InFlight] = {}
         self.known: dict[KernelConfig, _Result] = {}
@@ -197,17 +233,34 @@ class _Search:
     # -- the run ---------------------------------------------------------------------
 
     def run(self) -> SearchResult:
-        zombies = []
-        for zombie in self.store.fail_zombies(self.name):
-            zombies.append(zombie.number)
-            if zombie.requeue:
-                self.study.enqueue_trial(zombie.params)
-        zombies = tuple(zombies)
-        if not self.study.get_trials(deepcopy=False):
+        if self.own_worker:
+            self.worker.join()
+        reason = "done"
+        try:
+            return self._run()
+        except KeyboardInterrupt:
+            reason = "interrupted by user"
+            raise
+        except BaseException as exc:
+            reason = f"ended by {type(exc).__name__}"
+            raise
+        finally:
+            if self.own_worker:
+                self.worker.leave(reason)
+
+    def _run(self) -> SearchResult:
+        sampler = self.sampler
+        if sampler is not None and not isinstance(sampler, optuna.samplers.BaseSampler) and callable(sampler):
+            sampler = sampler(self.worker.seed_for(self.seed))
+        else:
+            self.worker.seed_for(self.seed)
+        self.study = self.store.optuna_study(self.name, sampler=sampler)
+        zombies = tuple(self._take_over())
+        if not self.study.get_trials(deepcopy=False) and self.worker.once("start", done=True):
             self._enqueue_start()
         self._load_history()
         self.emit(ev.SearchStarted(self.name, self.target, self.finished, zombies, self.batch))
-        if self.finished >= self.target:
+        if self.worker.slots()[0] >= self.target:
             self.emit(ev.SearchFinished("already_done", self.finished, self.target))
             return self._result("already_done", zombies)
         stop = self._stop_reason()
@@ -218,16 +271,83 @@ class _Search:
         outcome = "done"
         try:
             while True:
+                if self.worker.reaped:
+                    self._rejoin()
+                self._take_over(every=self.worker.reap_every)   # dead or frozen workers' trials
                 stop = self._fill()
-                if not self.pending:
-                    outcome = stop if stop is not None and self.finished < self.target else "done"
+                self._poll_remote()
+                if self.pending:
+                    self._collect(self.pending.popleft())
+                    continue
+                if self.remote:
+                    self._wait()
+                    continue
+                if stop is not None:
+                    outcome = stop
                     break
-                self._collect(self.pending.popleft())
+                if self.worker.slots()[0] >= self.target:
+                    break
+                self._wait()   # the rest of the budget is held by other workers: wait, take over the dead
         except KeyboardInterrupt:
             self._interrupt()
             raise
+        self.finished = self.store.count_finished(self.name)
+        if outcome in ("exhausted", "stalled") and self.finished >= self.target:
+            outcome = "done"
         self.emit(ev.SearchFinished(outcome, self.finished, self.target))
         return self._result(outcome, zombies)
+
+    # -- several workers ---------------------------------------------------------------
+
+    def _take_over(self, every: float | None = None) -> list[int]:
+        """Reap dead workers (and trials nobody owns); their configs are queued again."""
+        numbers = []
+        for zombie in self.worker.reap(every=every):
+            numbers.append(zombie.number)
+            if zombie.requeue:
+                self.study.enqueue_trial(zombie.params)
+        return numbers
+
+    def _wait(self) -> None:
+        time.sleep(POLL_S)
+        self._take_over(every=self.worker.reap_every)
+        self._poll_remote()
+
+    def _rejoin(self) -> None:
+        """This worker was reaped (it stalled past its heartbeat window): everything it had
+        in flight was failed and handed to others; drop it and go on as a new worker."""
+        for flight in self.pending:
+            flight.future.cancel()
+            self.lost += 1 + len(flight.followers)
+        self.lost += len(self.remote)
+        self.pending.clear()
+        self.by_config.clear()
+        self.remote.clear()
+        self.worker.rejoin()
+
+    def _poll_remote(self) -> None:
+        """Finish trials whose config another worker has finished; build the config here
+        when its owner gave it up (died or was interrupted)."""
+        if not self.remote:
+            return
+        records = None
+        for r in list(self.remote):
+            claim = self.worker.config_owner(r.config)
+            if claim is None:
+                if self.worker.claim_config(r.config, r.trial.number) is None:
+                    self.remote.remove(r)
+                    self._build(r.trial, r.config)
+                continue
+            if claim.state != "done" or claim.trial_number is None:
+                continue
+            if records is None:
+                records = {rec.number: rec for rec in self.store.finished_trials(self.name)}
+            rec = records.get(claim.trial_number)
+            if rec is None:
+                continue
+            self.remote.remove(r)
+            attrs = {"tflops": rec.tflops} if rec.tflops is not None else {}
+            self._finish(r.trial, r.config, rec.state, rec.value, rec.error, attrs, duplicate_of=rec.number)
 
     def _enqueue_start(self) -> None:
 
@@ -280,16 +400,47 @@ class _Search:
         """Record this run's device; measure SDPA baselines once per study and device."""
         started = time.perf_counter()
         device = self.measure.device()
+        if device is not None:
+            self.device_tag = {k: device[k] for k in ("name", "device_index") if device.get(k) is not None}
+            self._refuse_mixed_models()
         if device is not None and self.store.record_device(self.name, device):
             self.emit(ev.DeviceChanged(str(device.get("name", "unknown device"))))
-        # Baselines belong to a device: a resume on another GPU measures its own.
+        # Baselines belong to a device: a resume on another GPU measures its own, and of
+        # several workers on one device only the one that claims them measures them.
+        from evotuner.storage.claims import baselines_key
+
+        key = baselines_key(device)
         recorded = self.store.baselines(self.name, device)
-        if not recorded:
-            recorded = dict(self.measure.baselines(self.problem))
-            self.store.record_baselines(self.name, device, self.problem, recorded)
+        while not recorded:
+            if self.worker.once(key):
+                try:
+                    recorded = dict(self.measure.baselines(self.problem))
+                    self.store.record_baselines(self.name, device, self.problem, recorded)
+                except BaseException:
+                    self.worker.release_once(key)
+                    raise
+                self.worker.finish_once(key)
+                break
+            self._wait()
+            if self.worker.reaped:
+                self.worker.rejoin()
+            recorded = self.store.baselines(self.name, device)
         self.baselines = recorded
         self._tally("baselines", started)
         self.emit(ev.BaselinesMeasured(dict(recorded)))
+
+    def _refuse_mixed_models(self) -> None:
+        """Timings of one study must come from one GPU model: refuse to join workers that
+        measure on another (unless ``allow_mixed_gpus``)."""
+        self.worker.set_device(self.device_tag)
+        name = self.device_tag.get("name")
+        others = {str(d["name"]) for d in self.worker.other_devices() if d.get("name")}
+        if name and others - {name} and not self.allow_mixed_gpus:
+            raise StudyMismatchError(
+                f"study {self.name!r} is being measured on {', '.join(sorted(others))} by other workers; "
+                f"this one measures on {name}, and one study's timings must not mix GPU models",
+                "run this worker on a GPU of the same model, or pass --mixed-gpus to all workers",
+            )
 
     # -- asking --------------------------------------------------------------------------
 
@@ -302,15 +453,19 @@ class _Search:
         return sum(1 + len(p.followers) for p in self.pending)
 
     def _fill(self) -> str | None:
-        """Ask trials until ``batch`` builds are in flight or the target is covered.
+        """Ask trials until ``batch`` builds are in flight or the study's budget is all
+        claimed (each ask first claims a slot of the study's ``trials``).
 
         Returns ``exhausted`` or ``stalled`` when it stopped asking for that reason.
         """
-        while len(self.pending) < self.batch and self.finished + self._in_flight_trials() < self.target:
+        while len(self.pending) < self.batch:
             stop = self._stop_reason()
             if stop is not None:
                 return stop
-            self._ask_one()
+            slot = self.worker.claim_slot(self.target)
+            if slot is None:
+                return None
+            self._ask_one(slot)
         return None
 
     def _stop_reason(self) -> str | None:
@@ -332,11 +487,13 @@ class _Search:
             self._feasible = len(self._unseen)
         self._unseen -= self.known.keys()
         self._unseen -= self.by_config.keys()
+        self._unseen -= {r.config for r in self.remote}
         return not self._unseen
 
-    def _ask_one(self) -> None:
+    def _ask_one(self, slot: str) -> None:
         started = time.perf_counter()
         trial = self.current = self.study.ask()
+        self.worker.bind(slot, trial.number)
         config: KernelConfig | None = None
         try:
             config = self._suggest(trial)
@@ -354,22 +511,31 @@ class _Search:
                 running.followers.append(trial)
                 self.current = None
                 return
+            if self.worker.claim_config(config, trial.number) is not None:
+                self.dup_streak += 1        # another worker builds it: copy its result when done
+                self.remote.append(_Remote(trial, config))
+                self.current = None
+                return
             self.dup_streak = 0
             constraint = self.space.violated(config, self.problem)
             if constraint is not None:
                 self._finish(trial, config, "PRUNED", None, _message(constraint), {})
                 return
-            future = self.builder.submit(config, self.problem)
-            flight = _InFlight(trial, config, future)
-            self.pending.append(flight)
-            self.by_config[config] = flight
-            self.current = None
-            self.emit(ev.BuildStarted(trial.number, config, self._builds_in_flight()))
+            self._build(trial, config)
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # noqa: BLE001 -- any stage error fails this trial only
             if self.current is trial:
                 self._finish(trial, config, "FAIL", None, _describe(exc), {})
+
+    def _build(self, trial: optuna.trial.Trial, config: KernelConfig) -> None:
+        future = self.builder.submit(config, self.problem)
+        flight = _InFlight(trial, config, future)
+        self.pending.append(flight)
+        self.by_config[config] = flight
+        if self.current is trial:
+            self.current = None
+        self.emit(ev.BuildStarted(trial.number, config, self._builds_in_flight()))
 
     def _suggest(self, trial: optuna.trial.Trial) -> KernelConfig:
 
@@ -384,6 +550,11 @@ class _Search:
         except KeyboardInterrupt:
             self.pending.appendleft(flight)   # still in flight: _interrupt() fails it
             raise
+        except _Reaped:
+            self.worker.reaped = True       # certain: its claim is gone; the loop rejoins
+            self.by_config.pop(flight.config, None)
+            self.lost += 1 + len(flight.followers)
+            return
         except Exception as exc:  # noqa: BLE001 -- any stage error fails this trial only
             state, value, reason, attrs = "FAIL", None, _describe(exc), {}
         self.by_config.pop(flight.config, None)
@@ -411,8 +582,12 @@ class _Search:
         t = self._tally("record", t)
         if not gate.passed:
             return "PRUNED", None, gate.reason, {}
+        if not self.worker.holds_config(flight.config):
+            raise _Reaped()             # reaped while building: the config is someone else's now
         outcome = self.measure.measure(build.artifact, self.problem)
         t = self._tally("measure", t)
+        if not self.worker.holds_config(flight.config):
+            raise _Reaped()             # stalled mid-measurement and reaped: the new owner records it
         self.store.record_measurement(self.name, number, flight.config, outcome)
         self._tally("record", t)
         if isinstance(outcome, MeasureFailure):
@@ -423,6 +598,8 @@ class _Search:
             "tflops": outcome.tflops, "max_error": outcome.max_error,
             "p20_us": outcome.p20_us, "p80_us": outcome.p80_us,
         }
+        if self.device_tag:
+            attrs["device"] = dict(self.device_tag)   # which GPU measured it (several workers, --gpus)
         return "COMPLETE", outcome.median_us, None, attrs
 
     # -- telling -------------------------------------------------------------------------
@@ -436,9 +613,21 @@ class _Search:
         if duplicate_of is not None:
             attrs["duplicate_of"] = duplicate_of
         started = time.perf_counter()
-        for key, val in attrs.items():
-            trial.set_user_attr(key, val)
-        self._tell(trial, state, value)
+        try:
+            for key, val in attrs.items():
+                trial.set_user_attr(key, val)
+            self._tell(trial, state, value)
+        except (UpdateFinishedTrialError, ValueError):
+            if self.current is trial:
+                self.current = None
+            if self._state_of(trial) == TrialState.RUNNING:
+                raise
+            self.lost += 1                  # reaped from under this worker: another takes it over
+            self.worker.drop_trial(trial.number, config if duplicate_of is None else None)
+            return
+        self.worker.finish_trial(trial.number)
+        if config is not None and duplicate_of is None:
+            self.worker.finish_config(config, trial.number)
         self._tally("record", started)
         if self.current is trial:
             self.current = None
@@ -454,6 +643,10 @@ class _Search:
             self._offer_best(trial.number, config, value, tflops)
         self.emit(ev.Progress(self.finished, self.target, dict(self.counts),
                               self._builds_in_flight(), self.best))
+
+    def _state_of(self, trial: optuna.trial.Trial) -> TrialState:
+        storage = self.store.optuna_storage
+        return storage.get_trial(trial._trial_id).state
 
     def _tell(self, trial: optuna.trial.Trial, state: str, value: float | None) -> None:
         if state == "COMPLETE":
@@ -474,6 +667,8 @@ class _Search:
             flight.future.cancel()
             stranded.append((flight.trial, flight.config))
             stranded.extend((f, flight.config) for f in flight.followers)
+        stranded.extend((r.trial, r.config) for r in self.remote)
+        self.remote.clear()
         self.pending.clear()
         self.by_config.clear()
         for trial, _config in stranded:
@@ -483,6 +678,10 @@ class _Search:
             except Exception:  # noqa: BLE001 -- best effort; fail_zombies() catches the rest next run
                 pass
         self.current = None
+
+
+class _Reaped(Exception):
+    """This worker no longer owns the trial's config (it was reaped)."""
 
 
 def _message(constraint: object) -> str:

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import evotuner.measure as measure_pkg
 from evotuner.compiler import Builder
 from evotuner.defaults import recommended
-from evotuner.errors import NoGpuError, StorageError, StudyMismatchError
+from evotuner.errors import EvotunerError, NoGpuError, StorageError, StudyMismatchError
 from evotuner.loop import SearchResult, run_search
 from evotuner.measure.base import MeasureStage
 from evotuner.measure.replay import ReplayMeasure
@@ -28,6 +28,7 @@ from evotuner.propose import make_sampler
 from evotuner.space import SearchSpace, parse_space
 from evotuner.storage import StudyStore
 from evotuner.storage.connect import resolve_url, sqlite_path
+from evotuner.storage.start import ensure_study, wait_for_study
 
 #: Makes a measure stage (a context manager, entered by the caller's ExitStack).
 MeasureFactory = Callable[[], MeasureStage]
@@ -66,17 +67,45 @@ def study_space(store: StudyStore, study: str) -> SearchSpace:
     return parse_space(store.space_text(study), f"study {study!r} space {info.space_name!r}")
 
 
+def gpu_list(gpus: str | None, replay: Path | None) -> tuple[int, ...] | None:
+    """--gpus as device indices (None: not given); ``all`` with --replay means GPU 0."""
+    if gpus is None:
+        return None
+    from evotuner.multigpu import parse_gpus
+
+    return tuple(parse_gpus(gpus, (lambda: 1) if replay is not None else None))
+
+
+def replay_delay(text: str | None, replay: Path | None) -> tuple[float, float]:
+    """--replay-delay BUILD,MEASURE as seconds (0, 0 when not given); needs --replay."""
+    if text is None:
+        return 0.0, 0.0
+    if replay is None:
+        raise EvotunerError("--replay-delay needs --replay FILE", "drop --replay-delay, or replay a sweep")
+    try:
+        build_s, measure_s = (float(part) for part in text.split(","))
+    except ValueError:
+        raise EvotunerError(f"--replay-delay {text!r}: not BUILD,MEASURE seconds", "e.g. --replay-delay 0.05,0.02") from None
+    if build_s < 0 or measure_s < 0:
+        raise EvotunerError(f"--replay-delay {text!r}: delays cannot be negative", "e.g. --replay-delay 0.05,0.02")
+    return build_s, measure_s
+
+
 @dataclass(frozen=True)
 class StageFactory:
     """Makes the (builder, measure) pair for a study's problem and space.
 
-    ``replay``: a recorded sweep answers builds and measurements (no nvcc, no GPU).
-    ``measure_factory``: an injected measure stage (tests, benchmarks); None: the GPU
-    worker, refused at once (:func:`no_gpu`) on a machine without a GPU.
+    ``replay``: a recorded sweep answers builds and measurements (no nvcc, no GPU);
+    ``delay``: (build, measure) seconds each replayed answer takes. ``measure_factory``:
+    an injected measure stage (tests, benchmarks); None: the GPU worker, refused at once
+    (:func:`no_gpu`) on a machine without a GPU. ``gpus``: device indices (``--gpus``);
+    then ``stages`` returns a list of measure stages, one per GPU.
     """
 
     measure_factory: MeasureFactory | None = None
     replay: Path | None = None
+    delay: tuple[float, float] = (0.0, 0.0)
+    gpus: tuple[int, ...] | None = None
 
     def ready(self, command: str = "search") -> "StageFactory":
         """This factory with its measure stage resolved; refuses without a GPU (unless replaying
@@ -85,46 +114,68 @@ class StageFactory:
             return self
         if not measure_pkg.gpu_available():
             raise no_gpu(command)
-        return StageFactory(measure_pkg.GpuMeasure, None)
+        return StageFactory(measure_pkg.GpuMeasure, None, self.delay, self.gpus)
 
     def builder(self, space: SearchSpace, jobs: int | None, stack: ExitStack) -> Builder:
         return stack.enter_context(Builder(space.kernel, arch=space.arch, jobs=jobs))
 
     def stages(self, problem: Problem, space: SearchSpace, jobs: int | None,
-               stack: ExitStack) -> tuple[Any, MeasureStage]:
+               stack: ExitStack) -> tuple[Any, Any]:
+        gpus = self.gpus
         if self.replay is not None:
-            measure = stack.enter_context(ReplayMeasure(self.replay, problem, space))
-            return measure.builder(jobs or os.cpu_count() or 1), measure
+            replay = self.replay
+            build_s, measure_s = self.delay
+
+            def one(index: int | None) -> ReplayMeasure:
+                return stack.enter_context(ReplayMeasure(replay, problem, space, build_s=build_s,
+                                                         measure_s=measure_s, device_index=index))
+            measure = one(gpus[0] if gpus else None)
+            builder = stack.enter_context(measure.builder(jobs or os.cpu_count() or 1))
+            if gpus is None:
+                return builder, measure
+            return builder, [measure, *(one(i) for i in gpus[1:])]
         factory = self.ready().measure_factory
         assert factory is not None
-        return self.builder(space, jobs, stack), stack.enter_context(factory())
+        builder = self.builder(space, jobs, stack)
+        if gpus is None:
+            return builder, stack.enter_context(factory())
+        gpu_class = measure_pkg.GpuMeasure
+        if isinstance(factory, type) and issubclass(factory, gpu_class):
+            return builder, [stack.enter_context(factory(device_index=i)) for i in gpus]
+        return builder, [stack.enter_context(factory()) for _ in gpus]
 
     def with_budget(self, budget_s: float) -> "StageFactory":
         """The GPU stage with ``budget_s``; an injected factory takes no options and is kept as is."""
         factory = self.ready().measure_factory
         if isinstance(factory, type) and issubclass(factory, measure_pkg.GpuMeasure):
             gpu = factory
-            return StageFactory(lambda: gpu(budget_s=budget_s), self.replay)
+            return StageFactory(lambda: gpu(budget_s=budget_s), self.replay, self.delay, self.gpus)
         return self
 
 
 def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSpace, sampler: str, seed: int,
                 builder: Any) -> bool:
     """Create ``study``, or check that the existing one has this problem, space, sampler and
-    seed (StudyMismatchError naming the difference). True when it was created."""
+    seed (StudyMismatchError naming the difference). True when it was created. Several
+    workers may start one study at once: one creates it, the others wait for its row and
+    check it (:func:`evotuner.storage.start.ensure_study`)."""
+    if builder is not None and ensure_study(store, study, lambda: store.create_study(
+            study, problem, space, sampler, seed,
+            source_hash=builder.source_hash(), nvcc_version=builder.nvcc_version())):
+        return True
     if store.study_exists(study):
+        wait_for_study(store, study)            # its creator may not have written evotuner's row yet
         store.load_study(study, problem=problem, space=space)   # refuses a problem/space mismatch
         recorded = store.summary(study)
         if (recorded.sampler, recorded.seed) != (sampler, seed):
             raise StudyMismatchError(
                 f"study {study!r} runs sampler {recorded.sampler} with seed {recorded.seed}, "
                 f"not {sampler} with seed {seed}",
-                f"continue it with `evotuner resume --study {study}`, or choose another --study name",
+                f"continue it with `evotuner resume --study {study}`, or choose another --study name "
+                f"(every worker of a study passes the study's --seed; each runs its own seed derived from it)",
             )
         return False
-    store.create_study(study, problem, space, sampler, seed,
-                       source_hash=builder.source_hash(), nvcc_version=builder.nvcc_version())
-    return True
+    raise StorageError(f"study {study!r} not found", "start it with `evotuner search`")
 
 
 def check_exists(store: StudyStore, study: str, sampler: str, seed: int, problem: Problem,
@@ -168,11 +219,21 @@ def resume_study(store: StudyStore, study: str, *, shape: Shape | None = None,
 
 def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpace, sampler: str, seed: int,
               trials: int, builder: Any, measure: MeasureStage,
-              on_event: Callable[[object], None] | None = None) -> SearchResult:
+              on_event: Callable[[object], None] | None = None, *, stale_after: float | None = None,
+              mixed_gpus: bool = False) -> SearchResult:
     """Run ``study`` to ``trials`` finished trials; a new study starts from its family's
-    recommended config."""
-    return run_search(
-        store=store, study_name=study, problem=problem, space=space,
-        sampler=make_sampler(sampler, space, seed, problem), seed=seed, trials=trials,
-        builder=builder, measure=measure, on_event=on_event, start=recommended(problem, space.kernel),
-    )
+    recommended config. Other workers may run the study at once (each worker samples with
+    its own seed, derived from the study's); ``measure`` a list: one measure stage per GPU
+    (``--gpus``), run by one coordinator (:mod:`evotuner.multigpu`)."""
+    def sampler_for(worker_seed: int | None) -> Any:
+        return make_sampler(sampler, space, worker_seed, problem)
+
+    common: dict[str, Any] = dict(store=store, study_name=study, problem=problem, space=space, trials=trials,
+                                  builder=builder, on_event=on_event, start=recommended(problem, space.kernel))
+    if isinstance(measure, list):
+        from evotuner.multigpu import run_multi
+
+        return run_multi(measures=measure, sampler_for=sampler_for, seed=seed, stale_after=stale_after,
+                         allow_mixed=mixed_gpus, **common)
+    return run_search(sampler=sampler_for, seed=seed, measure=measure, stale_after=stale_after,
+                      allow_mixed_gpus=mixed_gpus, **common)

@@ -33,7 +33,9 @@ from sqlalchemy import (
 #: 1: studies, devices, builds, measurements, baselines.
 #: 2: + evotuner_checks, evotuner_profiles (evotuner.storage.diagnostics; new tables only,
 #:    so a version-1 database upgrades by creating them and bumping the version row).
-SCHEMA_VERSION = 2
+#: 3: + evotuner_workers, evotuner_claims (evotuner.storage.claims / liveness: several workers
+#:    on one study; new tables only, so versions 1 and 2 upgrade the same way).
+SCHEMA_VERSION = 3
 
 #: Every evotuner table name starts with this.
 PREFIX = "evotuner_"
@@ -140,6 +142,48 @@ baselines = Table(
     Column("measured_at", DateTime, nullable=False),
 )
 
+#: One row per worker process that joined a study (see evotuner.storage.liveness). Times are
+#: the *database's* clock in epoch seconds, so hosts with skewed clocks judge staleness alike.
+workers = Table(
+    "evotuner_workers",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("study_id", Integer, ForeignKey("evotuner_studies.id"), nullable=False),
+    Column("host", String(256), nullable=False),       # hostname, for people
+    Column("host_key", String(256), nullable=False),   # boot id + pid namespace: "same machine" test
+    Column("pid", Integer, nullable=False),
+    Column("proc_start", String(64), nullable=False),  # the process's start tick (pid reuse)
+    Column("seat", Integer, nullable=True),             # 0, 1, ...: which derived seed it runs
+    Column("seed", Integer, nullable=True),             # the sampler seed this worker runs
+    Column("device", Text, nullable=True),              # device name/index it measures on (JSON)
+    Column("state", String(16), nullable=False),        # live | done | dead
+    Column("stale_after", Float, nullable=False),       # seconds without a heartbeat => dead
+    Column("started", Float, nullable=False),
+    Column("heartbeat", Float, nullable=False),
+    Column("ended", Float, nullable=True),
+    Column("reason", Text, nullable=True),              # why it ended (done, reaped: ...)
+)
+
+#: Claims: one row per (study, key) decides who does a thing once. Keys: ``slot:<id>``
+#: (one finished trial of the budget), ``config:<config>`` (who builds and measures a
+#: config), ``seat:<k>`` (a worker's derived seed), ``baselines:<device>``, ``start``.
+claims = Table(
+    "evotuner_claims",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("study_id", Integer, ForeignKey("evotuner_studies.id"), nullable=False),
+    Column("kind", String(16), nullable=False),         # slot | config | seat | once
+    Column("key", String(600), nullable=False),
+    Column("worker_id", Integer, ForeignKey("evotuner_workers.id"), nullable=True),
+    Column("trial_number", Integer, nullable=True),
+    Column("state", String(8), nullable=False),         # held | done
+    Column("created", Float, nullable=False),
+    UniqueConstraint("study_id", "key", name="uq_evotuner_claims_study_key"),
+)
+
+Index("ix_evotuner_workers_study", workers.c.study_id, workers.c.state)
+Index("ix_evotuner_claims_worker", claims.c.worker_id, claims.c.state)
+Index("ix_evotuner_claims_kind", claims.c.study_id, claims.c.kind, claims.c.state)
 Index("ix_evotuner_baselines_study", baselines.c.study_id, baselines.c.measured_at)
 Index("ix_evotuner_devices_study", devices.c.study_id, devices.c.last_seen)
 

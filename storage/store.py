@@ -45,6 +45,7 @@ from evotuner.problem import Problem
 from evotuner.storage import connect as _connect
 from evotuner.storage import diagnostics as _diagnostics  # noqa: F401  (registers its tables)
 from evotuner.storage import schema
+from evotuner.storage import start as _start
 from evotuner.storage.records import (
     DUPLICATE_ATTR,
     FINISHED_STATES,
@@ -211,13 +212,13 @@ class StudyStore:
                 "pass --storage (or set $EVOTUNER_STORAGE) to the database `evotuner search` wrote",
             )
         if path is not None and not _connect.precheck_sqlite(path, read_only=read_only):
-            created = _connect.CreatedFiles(path)
+            created = _start.create_exclusively(path)   # None: another process made it first
         self._engine = None
         self._optuna: RDBStorage | None = None
         try:
             self._engine = _connect.connect(self._url, read_only=read_only)
             self._sessions = sessionmaker(bind=self._engine, expire_on_commit=False)
-            self._initialise()
+            _start.retry_race(self._initialise)   # concurrent creators: the loser loads
         except BaseException:
             self.close()
             if created is not None:
@@ -233,9 +234,11 @@ class StudyStore:
         try:
             if self._url.get_backend_name() == "sqlite":
                 _connect.set_wal(self._engine)
-            self._optuna = RDBStorage(
-                self.url, engine_kwargs=_connect.engine_kwargs(self._url), skip_compatibility_check=False
-            )
+            if self._optuna is None:
+                self._optuna = RDBStorage(
+                    self.url, engine_kwargs=_connect.engine_kwargs(self._url), skip_compatibility_check=False
+                )
+                _start.immediate_sqlite(self._optuna.engine)
             schema.metadata.create_all(self._engine)
         except RuntimeError as exc:  # Optuna: its table schema is older/newer than the library
             raise StorageError(
@@ -252,9 +255,12 @@ class StudyStore:
                         id=1, version=schema.SCHEMA_VERSION, evotuner_version=evotuner_version(), updated_at=_now()
                     )
                 )
-            elif int(found) < schema.SCHEMA_VERSION:   # older layouts differ only by tables create_all added
-                s.execute(update(schema.schema_version).where(schema.schema_version.c.id == 1).values(
-                    version=schema.SCHEMA_VERSION, evotuner_version=evotuner_version(), updated_at=_now()))
+            elif int(found) < schema.SCHEMA_VERSION:   # older layout: create_all added the new tables
+                s.execute(
+                    update(schema.schema_version)
+                    .where(schema.schema_version.c.version < schema.SCHEMA_VERSION)
+                    .values(version=schema.SCHEMA_VERSION, evotuner_version=evotuner_version(), updated_at=_now())
+                )
 
     def _open_optuna_read_only(self) -> None:
         from evotuner.storage.readonly import readonly_url
@@ -341,6 +347,7 @@ class StudyStore:
         if row is not None:
             return row
         names = [n for n in s.execute(select(schema.studies.c.name).order_by(schema.studies.c.name)).scalars()]
+        s.commit()   # end this (write-locking) transaction before Optuna's engine reads
         if name in self._optuna_names():
             raise StorageError(
                 f"study '{name}' in {self.display_url} was not created by evotuner (no evotuner_studies row)",

@@ -74,7 +74,7 @@ def test_twenty_kills_lose_nothing(tmp_path: Path) -> None:
         assert attempts <= 3 * KILLS, f"only {len(killed_pids)} kills landed in {attempts} runs"
         proc = _start(url, calls)
         if _wait_searching(proc):
-            time.sleep(rng.uniform(0.0, 0.25))
+            time.sleep(rng.uniform(0.05, 0.5))   # a start now also joins the study (worker row, seat, claims)
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)

@@ -85,7 +85,7 @@ def test_create_load_list_and_optuna_reads_it(store: StudyStore) -> None:
         ours = {t for t in tables if t.startswith("evotuner_")}
         assert ours == {"evotuner_schema_version", "evotuner_studies", "evotuner_devices",
                         "evotuner_builds", "evotuner_baselines", "evotuner_measurements",
-                        "evotuner_checks", "evotuner_profiles"}
+                        "evotuner_checks", "evotuner_profiles", "evotuner_workers", "evotuner_claims"}
         assert db.execute("select version from evotuner_schema_version").fetchall() == [(SCHEMA_VERSION,)]
 
 
@@ -460,3 +460,33 @@ def schema_now():
     import datetime
 
     return datetime.datetime(2026, 1, 1)
+
+
+@pytest.mark.parametrize("old_version, dropped", [
+    (1, ("evotuner_checks", "evotuner_profiles", "evotuner_workers", "evotuner_claims")),
+    (2, ("evotuner_workers", "evotuner_claims")),
+])
+def test_older_schemas_upgrade_to_the_workers_tables(tmp_path: Path, old_version: int, dropped: tuple[str, ...]) -> None:
+    """Schema 3 (several workers) on a version-1 database (no diagnostics tables either) and on a
+    version-2 one (issue 13's diagnostics tables): the first writable open creates what is
+    missing and bumps the version; the study and its trials are kept and the claims work."""
+    from evotuner.storage import claims
+
+    path = tmp_path / "study.db"
+    with StudyStore(f"sqlite:///{path}") as s:
+        study = _create(s)
+        study.tell(_ask(study, BLOCK_M=128), 1.0)
+    with sqlite3.connect(path) as db:
+        for table in dropped:
+            db.execute(f"drop table {table}")
+        db.execute("update evotuner_schema_version set version = ?", (old_version,))
+    db.close()
+    assert SCHEMA_VERSION == 3
+    with StudyStore(f"sqlite:///{path}") as s:
+        assert s.count_finished("s1") == 1
+        assert claims.slot_counts(s, "s1") == (0, 0)
+    with sqlite3.connect(path) as db:
+        tables = {r[0] for r in db.execute("select name from sqlite_master where type = 'table'")}
+        assert set(dropped) <= tables
+        assert db.execute("select version from evotuner_schema_version").fetchall() == [(SCHEMA_VERSION,)]
+    db.close()

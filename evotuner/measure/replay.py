@@ -41,7 +41,8 @@ import hashlib
 import json
 import math
 import re
-from concurrent.futures import Future
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -314,12 +315,21 @@ class ReplayMeasure(MeasureStage):
     the file and what differs. ``calls`` counts :meth:`measure` calls.
     """
 
-    def __init__(self, path: str | Path, problem: Problem, space: Any = None) -> None:
+    def __init__(self, path: str | Path, problem: Problem, space: Any = None, *,
+                 build_s: float = 0.0, measure_s: float = 0.0, device_index: int | None = None) -> None:
         self.table = read_sweep(path)
         self.problem = problem
         #: The kernel family of the space replayed ("" when no space is given).
         self.family = str(getattr(space, "kernel", "") or "") if space is not None else ""
         self.calls = 0
+        #: Seconds each replayed build / measurement takes (0: answer at once). A delay makes a
+        #: replayed run overlap like a real one: several workers, a build pool, GPU queues.
+        if build_s < 0 or measure_s < 0:
+            raise ValueError("replay delays must not be negative")
+        self.build_s = float(build_s)
+        self.measure_s = float(measure_s)
+        #: Which GPU this replay stands for (``--gpus`` with ``--replay``); part of its device.
+        self.device_index = device_index
         recorded = self.table.problem
         if recorded != problem:
             raise StudyMismatchError(
@@ -390,6 +400,8 @@ class ReplayMeasure(MeasureStage):
             raise ReplayError(f"replay: asked for {_describe(problem)}, the sweep is {_describe(self.problem)}")
         config = self.config_of(artifact)
         self.calls += 1
+        if self.measure_s:
+            time.sleep(self.measure_s)
         replayed = self.lookup(config)
         if replayed.outcome is None:
             raise ReplayError(
@@ -406,6 +418,8 @@ class ReplayMeasure(MeasureStage):
         device = dict(self.table.header.get("device") or {})
         device["replayed"] = True
         device["replay_sha256"] = self.table.sha256
+        if self.device_index is not None:
+            device["device_index"] = self.device_index
         return device
 
 
@@ -417,6 +431,7 @@ class ReplayBuilder:
         self.replay = replay
         self.jobs = max(1, int(jobs))
         self.submitted = 0
+        self._pool: ThreadPoolExecutor | None = None
 
     def cache_key(self, config: KernelConfig, problem: Problem) -> str:
         return self.replay.artifact_key(config)
@@ -434,7 +449,16 @@ class ReplayBuilder:
                             meta={k: int(v) for k, v in row.meta.items()}, family=self.replay.family)
         return BuildResult(config, key, True, artifact, row.ptxas_log, 0.0, True)
 
+    def _slow_build(self, config: KernelConfig, problem: Problem) -> BuildResult:
+        time.sleep(self.replay.build_s)
+        return self.build(config, problem)
+
     def submit(self, config: KernelConfig, problem: Problem) -> "Future[BuildResult]":
+        if self.replay.build_s:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="evotuner-replay-build")
+            self.submitted += 1
+            return self._pool.submit(self._slow_build, config, problem)
         future: Future[BuildResult] = Future()
         self.submitted += 1
         try:
@@ -450,7 +474,9 @@ class ReplayBuilder:
         return str(self.replay.table.header.get("nvcc_version") or "replay (no nvcc)")
 
     def close(self) -> None:
-        pass
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
     def __enter__(self) -> "ReplayBuilder":
         return self

@@ -1,0 +1,256 @@
+"""Liveness: workers register, heartbeat, and are reaped only when they are dead.
+
+Each process (or, with ``--gpus``, each measure thread) working on a study has a row in
+``evotuner_workers`` with a heartbeat written in the **database's** clock (epoch
+seconds), so hosts whose clocks disagree still judge staleness alike. A worker is dead
+when
+
+* its heartbeat is older than the ``stale_after`` seconds it declared itself, or
+* it runs on this very machine (same boot id and pid namespace) and its process is gone
+  (no such pid, or a pid reused by a process that started at another time): a killed
+  process is taken over at once instead of after ``stale_after``.
+
+Reaping is a conditional update (``state = 'dead' WHERE state = 'live' AND <still
+stale>``): of several reapers exactly one wins, and a worker that heartbeats in time
+is never reaped. The winner fails the dead worker's RUNNING trials (Optuna's own
+conditional update: a trial told meanwhile stays as told), marks claims of trials the
+worker did tell as done and deletes its other claims, so its slots and configs go to
+the living. A RUNNING trial bound to no slot (its process died between the ask and
+the bind, or an evotuner before claims left it) is failed once no live worker is in
+the middle of an ask.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from optuna.exceptions import UpdateFinishedTrialError
+from optuna.trial import TrialState
+from sqlalchemy import insert, literal_column, select, update
+from sqlalchemy.orm import Session
+
+from evotuner.storage import schema
+from evotuner.storage.dbclock import db_now, epoch_sql as _epoch_sql  # noqa: F401 (db_now re-exported)
+from evotuner.storage.records import INTERRUPTED_REASON, REASON_ATTR, Zombie
+
+W = schema.workers
+LIVE, DONE, DEAD = "live", "done", "dead"
+
+
+@lru_cache(maxsize=1)
+def host_key() -> str:
+    """This machine and pid namespace: processes with equal keys can see each other's pids."""
+    try:
+        boot = open("/proc/sys/kernel/random/boot_id", encoding="ascii").read().strip()
+    except OSError:
+        boot = socket.gethostname()
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = "?"
+    return f"{boot}/{ns}"
+
+
+def proc_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot ('' when unknown)."""
+    try:
+        stat = open(f"/proc/{pid}/stat", encoding="ascii", errors="replace").read()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def process_gone(pid: int, started: str) -> bool:
+    """True only when the process ``pid`` that started at ``started`` surely no longer runs."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    now = proc_start(pid)
+    return bool(started) and bool(now) and now != started
+
+
+@dataclass(frozen=True)
+class WorkerRow:
+    id: int
+    host: str
+    host_key: str
+    pid: int
+    proc_start: str
+    seat: int | None
+    seed: int | None
+    device: str | None
+    state: str
+    stale_after: float
+    heartbeat: float
+    age: float           # seconds since its last heartbeat, by the database's clock
+    reason: str | None = None   # why it ended
+
+
+def register(store: Any, study: str, *, stale_after: float, device: Any = None) -> int:
+    """A new live worker row for this process; returns its id."""
+    from evotuner.storage.claims import study_id
+
+    with store.session() as s:
+        sid = study_id(s, study)
+        now = db_now(s)
+        return int(s.execute(insert(W).values(
+            study_id=sid, host=socket.gethostname(), host_key=host_key(), pid=os.getpid(),
+            proc_start=proc_start(os.getpid()), device=json.dumps(device, sort_keys=True, default=str) if device else None,
+            state=LIVE, stale_after=float(stale_after), started=now, heartbeat=now,
+        )).inserted_primary_key[0])
+
+
+def set_seat(store: Any, worker_id: int, seat: int, seed: int | None) -> None:
+    with store.session() as s:
+        s.execute(update(W).where(W.c.id == worker_id).values(seat=seat, seed=seed))
+
+
+def set_device(store: Any, worker_id: int, device: Any) -> None:
+    """Record the device this worker measures on (name, index)."""
+    with store.session() as s:
+        s.execute(update(W).where(W.c.id == worker_id).values(device=json.dumps(device, sort_keys=True, default=str)))
+
+
+def heartbeat(store: Any, worker_id: int) -> bool:
+    """Touch this worker's heartbeat; False when it was reaped (it must not go on as itself)."""
+    with store.session() as s:
+        result = s.execute(update(W).where(W.c.id == worker_id, W.c.state == LIVE)
+                           .values(heartbeat=_epoch_sql(s.get_bind().dialect.name)))
+    return result.rowcount == 1
+
+
+def leave(store: Any, worker_id: int, reason: str = "done") -> None:
+    """This worker ends: its held claims go back, its row says why."""
+    from evotuner.storage.claims import drop_held
+
+    with store.session() as s:
+        drop_held(s, worker_id)
+        s.execute(update(W).where(W.c.id == worker_id, W.c.state == LIVE)
+                  .values(state=DONE, ended=db_now(s), reason=reason))
+
+
+def workers(store: Any, study: str, *, live_only: bool = True) -> list[WorkerRow]:
+    from evotuner.storage.claims import study_id
+
+    with store.session() as s:
+        sid = study_id(s, study)
+        now = db_now(s)
+        query = select(W).where(W.c.study_id == sid)
+        if live_only:
+            query = query.where(W.c.state == LIVE)
+        rows = s.execute(query.order_by(W.c.id)).all()
+    return [WorkerRow(r.id, r.host, r.host_key, r.pid, r.proc_start, r.seat, r.seed, r.device, r.state,
+                      r.stale_after, r.heartbeat, now - r.heartbeat, r.reason) for r in rows]
+
+
+def _mark_dead(store: Any, w: WorkerRow, why: str, *, by_heartbeat: bool) -> bool:
+    with store.session() as s:
+        cond = [W.c.id == w.id, W.c.state == LIVE]
+        if by_heartbeat:
+            cond.append(W.c.heartbeat < _epoch_sql(s.get_bind().dialect.name) - W.c.stale_after)
+        else:
+            cond.append(W.c.heartbeat == w.heartbeat)
+        result = s.execute(update(W).where(*cond).values(state=DEAD, ended=db_now(s), reason=why))
+    return result.rowcount == 1
+
+
+def reap(store: Any, study: str, *, exclude: int | None = None) -> list[Zombie]:
+    """Reap every dead worker of ``study`` and the RUNNING trials nobody owns; returns the
+    trials failed, oldest first (``requeue``: enqueue its config again)."""
+    from evotuner.storage import claims
+
+    dead: list[int] = []
+    for w in workers(store, study):
+        if w.id == exclude:
+            continue
+        if w.age > w.stale_after:
+            why, by_heartbeat = f"reaped: no heartbeat for {w.age:.1f} s (stale after {w.stale_after:g} s)", True
+        elif w.host_key == host_key() and process_gone(w.pid, w.proc_start):
+            why, by_heartbeat = f"reaped: process {w.pid} on this host is gone", False
+        else:
+            continue
+        if _mark_dead(store, w, why, by_heartbeat=by_heartbeat):
+            dead.append(w.id)
+
+    failed: list[Any] = []
+    oid, trials = store._trials(study) if dead else (None, [])
+    by_number = {t.number: t for t in trials}
+    for worker_id in dead:
+        with store.session() as s:
+            held = claims.held_by(s, worker_id)
+        told = set()
+        for c in held:
+            t = by_number.get(c.trial_number) if c.trial_number is not None else None
+            if t is None or c.kind != claims.SLOT:
+                continue
+            if t.state == TrialState.RUNNING and _fail(store, t):
+                failed.append(t)
+            elif _told(store, oid, t.number):
+                told.add(t.number)
+        with store.session() as s:
+            claims.drop_held(s, worker_id, keep_done=told)
+
+    # RUNNING trials bound to no slot: their asker died before binding (or predates claims).
+    with store.session() as s:
+        oid = s.execute(select(schema.studies.c.optuna_study_id).where(schema.studies.c.name == study)).scalar()
+    running = store.optuna_storage.get_all_trials(oid, deepcopy=False, states=(TrialState.RUNNING,))
+    if running:
+        with store.session() as s:
+            sid = claims.study_id(s, study)
+            # ONE statement, so bound and asking come from one snapshot (read separately, a bind
+            # landing in between would make a live worker's fresh trial look like an orphan)
+            slots = s.execute(
+                select(claims.C.c.trial_number, claims.C.c.state, W.c.state)
+                .select_from(claims.C.outerjoin(W, W.c.id == claims.C.c.worker_id))
+                .where(claims.C.c.study_id == sid, claims.C.c.kind == claims.SLOT)).all()
+        bound = {number for number, _, _ in slots if number is not None}
+        asking = any(number is None and state == claims.HELD and holder == LIVE for number, state, holder in slots)
+        if not asking:
+            failed.extend(t for t in running if t.number not in bound and _fail(store, t))
+    return _zombies(store, study, sorted(failed, key=lambda t: t.number))
+
+
+def _told(store: Any, oid: int, number: int) -> bool:
+    from evotuner.storage.store import _is_finished
+
+    storage = store.optuna_storage
+    t = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(oid, number))
+    return _is_finished(t)
+
+
+def _fail(store: Any, t: Any) -> bool:
+    """Fail a RUNNING trial as interrupted; False when it was told meanwhile."""
+    storage = store.optuna_storage
+    try:
+        storage.set_trial_user_attr(t._trial_id, REASON_ATTR, INTERRUPTED_REASON)
+        storage.set_trial_system_attr(t._trial_id, "fail_reason", INTERRUPTED_REASON)
+        return bool(storage.set_trial_state_values(t._trial_id, TrialState.FAIL))
+    except UpdateFinishedTrialError:
+        return False
+
+
+def _zombies(store: Any, study: str, failed: list[Any]) -> list[Zombie]:
+    from evotuner.storage.store import _is_finished, config_str
+
+    if not failed:
+        return []
+    _, trials = store._trials(study)
+    done = {config_str(t.params) for t in trials if _is_finished(t)}
+    waiting = {config_str(t.params or t.system_attrs.get("fixed_params") or {})
+               for t in trials if t.state == TrialState.WAITING}
+    out, seen = [], set()
+    for t in failed:
+        params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
+        cfg = config_str(params)
+        out.append(Zombie(number=t.number, params=params,
+                          requeue=bool(params) and cfg not in done and cfg not in waiting and cfg not in seen))
+        seen.add(cfg)
+    return out

@@ -1,0 +1,121 @@
+"""Safe start: several processes may open, create and initialise one database at once.
+
+What goes wrong without it (all seen with two `evotuner search` started together on a
+fresh SQLite file): both create Optuna's and evotuner's tables ("table ... already
+exists", "UNIQUE constraint failed: alembic_version"), both create the study (one
+fails), and a process whose open failed removed database files another one had
+created and was using. The rules here:
+
+* a new SQLite file is created with ``O_CREAT | O_EXCL``: only the process that made
+  it may remove it again after a failed open (:func:`create_exclusively`);
+* table creation and version stamping are retried when they lose a race
+  (:func:`retry_race`): the loser finds the winner's tables and goes on;
+* a study is created if absent; the loser of a creation race waits for the winner's
+  ``evotuner_studies`` row and loads the study (:func:`ensure_study`);
+* Optuna's own SQLite engine starts every transaction with ``BEGIN IMMEDIATE`` as
+  evotuner's does (:func:`immediate_sqlite`), so writers from several processes queue
+  on the busy timeout instead of failing at once with "database is locked".
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any, Callable, TypeVar
+
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
+
+from evotuner.errors import StorageError
+from evotuner.storage import connect as _connect
+
+T = TypeVar("T")
+
+#: How long the loser of a study-creation race waits for the winner's evotuner row.
+STUDY_ROW_WAIT_S = 15.0
+#: Attempts at initialising the schema when concurrent creators collide.
+INIT_ATTEMPTS = 8
+
+_RACE_WORDS = ("already exists", "unique constraint", "duplicate key", "integrityerror", "locked", "busy",
+               "pg_type_typname_nsp_index", "could not serialize", "deadlock",
+               # Optuna read its alembic table while another opener was still stamping it
+               # (a real version mismatch is reported after the retries, a few seconds later)
+               "no longer compatible")
+
+
+def create_exclusively(path: Path) -> _connect.CreatedFiles | None:
+    """Create the (empty) SQLite file at ``path`` only if nobody has; return the files to
+    remove if this open fails, or None when another process created the file first (then
+    nothing is ever removed: that process may be using it)."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return None
+    except OSError as exc:
+        raise StorageError(f"cannot create database {path} ({exc.strerror})", "choose a writable --storage path") from None
+    os.close(fd)
+    return _connect.CreatedFiles(path)
+
+
+def is_race(exc: BaseException) -> bool:
+    """True for the errors a concurrent creator causes (the other process won)."""
+    text = f"{type(exc).__name__} {exc} {getattr(exc, '__cause__', '')}".lower()
+    return any(word in text for word in _RACE_WORDS)
+
+
+def retry_race(fn: Callable[[], T], attempts: int = INIT_ATTEMPTS) -> T:
+    """``fn()``, again after a short random pause when it lost a creation race."""
+    for attempt in range(attempts):
+        try:
+            return fn()
+        except (SQLAlchemyError, StorageError) as exc:
+            if attempt == attempts - 1 or not is_race(exc):
+                raise
+            time.sleep(random.uniform(0.05, 0.25) * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def immediate_sqlite(engine: Engine) -> None:
+    """Make a SQLite engine (Optuna's) begin every transaction with BEGIN IMMEDIATE; the
+    pool is emptied so that no connection opened before keeps the driver's own BEGIN."""
+    if engine.dialect.name != "sqlite":
+        return
+    _connect._immediate_transactions(engine)
+    engine.dispose()
+
+
+def ensure_study(store: Any, name: str, create: Callable[[], Any], wait_s: float = STUDY_ROW_WAIT_S) -> bool:
+    """Create study ``name`` with ``create()`` unless it exists; True when this call created it.
+
+    A concurrent creator may win between the check and the create: then this waits (up
+    to ``wait_s``) for the winner's evotuner row and returns False, as if the study had
+    existed. A plain Optuna study of that name (never given an evotuner row) still fails
+    with the store's "not created by evotuner" error after the wait.
+    """
+    if store.study_exists(name):
+        wait_for_study(store, name, wait_s)
+        return False
+    try:
+        create()
+        return True
+    except StorageError:
+        if not store.study_exists(name):
+            raise
+    wait_for_study(store, name, wait_s)
+    return False
+
+
+def wait_for_study(store: Any, name: str, wait_s: float = STUDY_ROW_WAIT_S) -> None:
+    """Wait until study ``name`` has its evotuner row (a creator may be between Optuna's
+    half and evotuner's); the store's not-found / not-evotuner error after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            store.study_info(name)
+            return
+        except StorageError:
+            if time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)
