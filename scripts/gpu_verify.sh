@@ -30,6 +30,6 @@ for what in "${@:-all}"; do
         --tools memcheck,racecheck,synccheck 2>&1 | tee -a "$out/hcheck.log" | tail -5 ;;&
     workers|all)
       step "two search processes on one study (exact budget, nothing measured twice)"
-      timeout 240 python3 scripts/two_workers.py --storage "sqlite:////tmp/evotuner-two.db" 2>&1 | tee "$out/two_workers.log" | tail -12 ;;
+      timeout 240 python3 scripts/two_workers.py --trials 24 --gpus 0 --workdir /tmp/evotuner-two 2>&1 | tee "$out/two_workers.log" | tail -12 ;;
   esac
 done
