@@ -4,22 +4,29 @@
     python scripts/sampler_benchmark.py tests/data/sweep_h100_d64.csv tests/data/sweep_h100_d128.csv \\
         --seeds 50 --output-dir bench/          # table on stdout, samplers.png, samplers.json, samplers.md
 
-For every sweep, sampler and seed an in-memory Optuna study is driven with the
-search loop's semantics (evotuner.loop): ``make_sampler``'s sampler, ``suggest``
-for the config, and
+For every sweep, sampler and seed the real search loop runs (``evotuner.loop``,
+wired by ``evotuner.session`` as ``evotuner search --replay SWEEP`` wires it) on a
+study in a temporary SQLite file: ``ReplayMeasure`` and its builder answer the
+builds and measurements from the sweep, so the loop's own rules apply:
 
 * a config already finished in the study is told again with its earlier result
-  and costs nothing (the loop copies it, ``duplicate_of``);
+  and costs nothing (``duplicate_of``);
 * a config a static constraint rejects is told PRUNED and costs nothing (the
   loop never compiles it);
 * every other config costs ONE EVALUATION -- a compile plus, when the ptxas gate
   passes, a GPU measurement -- and is told what the sweep recorded (COMPLETE
   with the median µs, PRUNED by the gate, FAIL).
 
+The loop's events (``TrialFinished`` without ``duplicate_of``, for a config the
+sweep compiled) are the evaluations. ``name+start`` runs ``session.run_study``,
+the CLI's search with its warm start (the family's recommended configs first);
+every other spec runs ``run_search`` with :func:`build_sampler`'s sampler and no
+warm start.
+
 So "evaluations" counts distinct configs that reach the build stage, and the
 space's size for the budgets is the number of such configs (the statically
-feasible ones). ``--batch B`` asks B trials before telling any, as the loop does
-with B parallel builds (default 1: one at a time).
+feasible ones). ``--batch B`` is the loop's build batch (B builds in flight, as
+with ``--jobs B``; default 1: one at a time).
 
 Reported per sweep and sampler, over the seeds (plus a ``random-exact`` row:
 random search without replacement computed exactly, the baseline the issue's
@@ -27,10 +34,9 @@ random search without replacement computed exactly, the baseline the issue's
 
 * evaluations until the best latency found is within 2% of the sweep's optimum
   (median and p90). A run that never gets there is *censored* and counts as the
-  number of feasible configs + 1: it ended as the loop ends a search --
-  ``DUPLICATE_STREAK`` proposals of known configs in a row (a sampler stuck on
-  its favourite; statically pruned configs are known too) -- or after 20 asks
-  per config of the space;
+  number of feasible configs + 1: the loop ended it (``stalled``: too many
+  proposals of known configs in a row, a sampler stuck on its favourite;
+  ``exhausted``) or it reached 20 trials per config of the space;
 * the P-score at budgets of 10%, 25% and 50% of the feasible configs, after the
   autotuning-methodology paper (Willemsen et al. 2024): mean over seeds of
   ``(E_random[b] - best[b]) / (E_random[b] - optimum)``, where E_random[b] is
@@ -54,8 +60,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-
-from evotuner.loop import DUPLICATE_STREAK
 
 TARGET = 1.02
 BUDGETS = (0.10, 0.25, 0.50)
@@ -123,64 +127,81 @@ def _load(path: str, space_path: str | None):
 _CACHE: dict[tuple[str, str | None], Any] = {}
 
 
+class _Enough(BaseException):
+    """Raised from the event callback to end a run once its scores are known (a BaseException,
+    so the loop's per-trial ``except Exception`` never mistakes it for a stage error)."""
+
+
 def simulate(path: str, spec: str, seed: int, *, space_path: str | None = None, batch: int = 1,
              max_asks: int | None = None, stop_at_budget: bool = True) -> Run:
-    """One seeded run of sampler ``spec`` on sweep ``path`` with the loop's semantics (module docstring)."""
-    from evotuner.propose import suggest
+    """One seeded run of sampler ``spec`` on sweep ``path``: the real search loop over the replay.
+
+    The study lives in a fresh SQLite file of a temporary directory (opened with
+    ``session.open_store``, created with ``session.start_study``); the stages come from
+    ``session.StageFactory(replay=path)`` as ``evotuner search --replay`` builds them. A plain
+    ``name+start`` runs ``session.run_study`` -- exactly the CLI's search, warm start included;
+    any other spec runs ``loop.run_search`` with :func:`build_sampler`'s sampler and no warm start.
+    The events say which trials cost an evaluation (module docstring).
+    """
+    import tempfile
+    from contextlib import ExitStack
+
+    from evotuner import events as ev
+    from evotuner import session
+    from evotuner.loop import run_search
 
     key = (path, space_path)
     if key not in _CACHE:
         _CACHE[key] = _load(path, space_path)
     space, replay = _CACHE[key]
     problem = replay.problem
-    feasible = [c for c in space.configs() if replay.lookup(c).evaluated]
-    n = len(feasible)
+    n = sum(1 for c in space.configs() if replay.lookup(c).evaluated)
     optimum = replay.table.optimum().median_us
     stop_evals = math.ceil(max(BUDGETS) * n)
     max_asks = max_asks or 20 * space.size
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    # "name+start": a new study's warm start, as the CLI runs it (the kernel's recommended config first).
     sampler_spec, _, warm = spec.partition("+")
-    study = optuna.create_study(direction="minimize", sampler=build_sampler(sampler_spec, space, seed, problem))
-    if warm == "start":
-        from evotuner.defaults import default_config
-        from evotuner.propose import params_for
+    name = sampler_spec.partition(":")[0]
 
-        shape = problem.shape
-        study.enqueue_trial(params_for(default_config(shape.head_dim, problem.dtype, problem.causal), space))
-    known: dict[Any, tuple[str, float | None]] = {}
     best = math.inf
     trace: list[float] = []
     reached: int | None = None
     asks = 0
-    started = time.perf_counter()
-    streak = 0
-    while asks < max_asks and len(trace) < n and streak < DUPLICATE_STREAK:
-        if reached is not None and (not stop_at_budget or len(trace) >= stop_evals):
-            break
-        trials = []
-        in_batch: dict[Any, tuple[str, float | None]] = {}
-        for _ in range(batch):
-            trial = study.ask()
+
+    def on_event(event: object) -> None:
+        nonlocal best, reached, asks
+        if isinstance(event, ev.TrialStarted):
             asks += 1
-            config = suggest(trial, space)
-            if config in known or config in in_batch:
-                streak += 1
-                trials.append((trial, known.get(config) or in_batch[config]))
-                continue
-            streak = 0
-            r = replay.lookup(config)
-            result = (r.state, r.value)
-            if r.evaluated:
-                trace_value = best = min(best, r.value) if r.value is not None else best
-                trace.append(trace_value)
-                if reached is None and best <= TARGET * optimum:
-                    reached = len(trace)
-            in_batch[config] = result
-            trials.append((trial, result))
-        for trial, (state, value) in trials:
-            _tell(study, trial, state, value)
-        known.update(in_batch)
+        if not isinstance(event, ev.TrialFinished) or event.duplicate_of is not None:
+            return
+        if not replay.lookup(event.config).evaluated:      # statically pruned: never compiled
+            return
+        if event.state == "COMPLETE" and event.value is not None:
+            best = min(best, event.value)
+        trace.append(best)
+        if reached is None and best <= TARGET * optimum:
+            reached = len(trace)
+        if reached is not None and (not stop_at_budget or len(trace) >= stop_evals):
+            raise _Enough
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="sampler-bench-") as tmp, ExitStack() as stack:
+        store = session.open_store(f"sqlite:///{Path(tmp) / 'study.db'}")
+        stack.callback(store.close)
+        builder, measure = session.StageFactory(replay=Path(path)).stages(problem, space, batch, stack)
+        session.start_study(store, "bench", problem, space, name, seed, builder)
+        try:
+            if warm == "start" and sampler_spec == name:
+                session.run_study(store, "bench", problem, space, name, seed, max_asks, builder, measure,
+                                  on_event=on_event)
+            else:
+                if warm:
+                    raise SystemExit(f"unknown warm start {warm!r} in {spec!r} (only name+start)")
+                run_search(store=store, study_name="bench", problem=problem, space=space,
+                           sampler=build_sampler(sampler_spec, space, seed, problem), seed=seed,
+                           trials=max_asks, builder=builder, measure=measure, on_event=on_event, batch=batch)
+        except _Enough:
+            pass
     worst = max(r.median_us for r in replay.table.rows.values() if r.median_us is not None)
     at_budget = []
     for frac in BUDGETS:
@@ -189,15 +210,6 @@ def simulate(path: str, spec: str, seed: int, *, space_path: str | None = None, 
         at_budget.append(worst if math.isinf(got) else got)
     return Run(Path(path).name, spec, seed, reached, tuple(at_budget), len(trace), asks,
                time.perf_counter() - started, tuple(trace))
-
-
-def _tell(study: optuna.Study, trial: optuna.trial.Trial, state: str, value: float | None) -> None:
-    from optuna.trial import TrialState
-
-    if state == "COMPLETE":
-        study.tell(trial, value)
-    else:   # make_sampler's grid never calls study.stop() (propose.GridSweepSampler)
-        study.tell(trial, state=TrialState.PRUNED if state == "PRUNED" else TrialState.FAIL)
 
 
 # --------------------------------------------------------------------------- scores

@@ -286,3 +286,33 @@ def test_random_exact_quantiles_match_enumeration() -> None:
     for q in (0.5, 0.9):
         brute = next(t for t in range(1, n + 1) if sum(f <= t for f in firsts) / len(firsts) >= q)
         assert bench.random_hits(n, good, q) == brute
+
+
+def test_benchmark_runs_the_real_loop_and_writes_its_outputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """scripts/sampler_benchmark.py end to end on a tiny configuration: one seed of random
+    search and of the CLI's warm-started one, each a real search over the replay in its own
+    temporary SQLite study; the table, JSON and figure it documents."""
+    import json
+
+    import evotuner.loop as loop
+
+    bench = _script("sampler_benchmark")
+    calls = []
+    real = loop.run_search
+    monkeypatch.setattr(loop, "run_search", lambda **kw: calls.append(kw) or real(**kw))
+    run = bench.simulate(str(D128), "random", seed=0)          # in this process: the loop's own run_search
+    assert len(calls) == 1 and calls[0]["study_name"] == "bench" and calls[0]["batch"] == 1
+    assert run.asks >= run.evals == len(run.trace) >= 1
+    out = tmp_path / "bench"
+    assert bench.main([str(D128), "--samplers", "random,random+start", "--seeds", "1", "--workers", "1",
+                       "--output-dir", str(out)]) == 0
+    md = (out / "samplers.md").read_text().splitlines()
+    assert md[0].startswith("synthetic_d128.csv: ") and " feasible configs, optimum " in md[0]
+    assert md[1] == "| sampler | evals to 2% (median) | p90 | censored | P@10% | P@25% | P@50% | s/run |"
+    assert [line.split(" | ")[0] for line in md[3:6]] == ["| random-exact", "| random", "| random+start"]
+    data = json.loads((out / "samplers.json").read_text())
+    row = data["results"]["synthetic_d128.csv"]["random"]
+    assert row["seeds"] == 1 and row["censored"] + sum(
+        1 for r in data["runs"] if r["sampler"] == "random" and r["evals_to_target"] is not None) == 1
+    assert all(r["asks"] >= r["evals"] >= 1 for r in data["runs"])
+    assert (out / "samplers.png").read_bytes()[:4] == b"\x89PNG"
