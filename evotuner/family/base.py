@@ -104,6 +104,12 @@ class AttentionArgs:
     workspace: int = 0
 
 
+def packaged(package: str, *parts: str) -> Path:
+    """A file or folder shipped inside ``package`` (``importlib.resources``), as a Path."""
+    res = resources.files(package).joinpath(*parts)
+    return res if isinstance(res, Path) else Path(str(res))
+
+
 class KernelFamily(abc.ABC):
     """One kernel family's Python side (see the module docstring for the contract)."""
 
@@ -138,8 +144,7 @@ class KernelFamily(abc.ABC):
 
     def kernels_root(self) -> Path:
         """The folder holding ``<name>/instantiate.cuh`` (default: the packaged kernels)."""
-        root = resources.files("evotuner.kernels")
-        return root if isinstance(root, Path) else Path(str(root))
+        return packaged("evotuner.kernels")
 
     @abc.abstractmethod
     def default_space(self) -> Path:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from evotuner.config import KernelConfig
 from evotuner.defaults import parse_defaults, pick_config
 from evotuner.errors import EvotunerError
+from evotuner.family.base import packaged
 from evotuner.family import AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec
 from evotuner.kernels.flashcore.params import META_FIELDS, Params
 from evotuner.problem import Problem
@@ -36,12 +36,10 @@ class FlashCore(KernelFamily):
     export_macro_prefix = "FLASHCORE_TUNED"
 
     def default_space(self) -> Path:
-        res = resources.files("evotuner.search_spaces") / "default.toml"
-        return res if isinstance(res, Path) else Path(str(res))
+        return packaged("evotuner.search_spaces", "default.toml")
 
     def defaults_file(self) -> Path:
-        res = resources.files("evotuner.kernels") / "flashcore" / "defaults.toml"
-        return res if isinstance(res, Path) else Path(str(res))
+        return packaged("evotuner.kernels", "flashcore", "defaults.toml")
 
     def recommended_configs(self, problem: Problem) -> tuple[KernelConfig, ...]:
         try:

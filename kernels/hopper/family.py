@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import re
 from functools import lru_cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -19,6 +18,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 from evotuner.config import KernelConfig
 from evotuner.defaults import parse_defaults, pick_config
 from evotuner.errors import EvotunerError
+from evotuner.family.base import packaged
 from evotuner.family import BUILD_RESERVED, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView
 from evotuner.kernels.hopper.params import (META_FIELDS, Params, TmaStrideError, check_tma_view, decode_hopper_meta,
                                             encode_tensor_map)
@@ -55,12 +55,10 @@ class Hopper(KernelFamily):
     export_macro_prefix = "HOPPER_TUNED"
 
     def default_space(self) -> Path:
-        res = resources.files("evotuner.search_spaces") / "hopper.toml"
-        return res if isinstance(res, Path) else Path(str(res))
+        return packaged("evotuner.search_spaces", "hopper.toml")
 
     def defaults_file(self) -> Path:
-        res = resources.files("evotuner.kernels") / "hopper" / "defaults.toml"
-        return res if isinstance(res, Path) else Path(str(res))
+        return packaged("evotuner.kernels", "hopper", "defaults.toml")
 
     def reserved(self) -> frozenset[str]:
         # instantiate.cuh owns HOPPER_BLOCK_M (= 64*CONSUMER_WGS); ptx.cuh the wait timeout.
