@@ -55,7 +55,9 @@ PROBLEM_NAMES = ("HEAD_DIM", "DTYPE_BYTES", "IS_CAUSAL")
 _DTYPE_BYTES = {"fp16": 2, "bf16": 2}
 
 _TOP_KEYS = ("space", "params", "derived", "constraints", "device", "gate")
-_SPACE_KEYS = {"name": str, "kernel": str, "arch": str, "doc": str}
+_SPACE_KEYS = {"name": str, "kernel": str, "arch": str, "doc": str, "base": str}
+#: Tables a space file with ``[space] base = ...`` (a sub-grid of that space) may set.
+_NARROWING_KEYS = ("space", "params")
 _PARAM_KEYS = ("values", "doc")
 _CONSTRAINT_KEYS = ("name", "expr", "message")
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -331,17 +333,78 @@ def load_space(path: str | Path | None = None, *, family: str | None = None) -> 
             text = p.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise SpaceError(f"{where}: cannot read the space file: {exc}") from None
+        data = _parse_toml(text, where)
+        if isinstance(data.get("space"), dict) and "base" in data["space"]:
+            data, text = _narrow(data, text, p)
+            return _Loader(where).load(data, text)
     return parse_space(text, where)
+
+
+def _narrow(data: dict[str, Any], text: str, path: Path, depth: int = 0) -> tuple[dict[str, Any], str]:
+    """A sub-grid space file (``[space] base = "other.toml"``): the base file's tables with
+    the ``[params.NAME] values`` this file narrows. It may set only [space] (name, doc) and
+    [params]; every value it lists must be one of the base's, so each config of the sub-grid
+    is a config of the base space (same kernel, derived values, constraints, device, gate)
+    and studies, sweeps and exports of either can be compared config for config."""
+    where = str(path)
+    for k in data:
+        if k not in _NARROWING_KEYS:
+            raise SpaceError(f"{where}: [{k}]: a sub-grid space (with [space] base) takes its [{k}] from the base",
+                             "set only [space] name/doc/base and [params.NAME] values here")
+    space = data["space"]
+    base_name = space["base"]
+    if not isinstance(base_name, str) or not base_name:
+        raise SpaceError(f"{where}: [space] base: must be a space file name", 'e.g. base = "hopper.toml"')
+    base_path = (path.parent / base_name).resolve()
+    if depth > 4:
+        raise SpaceError(f"{where}: [space] base: more than 4 bases deep (a cycle?)", "point base at a full space file")
+    if not base_path.is_file():
+        raise SpaceError(f"{where}: [space] base: {base_path} not found", "name a space file beside this one")
+    base_text = base_path.read_text(encoding="utf-8")
+    merged = _parse_toml(base_text, str(base_path))
+    if isinstance(merged.get("space"), dict) and "base" in merged["space"]:
+        merged, base_text = _narrow(merged, base_text, base_path, depth + 1)
+    merged_space = dict(merged.get("space") or {})
+    for k in ("kernel", "arch"):
+        if k in space and space[k] != merged_space.get(k):
+            raise SpaceError(f"{where}: [space] {k}: {space[k]!r} differs from the base's {merged_space.get(k)!r}",
+                             f"drop {k} here: a sub-grid runs its base's kernel")
+    merged_space.update({k: v for k, v in space.items() if k != "base"})
+    merged["space"] = merged_space
+    params = dict(merged.get("params") or {})
+    for name, body in (data.get("params") or {}).items():
+        key = f"[params.{name}]"
+        if name not in params:
+            raise SpaceError(f"{where}: {key}: the base {base_path.name} has no parameter {name}",
+                             f"narrow one of {', '.join(params)}")
+        values = body.get("values") if isinstance(body, dict) else None
+        allowed = params[name].get("values", [])
+        if not isinstance(values, list) or not values:
+            raise SpaceError(f"{where}: {key} values: missing, empty or not a list", "list a subset of the base's values")
+        extra = [v for v in values if v not in allowed]
+        if extra:
+            raise SpaceError(f"{where}: {key} values: {extra} not among the base's {allowed}",
+                             "a sub-grid may only drop values of its base")
+        params[name] = {**params[name], **body}
+    merged["params"] = params
+    return merged, f"{text}\n# ---- base: {base_path.name}\n{base_text}"
+
+
+def _parse_toml(text: str, where: str) -> dict[str, Any]:
+    if _toml is None:  # pragma: no cover - Python 3.10 without tomli
+        raise SpaceError(f"{where}: reading TOML on Python 3.10 needs the tomli package", "pip install tomli")
+    try:
+        return _toml.loads(text)
+    except _toml.TOMLDecodeError as exc:
+        raise SpaceError(f"{where}: malformed TOML: {exc}", "fix the line it names") from None
 
 
 def parse_space(text: str, where: str = "<string>") -> SearchSpace:
     """Parse space-file ``text``; ``where`` names it in error messages."""
-    if _toml is None:  # pragma: no cover - Python 3.10 without tomli
-        raise SpaceError(f"{where}: reading TOML on Python 3.10 needs the tomli package", "pip install tomli")
-    try:
-        data = _toml.loads(text)
-    except _toml.TOMLDecodeError as exc:
-        raise SpaceError(f"{where}: malformed TOML: {exc}", "fix the line it names") from None
+    data = _parse_toml(text, where)
+    if isinstance(data.get("space"), dict) and "base" in data["space"]:
+        raise SpaceError(f"{where}: [space] base: a sub-grid space must be read from its file",
+                         "load_space(path), so the base file beside it can be found")
     return _Loader(where).load(data, text)
 
 

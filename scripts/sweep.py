@@ -19,6 +19,17 @@ A failing config is a row, never a crash. Rows are appended as they are
 measured, so an interrupted sweep rerun with the same arguments keeps the rows it
 has (``--fresh`` starts over) and the finished file is rewritten in space order.
 ``--limit N`` sweeps only the first N configs (a smoke run).
+
+Several sweeps in one run (``--sweep SHAPE:DTYPE[:causal]:OUTPUT``, repeatable) share
+one Builder and one GPU worker: the later sweeps' builds are queued at once, so nvcc
+compiles them while the GPU times the first. ``--stop-after-s`` stops measuring at a
+time limit and leaves every file resumable (exit status 3: rerun to carry on).
+The hopper family's space is too large to time whole; its sweeps cover the sub-grid
+``search_spaces/hopper_grid.toml`` (every config of it)::
+
+    python scripts/sweep.py --space search_spaces/hopper_grid.toml --budget-s 0.2 \\
+        --sweep B=16,H=16,S=2048,D=64:fp16:tests/data/sweep_h100_hopper_d64.csv \\
+        --sweep B=8,H=16,S=2048,D=128:fp16:tests/data/sweep_h100_hopper_d128.csv
 """
 
 from __future__ import annotations
@@ -26,8 +37,10 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as _dt
+import math
 import sys
 import time
+from concurrent.futures import as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -58,6 +71,7 @@ class SweepSummary:
     kept: int                      # rows taken over from an interrupted earlier run
     seconds: float
     counts: dict[str, int] = field(default_factory=dict)
+    done: bool = True              # False: stopped at the deadline, rerun to carry on
 
 
 def _figures(gate: Any) -> dict[str, int | None]:
@@ -136,8 +150,13 @@ def run_sweep(
     fresh: bool = False,
     extra_header: dict[str, Any] | None = None,
     on_row: Callable[[int, int, SweepRow, float], None] | None = None,
+    deadline: float | None = None,
 ) -> SweepSummary:
-    """Sweep ``space`` at ``problem``; write ``output`` and its sidecar; return the rows in space order."""
+    """Sweep ``space`` at ``problem``; write ``output`` and its sidecar; return the rows in space order.
+
+    ``deadline`` (a ``time.monotonic()`` value): measure no config after it; the file then
+    holds the rows so far, in the order measured, its sidecar says ``complete: false``,
+    and a rerun with the same arguments carries on from there."""
     started = time.monotonic()
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -194,7 +213,13 @@ def run_sweep(
             writer.writerow(row.as_csv(names))
         f.flush()
         done = len(rows)
-        for config, future in futures.items():
+        # Measured in the order the builds finish (no row waits behind a slow compile);
+        # the finished file is rewritten in space order.
+        waiting = {future: config for config, future in futures.items()}
+        for future in as_completed(waiting):
+            config = waiting[future]
+            if deadline is not None and time.monotonic() > deadline:
+                break
             t0 = time.monotonic()
             try:
                 row = judge(config, future.result(), space, problem, measure)
@@ -208,58 +233,129 @@ def run_sweep(
             if on_row is not None:
                 on_row(done, len(configs), row, time.monotonic() - t0)
 
+    if len(rows) < len(configs):                 # stopped at the deadline: keep the rows as written
+        header["seconds"] = round(time.monotonic() - started, 1)
+        write_sidecar(output, header)
+        partial = list(rows.values())
+        return SweepSummary(output, partial, len(kept), time.monotonic() - started, _count(partial), done=False)
     ordered = [rows[c] for c in configs]
     header["complete"] = limit is None or limit >= space.size
     header["seconds"] = round(time.monotonic() - started, 1)
-    counts: dict[str, int] = {}
-    for r in ordered:
-        counts[r.status] = counts.get(r.status, 0) + 1
+    counts = _count(ordered)
     header["counts"] = counts
     write_sweep(output, names, ordered, header)
     return SweepSummary(output, ordered, len(kept), time.monotonic() - started, counts)
 
 
+def _count(rows: list[SweepRow]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return counts
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    problem: Problem
+    output: Path
+
+
+def parse_job(text: str) -> SweepJob:
+    """``SHAPE:DTYPE[:causal]:OUTPUT``, e.g. ``B=4,H=16,S=4096,D=64:fp16:causal:out.csv``."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4) or (len(parts) == 4 and parts[2] != "causal"):
+        raise argparse.ArgumentTypeError(f"--sweep {text!r}: write SHAPE:DTYPE[:causal]:OUTPUT")
+    if parts[1] not in ("fp16", "bf16"):
+        raise argparse.ArgumentTypeError(f"--sweep {text!r}: dtype {parts[1]!r} is not fp16 or bf16")
+    try:
+        shape = Shape.parse(parts[0])
+    except EvotunerError as exc:
+        raise argparse.ArgumentTypeError(f"--sweep {text!r}: {exc}") from None
+    return SweepJob(Problem(shape, dtype=parts[1], causal=len(parts) == 4), Path(parts[-1]))
+
+
+def prefetch(space: Any, job: SweepJob, builder: Any, fresh: bool) -> int:
+    """Queue the builds a later sweep will need (not those an earlier run recorded), so nvcc
+    works while the GPU times the current sweep. Returns how many were queued."""
+    kept = {} if fresh else _read_partial(job.output, space.names)
+    n = 0
+    for config in space.configs():
+        if config not in kept and space.violated(config, job.problem) is None:
+            builder.submit(config, job.problem)
+            n += 1
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", required=True, help="B=16,H=16,S=2048,D=64")
+    ap.add_argument("--shape", help="B=16,H=16,S=2048,D=64")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--output", required=True, type=Path)
+    ap.add_argument("--output", type=Path)
+    ap.add_argument("--sweep", type=parse_job, action="append", default=[], metavar="SHAPE:DTYPE[:causal]:OUTPUT",
+                    help="one sweep of several run in turn (repeatable; instead of --shape/--output): "
+                         "every sweep's builds are queued at once, so nvcc never waits on the GPU")
     ap.add_argument("--space", default=None, help="space TOML (default: the packaged default.toml)")
     ap.add_argument("--limit", type=int, default=None, help="sweep only the first N configs (smoke run)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc builds (default: CPU count)")
     ap.add_argument("--budget-s", type=float, default=0.4, help="GPU timing budget per config")
     ap.add_argument("--fresh", action="store_true", help="ignore rows of an interrupted earlier run")
+    ap.add_argument("--stop-after-s", type=float, default=None,
+                    help="measure nothing after this many seconds; the files stay resumable (rerun to carry on)")
     args = ap.parse_args(argv)
+    jobs = list(args.sweep)
+    if args.shape or args.output:
+        if not (args.shape and args.output):
+            ap.error("--shape and --output go together")
+        jobs.insert(0, parse_job(f"{args.shape}:{args.dtype}{':causal' if args.causal else ''}:{args.output}"))
+    if not jobs:
+        ap.error("give --shape and --output, or one or more --sweep")
 
     from evotuner.compiler import Builder
     from evotuner.measure.gpu import GpuMeasure
     from evotuner.space import load_space
 
+    started = time.monotonic()
+    deadline = started + args.stop_after_s if args.stop_after_s else None
+    summaries: list[SweepSummary] = []
     try:
-        problem = Problem(Shape.parse(args.shape), dtype=args.dtype, causal=args.causal)
         space = load_space(args.space)
 
         def progress(i: int, n: int, row: SweepRow, seconds: float) -> None:
             what = f"{row.median_us:9.1f} us {row.tflops or 0:6.1f} TFLOPS" if row.status == "ok" else row.reason[:90]
-            print(f"[{i:4d}/{n}] {row.config}  {row.status:6s} {what}  ({seconds:.2f} s)", flush=True)
+            print(f"[{i:4d}/{n}] {row.config}  {row.status:6s} {what}  ({seconds:.2f} s, "
+                  f"t={time.monotonic() - started:.0f} s)", flush=True)
 
-        print(f"sweep {space.name} ({space.size} configs) at {problem.shape} {problem.dtype}"
-              f"{' causal' if problem.causal else ''} -> {args.output}", flush=True)
         with Builder(space.kernel, arch=space.arch, jobs=args.jobs) as builder, \
                 GpuMeasure(budget_s=args.budget_s) as measure:
-            summary = run_sweep(space=space, problem=problem, builder=builder, measure=measure,
-                                output=args.output, limit=args.limit, fresh=args.fresh, on_row=progress)
+            if args.limit is None:
+                for job in (jobs if len(jobs) > 1 else []):
+                    print(f"queued {prefetch(space, job, builder, args.fresh)} builds for {job.output}", flush=True)
+            for job in jobs:
+                problem = job.problem
+                print(f"sweep {space.name} ({space.size} configs) at {problem.shape} {problem.dtype}"
+                      f"{' causal' if problem.causal else ''} -> {job.output}", flush=True)
+                summary = run_sweep(space=space, problem=problem, builder=builder, measure=measure,
+                                    output=job.output, limit=args.limit, fresh=args.fresh, on_row=progress,
+                                    deadline=deadline)
+                summaries.append(summary)
+                _report(summary)
+                if not summary.done:
+                    print(f"stopped after {args.stop_after_s:g} s: rerun the same command to carry on", flush=True)
+                    return 3
     except EvotunerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    best = min((r for r in summary.rows if r.status == "ok"), key=lambda r: r.median_us, default=None)
-    print(f"done in {summary.seconds:.0f} s ({summary.kept} rows kept from an earlier run): "
-          + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
+    return 0
+
+
+def _report(summary: SweepSummary) -> None:
+    best = min((r for r in summary.rows if r.status == "ok"), key=lambda r: r.median_us or math.inf, default=None)
+    print(f"{'done' if summary.done else 'stopped'} in {summary.seconds:.0f} s ({summary.kept} rows kept from an "
+          f"earlier run): " + ", ".join(f"{k} {v}" for k, v in sorted(summary.counts.items())))
     if best is not None:
         print(f"best {best.config}: {best.median_us:.1f} us, {best.tflops:.1f} TFLOPS")
-    print(f"wrote {summary.output} and {sidecar_path(summary.output).name}")
-    return 0
+    print(f"wrote {summary.output} and {sidecar_path(summary.output).name}", flush=True)
 
 
 if __name__ == "__main__":

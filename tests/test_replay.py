@@ -316,3 +316,50 @@ def test_benchmark_runs_the_real_loop_and_writes_its_outputs(tmp_path: Path, mon
         1 for r in data["runs"] if r["sampler"] == "random" and r["evals_to_target"] is not None) == 1
     assert all(r["asks"] >= r["evals"] >= 1 for r in data["runs"])
     assert (out / "samplers.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sweep_stops_at_its_deadline_and_carries_on(tmp_path: Path) -> None:
+    from evotuner.compiler import Builder
+
+    sweep = _script("sweep")
+    space = load_space(DATA / "loop_tiny.toml")
+    problem = Problem(Shape.parse("B=1,H=2,S=128,D=64"))
+    out = tmp_path / "tiny.csv"
+    with Builder(space.kernel, arch=space.arch, cache_dir=tmp_path / "cache", jobs=2) as builder:
+        stopped = sweep.run_sweep(space=space, problem=problem, builder=builder,
+                                  measure=_FlakyMeasure(fail=0, crash=0), output=out, deadline=0.0)
+        assert not stopped.done and stopped.counts == {"gated": 2}     # only the static verdicts
+        assert read_sweep_header(out)["complete"] is False
+        counting = _FlakyMeasure(fail=0, crash=0)
+        again = sweep.run_sweep(space=space, problem=problem, builder=builder, measure=counting, output=out)
+    assert again.done and again.kept == 2 and counting.calls == 6
+    assert set(read_sweep(out).rows) == set(space.configs())
+
+
+def test_sweep_script_runs_several_sweeps_with_one_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    import evotuner.measure.gpu as gpu
+
+    sweep = _script("sweep")
+    stage = _FlakyMeasure(fail=0, crash=0)
+
+    @contextlib.contextmanager
+    def fake_gpu(budget_s: float):
+        yield stage
+
+    monkeypatch.setattr(gpu, "GpuMeasure", fake_gpu)
+    monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(tmp_path / "cache"))
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    rc = sweep.main(["--space", str(DATA / "loop_tiny.toml"), "--jobs", "2",
+                     "--sweep", f"B=1,H=2,S=128,D=64:fp16:{a}", "--sweep", f"B=1,H=2,S=96,D=64:bf16:causal:{b}"])
+    assert rc == 0 and stage.calls == 12
+    assert read_sweep(b).problem == Problem(Shape.parse("B=1,H=2,S=96,D=64"), dtype="bf16", causal=True)
+    with pytest.raises(SystemExit):                                   # argparse names the bad --sweep
+        sweep.main(["--sweep", "B=1,H=2,S=96,D=64:fp32:x.csv"])
+
+
+def read_sweep_header(path: Path) -> dict:
+    import json
+
+    return json.loads(sidecar_path(path).read_text())
