@@ -56,7 +56,7 @@ from evotuner.cli_options import (
     DtypeOpt, CausalOpt, TrialsOpt, ResumeTrialsOpt, SamplerOpt, SeedOpt,
     JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
-    CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, GATE_REJECTED_EXIT,
+    CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, TransferOpt, GATE_REJECTED_EXIT,
     _io, _one_line, _open_store,
 )
 
@@ -93,6 +93,7 @@ def search(
     mixed_gpus: MixedGpusOpt = False,
     stale_after: StaleAfterOpt = None,
     replay_delay: ReplayDelayOpt = None,
+    transfer: TransferOpt = True,
 ) -> None:
     """Tune the kernel for one problem: run the study until it has --trials finished trials.
 
@@ -114,7 +115,7 @@ def search(
         if not exists:
             session.start_study(store, study, problem, search_space, sampler, seed, builder)
         _run(store, study, problem, search_space, sampler, seed, trials, builder, measure,
-             stale_after=stale_after, mixed_gpus=mixed_gpus)
+             stale_after=stale_after, mixed_gpus=mixed_gpus, transfer=transfer)
 
 
 @app.command()
@@ -356,13 +357,13 @@ def _bench_table(result: Any) -> Table:
 
 
 def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure, *,
-         stale_after=None, mixed_gpus=False) -> None:
+         stale_after=None, mixed_gpus=False, transfer=False) -> None:
     view = _SearchView(study, problem)
     try:
         with view.live():
             result = session.run_study(store, study, problem, space, sampler_name, seed, trials, builder, measure,
                                        on_event=view.on_event, stale_after=stale_after,
-                                       mixed_gpus=mixed_gpus)
+                                       mixed_gpus=mixed_gpus, transfer=transfer)
     except KeyboardInterrupt:   # typer would turn it into a silent exit 130: say what was kept
         raise _interrupted(store, study, trials) from None
     view.close(result, store.summary(study), space)
@@ -411,6 +412,10 @@ class _SearchView:
             if event.zombies:
                 self._log(f"failed {len(event.zombies)} trial(s) left running by a killed process "
                           f"({', '.join(map(str, event.zombies))}); their configs are queued again")
+        elif isinstance(event, ev.Seeded):
+            where = ", ".join(f"{name} ({problem}, {n})" for name, problem, n in event.sources)
+            self._log(f"seeded from studies {where}: their {event.configs} best configs follow the "
+                      "recommended one (--no-transfer to start cold)")
         elif isinstance(event, ev.DeviceChanged):
             self._log(f"warning: this study was measured on another device before; now on "
                       f"{event.device} (both are recorded; compare its timings with care)")

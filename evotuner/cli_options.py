@@ -101,6 +101,12 @@ ReplayDelayOpt = Annotated[
     typer.Option("--replay-delay", help="With --replay: seconds each build and each measurement takes, BUILD,MEASURE "
                                         "(rehearse timing-dependent setups such as several workers)."),
 ]
+TransferOpt = Annotated[
+    bool,
+    typer.Option("--transfer/--no-transfer", help="A new study starts from the best configs of the nearest studies "
+                                                  "of its kernel family and GPU model in the database."),
+]
+
 
 class _Out:
     """The two consoles; created per invocation so redirected streams are honoured."""

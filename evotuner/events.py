@@ -36,6 +36,15 @@ class SearchStarted:
 
 
 @dataclass(frozen=True)
+class Seeded:
+    """A new study starts from the best configs of the nearest studies in its database
+    (:mod:`evotuner.transfer`): ``sources`` = (study, problem text, configs taken) each."""
+
+    sources: tuple[tuple[str, str, int], ...]
+    configs: int
+
+
+@dataclass(frozen=True)
 class DeviceChanged:
     """This run measures on another device than the study's last (both are recorded; the
     study's earlier timings came from the other one)."""

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import evotuner.measure as measure_pkg
+from evotuner import events as ev
 from evotuner.compiler import Builder
+from evotuner.config import KernelConfig
 from evotuner.defaults import recommended
 from evotuner.errors import EvotunerError, NoGpuError, StorageError, StudyMismatchError
 from evotuner.loop import SearchResult, run_search
@@ -220,16 +222,21 @@ def resume_study(store: StudyStore, study: str, *, shape: Shape | None = None,
 def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpace, sampler: str, seed: int,
               trials: int, builder: Any, measure: MeasureStage,
               on_event: Callable[[object], None] | None = None, *, stale_after: float | None = None,
-              mixed_gpus: bool = False) -> SearchResult:
+              mixed_gpus: bool = False, transfer: bool = True) -> SearchResult:
     """Run ``study`` to ``trials`` finished trials; a new study starts from its family's
-    recommended config. Other workers may run the study at once (each worker samples with
-    its own seed, derived from the study's); ``measure`` a list: one measure stage per GPU
-    (``--gpus``), run by one coordinator (:mod:`evotuner.multigpu`)."""
+    recommended config, then the best configs of the nearest studies of its family and GPU
+    model in the database (``transfer``, :mod:`evotuner.transfer`). Other workers may run
+    the study at once (each worker samples with its own seed, derived from the study's);
+    ``measure`` a list: one measure stage per GPU (``--gpus``), run by one coordinator
+    (:mod:`evotuner.multigpu`)."""
     def sampler_for(worker_seed: int | None) -> Any:
         return make_sampler(sampler, space, worker_seed, problem)
 
+    start = recommended(problem, space.kernel)
+    if transfer and (not store.study_exists(study) or not store.summary(study).trials):
+        start = seeded_start(store, study, problem, space, measure, start, on_event)
     common: dict[str, Any] = dict(store=store, study_name=study, problem=problem, space=space, trials=trials,
-                                  builder=builder, on_event=on_event, start=recommended(problem, space.kernel))
+                                  builder=builder, on_event=on_event, start=start)
     if isinstance(measure, list):
         from evotuner.multigpu import run_multi
 
@@ -237,3 +244,26 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
                          allow_mixed=mixed_gpus, **common)
     return run_search(sampler=sampler_for, seed=seed, measure=measure, stale_after=stale_after,
                       allow_mixed_gpus=mixed_gpus, **common)
+
+
+def seeded_start(store: StudyStore, study: str, problem: Problem, space: SearchSpace, measure: Any,
+                 start: tuple[KernelConfig, ...], on_event: Callable[[object], None] | None
+                 ) -> tuple[KernelConfig, ...]:
+    """``start`` (the family's recommended configs) then the transfer plan's configs; says
+    where they came from through ``on_event`` (``Seeded``). The recommended configs stay
+    first: measured across shapes, they are within 2% of the optimum at most recorded
+    problems (one evaluation), and the seeds only add what they lack."""
+    from evotuner.transfer import plan_transfer
+
+    first = measure[0] if isinstance(measure, list) else measure
+    plan = plan_transfer(store, study, problem, space, first.device())
+    if not plan.configs:
+        return start
+    if on_event is not None:
+        on_event(ev.Seeded(tuple((s.study, _problem_text(s.problem), len(s.configs)) for s in plan.sources
+                                 if s.configs), len(plan.configs)))
+    return tuple(dict.fromkeys(tuple(start) + plan.configs))
+
+
+def _problem_text(problem: Problem) -> str:
+    return f"{problem.shape} {problem.dtype}{' causal' if problem.causal else ''}"

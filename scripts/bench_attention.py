@@ -26,9 +26,11 @@ import argparse
 import csv
 import json
 import math
+import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +57,41 @@ BASELINES = {"sdpa_default": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
              "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
+def alternate(timed: list[tuple[dict[str, object], Any]], sdpa: Any, problem: Problem,
+              args: argparse.Namespace) -> None:
+    """Re-time SDPA's default and each config in turn, ``args.rounds`` rounds (after every
+    correctness check, so no check sits between a config and its SDPA); rewrite each row's
+    median_us/tflops/speedup_vs_sdpa_default with the medians (per-round figures kept)."""
+    ours: list[list[float]] = [[] for _ in timed]
+    theirs: list[float] = []
+    for _ in range(args.rounds):
+        theirs.append(time_cuda(sdpa, warmup=args.warmup, reps=args.reps).median_us)
+        for i, (_, launch) in enumerate(timed):
+            ours[i].append(time_cuda(launch, warmup=args.warmup, reps=args.reps).median_us)
+    for (row, _), mine in zip(timed, ours):
+        us = statistics.median(mine)
+        row.update(median_us=us, tflops=problem.tflops(us), rounds=len(mine), round_us=mine, sdpa_round_us=theirs,
+                   sdpa_default_us=statistics.median(theirs),
+                   speedup_vs_sdpa_default=statistics.median(t / m for t, m in zip(theirs, mine)))
+
+
+def tuned_configs(storage: str) -> dict[tuple[Problem, str], list[tuple[str, KernelConfig]]]:
+    """``{(problem, family): [(study, best config), ...]}`` of the studies in ``storage``."""
+    from evotuner import session
+
+    out: dict[tuple[Problem, str], list[tuple[str, KernelConfig]]] = {}
+    store = session.open_store(storage, read_only=True)
+    try:
+        for info in store.list_studies():
+            summary = store.summary(info.name)
+            if summary.best is not None and summary.best.kernel_config is not None:
+                out.setdefault((summary.problem, summary.kernel_family), []).append(
+                    (info.name, summary.best.kernel_config))
+    finally:
+        store.close()
+    return out
+
+
 def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
     parts = [p.strip() for p in text.split(",")]
     if len(parts) != 5:
@@ -74,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--output", type=Path, default=Path("out/bench_attention"), help="writes OUTPUT.json/.csv")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time SDPA's default and every config of a shape in turn, this many rounds; the figures "
+                         "become the median over rounds and xdef the median of the per-round ratios (a config "
+                         "timed right after a heavy correctness check or another kernel can lose 10%%)")
+    ap.add_argument("--tuned", metavar="STORAGE", default=None,
+                    help="a study database: at each shape and dtype, also time the best COMPLETE config of every "
+                         "study of that exact problem there (source tuned:STUDY), beside the recommended one")
     args = ap.parse_args(argv)
 
     if not torch.cuda.is_available():
@@ -85,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     except EvotunerError as exc:
         print(f"bench_attention: {exc}", file=sys.stderr)
         return 2
+    tuned = tuned_configs(args.tuned) if args.tuned else {}
     shapes = args.shapes or list(STANDARD_SHAPES)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     props = torch.cuda.get_device_properties(0)
@@ -102,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {tag}: {fam.name} skipped: {why_not or 'no recommended config'}", file=sys.stderr)
                 continue
             if not user_configs:
-                configs.append((fam.name, A.resolve_config(None, d, dtype, causal, family=fam.name)))
+                configs.append((fam.name, A.resolve_config(None, d, dtype, causal, family=fam.name), "recommended"))
+            for study, c in tuned.get((problem, fam.name), []):
+                configs.append((fam.name, c, f"tuned:{study}"))
             for c in user_configs:
                 try:
-                    configs.append((fam.name, A.resolve_config(c, d, dtype, causal, family=fam.name)))
+                    configs.append((fam.name, A.resolve_config(c, d, dtype, causal, family=fam.name), "--config"))
                 except EvotunerError as exc:
                     print(f"  {tag}: {fam.name} skips --config {c}: {exc}", file=sys.stderr)
         q, k, v = C.make_inputs(problem.shape, dtype, device="cuda", seed=1)
@@ -123,9 +170,10 @@ def main(argv: list[str] | None = None) -> int:
             except RuntimeError as exc:
                 base[name] = None
                 print(f"  {tag}: {name} unavailable: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
-        for family, cfg in configs:
+        timed: list[tuple[dict[str, object], Any]] = []
+        for family, cfg, source in configs:
             row: dict[str, object] = {"B": b, "H": h, "S": s, "D": d, "causal": causal, "dtype": dtype,
-                                      "family": family, "config": str(cfg), **{f"{n}_us": base[n] for n in BASELINES}}
+                                      "family": family, "source": source, "config": str(cfg), **{f"{n}_us": base[n] for n in BASELINES}}
             try:
                 t0 = time.perf_counter()
                 mod = A.kernel_module(cfg, problem, torch.cuda.current_device(), family=family)
@@ -141,6 +189,13 @@ def main(argv: list[str] | None = None) -> int:
             except EvotunerError as exc:
                 row.update(ok=False, reason=str(exc))
             rows.append(row)
+            if row.get("ok"):
+                timed.append((row, lambda mod=mod, out=out: mod.launch(q, k, v, out, None, scale)))
+            else:
+                print(_line(row), flush=True)
+        if args.rounds > 1 and base.get("sdpa_default"):
+            alternate(timed, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), problem, args)
+        for row, _ in timed:
             print(_line(row), flush=True)
         del q, k, v
         torch.cuda.empty_cache()
@@ -171,7 +226,8 @@ def _line(r: dict[str, object]) -> str:
     return (f"{shape:<28}{r['dtype']!s:<6}{int(bool(r['causal'])):<3}{_fmt(r.get('median_us'), '9.1f')}"
             f"{_fmt(r.get('tflops'), '8.1f')}{_fmt(r.get('speedup_vs_sdpa_default'), '7.2f')}"
             f"{_fmt(r.get('speedup_vs_sdpa_flash'), '8.2f')}{_fmt(r.get('speedup_vs_sdpa_efficient'), '7.2f')}  "
-            f"{'yes' if r.get('ok') else 'NO':<4}{r.get('family', '')!s:<11}{r['config']}" + ("" if r.get("ok") else f"  {r.get('reason')}"))
+            f"{'yes' if r.get('ok') else 'NO':<4}{r.get('family', '')!s:<11}{r['config']} [{r.get('source', '')}]"
+            + ("" if r.get("ok") else f"  {r.get('reason')}"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification a landing's note quotes, in one script (run on the H100 machine from the
 # project root, after `source .device/setup.sh` there). Logs go to $OUT (default out/verify).
-#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|all]...
+#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|all]...
 set -uo pipefail
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
@@ -28,6 +28,62 @@ for what in "${@:-all}"; do
         --tools memcheck,racecheck,synccheck 2>&1 | tee "$out/hcheck.log" | tail -5
       timeout 200 evotuner check --space search_spaces/hopper.toml --config "$d128c" --shape D=128 --causal \
         --tools memcheck,racecheck,synccheck 2>&1 | tee -a "$out/hcheck.log" | tail -5 ;;&
+    tune)
+      # Issue 9/14: finish the hopper sweeps, load them as replayed studies (the transfer
+      # sources), then a real 32-trial search of the full hopper space at every standard
+      # shape and dtype, each seeded from the studies already in the database.
+      step "hopper sweeps (resume)"
+      timeout 240 python3 scripts/sweep.py --space search_spaces/hopper_grid.toml --budget-s 0.2 --jobs 14 \
+        --stop-after-s 200 \
+        --sweep B=4,H=16,S=4096,D=64:fp16:causal:tests/data/sweep_h100_hopper_d64_causal.csv \
+        --sweep B=8,H=16,S=2048,D=128:bf16:tests/data/sweep_h100_hopper_d128_bf16.csv > "$out/sweep4.log" 2>&1
+      grep -v '^\[' "$out/sweep4.log" | tail -12
+      tar czf "$out/sweeps.tgz" tests/data/sweep_h100_hopper_*
+      tdb="sqlite:///$out/tuned_h100.db"; grid=search_spaces/hopper_grid.toml
+      step "replayed sweep studies (transfer sources)"
+      for spec in "sweep_d64 B=16,H=16,S=2048,D=64 fp16 -" "sweep_d128 B=8,H=16,S=2048,D=128 fp16 -" \
+                  "sweep_d64c B=4,H=16,S=4096,D=64 fp16 causal" "sweep_d128bf B=8,H=16,S=2048,D=128 bf16 -"; do
+        set -- $spec; c=""; [ "$4" = causal ] && c=--causal; f=${1#sweep_}
+        csv=tests/data/sweep_h100_hopper_${f/d64c/d64_causal}.csv; csv=${csv/d128bf/d128_bf16}
+        [ -f "$csv" ] && [ "$(python3 -c "import json;print(json.load(open('$csv.json'))['complete'])")" = True ] || { echo "skip $1"; continue; }
+        timeout 120 evotuner search --study "$1" --shape "$2" --dtype "$3" $c --space $grid --replay "$csv" \
+          --trials 128 --no-transfer --storage "$tdb" 2>&1 | tail -1
+      done
+      step "seeded real searches, 32 trials each"
+      t0=$SECONDS
+      for dt in fp16 bf16; do for sh in 16,16,2048,64,- 8,16,2048,128,- 4,16,4096,64,causal 4,32,4096,128,causal 1,32,8192,128,- 1,8,512,64,-; do
+        IFS=, read b h s d c <<< "$sh"; cf=""; [ "$c" = causal ] && cf=--causal
+        [ $((SECONDS - t0)) -gt ${TUNE_BUDGET_S:-300} ] && { echo "out of time: skip $sh $dt"; continue; }
+        timeout 90 evotuner search --study "t_${b}_${h}_${s}_${d}_${c}_${dt}" --shape "B=$b,H=$h,S=$s,D=$d" --dtype $dt $cf \
+          --space search_spaces/hopper.toml --trials 32 --storage "$tdb" > "$out/search_${b}_${h}_${s}_${d}_${c}_${dt}.log" 2>&1
+        echo "rc=$? $sh $dt: $(grep -m1 'seeded from' "$out/search_${b}_${h}_${s}_${d}_${c}_${dt}.log" | cut -c1-150)"
+        grep -E "^│ +[0-9]+ │" "$out/search_${b}_${h}_${s}_${d}_${c}_${dt}.log" | head -2
+      done; done
+      tar czf "$out/search_logs.tgz" "$out"/search_*.log && rm -f "$out"/search_*.log ;;
+    tunebench)
+      # Issue 9/14, second half: the bf16 searches "tune" had no time for, then every standard
+      # shape's recommended and tuned configs against SDPA in one process (bench_attention
+      # --tuned), the one-warpgroup "h64" config at the latency shape, and a cold 64-trial
+      # hopper study (bench_tuner). Needs the database "tune" wrote at $TUNED_DB.
+      tdb="sqlite:///${TUNED_DB:-out/tuned_h100.db}"
+      step "seeded real searches (rest), 32 trials each"
+      for sh in 4,32,4096,128,causal 1,32,8192,128,- 1,8,512,64,-; do
+        IFS=, read b h s d c <<< "$sh"; cf=""; [ "$c" = causal ] && cf=--causal
+        timeout 90 evotuner search --study "t_${b}_${h}_${s}_${d}_${c}_bf16" --shape "B=$b,H=$h,S=$s,D=$d" --dtype bf16 $cf \
+          --space search_spaces/hopper.toml --trials 32 --storage "$tdb" > "$out/search_${b}_${h}_${s}_${d}_${c}_bf16.log" 2>&1
+        echo "rc=$? $sh bf16: $(grep -m1 'seeded from' "$out/search_${b}_${h}_${s}_${d}_${c}_bf16.log" | cut -c1-150)"
+      done
+      step "bench_attention: recommended and tuned hopper configs vs SDPA"
+      timeout 300 python3 scripts/bench_attention.py --family hopper --tuned "$tdb" --output "$out/bench_tuned" \
+        2>&1 | tee "$out/bench_tuned.log" | tail -40
+      timeout 60 python3 scripts/bench_attention.py --family hopper --shapes 1,8,512,64,0 \
+        --config BLOCK_N=128,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,OVERLAP=1,PINGPONG=0,SCHED=0 \
+        --output "$out/bench_h64" 2>&1 | tee "$out/bench_h64.log" | tail -6
+      step "bench_tuner: cold and warm 64-trial hopper studies"
+      timeout 280 python3 scripts/bench_tuner.py --space search_spaces/hopper.toml --trials 64 \
+        --output "$out/bench_tuner_hopper.json" 2>&1 | tee "$out/bench_tuner_hopper.log" | tail -30
+      cp "${TUNED_DB:-out/tuned_h100.db}" "$out/tuned_h100_after.db"
+      tar czf "$out/search_logs2.tgz" "$out"/search_*.log && rm -f "$out"/search_*.log ;;
     workers|all)
       step "two search processes on one study (exact budget, nothing measured twice)"
       timeout 240 python3 scripts/two_workers.py --trials 24 --gpus 0 --workdir /tmp/evotuner-two 2>&1 | tee "$out/two_workers.log" | tail -12 ;;

@@ -328,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
 
         with Builder(space.kernel, arch=space.arch, jobs=args.jobs) as builder, \
                 GpuMeasure(budget_s=args.budget_s) as measure:
+            # Start the GPU worker before nvcc takes every core: on the 16-core H100 machine a
+            # worker started under 14-16 compiles took 200-340 s to import torch and make its
+            # CUDA context (three sweep runs, 2026-11-23); started first it takes seconds.
+            measure.device()
             if args.limit is None:
                 for job in (jobs if len(jobs) > 1 else []):
                     print(f"queued {prefetch(space, job, builder, args.fresh)} builds for {job.output}", flush=True)
