@@ -156,7 +156,7 @@ def run_search(
     measure: MeasureStage,
     on_event: Callable[[object], None] | None = None,
     batch: int | None = None,
-    start: Sequence[KernelConfig] = (),
+    start: Sequence[KernelConfig] | Callable[[], Sequence[KernelConfig]] = (),
     worker: StudyWorker | None = None,
     stale_after: float | None = None,
     allow_mixed_gpus: bool = False,
@@ -169,7 +169,9 @@ def run_search(
     ``seed`` is recorded only (the sampler already carries it). ``start`` lists
     configs a NEW study tries first (the CLI passes the kernel's recommended
     config: a warm start, as Triton's autotuner starts from its user configs);
-    those outside the space or breaking a static constraint are skipped.
+    those outside the space or breaking a static constraint are skipped. It may be a
+    callable, called only when this worker enqueues a new study's start (the session's
+    transfer plan reads the database and reports where its configs came from then).
 
     ``sampler`` may also be a callable ``seed -> sampler``: it is called with this
     worker's seed (the study's ``seed`` for the first live worker, a derived one for
@@ -190,7 +192,7 @@ class _Search:
     def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch,
                  start=(), seed=None, worker=None, stale_after=None, allow_mixed_gpus=False):
         self.store = store
-        self.start = tuple(start)
+        self.start = start if callable(start) else tuple(start)
         self.name = study_name
         self.problem = problem
         self.space = space
@@ -350,13 +352,9 @@ class _Search:
             self._finish(r.trial, r.config, rec.state, rec.value, rec.error, attrs, duplicate_of=rec.number)
 
     def _enqueue_start(self) -> None:
-
-        for config in dict.fromkeys(self.start):
-            try:
-                self.space.validate(config)
-            except EvotunerError:
-                continue
-            if self.space.violated(config, self.problem) is None:
+        start = self.start() if callable(self.start) else self.start
+        for config in dict.fromkeys(start):
+            if self.space.admits(config, self.problem):
                 self.study.enqueue_trial(params_for(config, self.space))
 
     def _result(self, outcome: str, zombies: tuple[int, ...]) -> SearchResult:

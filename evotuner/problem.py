@@ -97,6 +97,10 @@ class Problem:
     dtype: str = "fp16"
     causal: bool = False
 
+    def __str__(self) -> str:
+        """``B=16,H=16,S=2048,D=64 fp16 non-causal`` (how errors and messages name a problem)."""
+        return f"{self.shape} {self.dtype} {'causal' if self.causal else 'non-causal'}"
+
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ShapeError(f"--dtype: {self.dtype!r} is not supported", f"use one of {', '.join(DTYPES)}")

@@ -232,9 +232,10 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
     def sampler_for(worker_seed: int | None) -> Any:
         return make_sampler(sampler, space, worker_seed, problem)
 
-    start = recommended(problem, space.kernel)
-    if transfer and (not store.study_exists(study) or not store.summary(study).trials):
-        start = seeded_start(store, study, problem, space, measure, start, on_event)
+    start: Any = recommended(problem, space.kernel)
+    if transfer:                    # planned only if this worker starts a new study (loop._enqueue_start)
+        recommended_start = start
+        start = lambda: seeded_start(store, study, problem, space, measure, recommended_start, on_event)  # noqa: E731
     common: dict[str, Any] = dict(store=store, study_name=study, problem=problem, space=space, trials=trials,
                                   builder=builder, on_event=on_event, start=start)
     if isinstance(measure, list):
@@ -260,10 +261,6 @@ def seeded_start(store: StudyStore, study: str, problem: Problem, space: SearchS
     if not plan.configs:
         return start
     if on_event is not None:
-        on_event(ev.Seeded(tuple((s.study, _problem_text(s.problem), len(s.configs)) for s in plan.sources
+        on_event(ev.Seeded(tuple((s.study, str(s.problem), len(s.configs)) for s in plan.sources
                                  if s.configs), len(plan.configs)))
     return tuple(dict.fromkeys(tuple(start) + plan.configs))
-
-
-def _problem_text(problem: Problem) -> str:
-    return f"{problem.shape} {problem.dtype}{' causal' if problem.causal else ''}"

@@ -238,6 +238,14 @@ class SearchSpace:
         env = self.environment(config, problem)
         return {d.name: env[d.name] for d in self.derived}
 
+    def admits(self, config: KernelConfig, problem: Problem) -> bool:
+        """True when ``config`` is a config of this space that no static constraint rejects at ``problem``."""
+        try:
+            self.validate(config)
+        except SpaceError:
+            return False
+        return self.violated(config, problem) is None
+
     def violated(self, config: KernelConfig, problem: Problem) -> Constraint | None:
         """The first static constraint ``config`` breaks for ``problem`` (message filled in), or None."""
         env = self.environment(config, problem)

@@ -117,7 +117,7 @@ def plan_transfer(store: Any, study: str, problem: Problem, space: Any, device: 
         for config in _best_configs(summary.trials):
             if len(mine) >= per_study:
                 break
-            if config in chosen or not _fits(config, space, problem):
+            if config in chosen or not space.admits(config, problem):
                 continue
             mine.append(config)
             chosen.append(config)
@@ -135,11 +135,3 @@ def _best_configs(trials: Sequence[Any]) -> list[KernelConfig]:
         if config is not None and config not in out:
             out.append(config)
     return out
-
-
-def _fits(config: KernelConfig, space: Any, problem: Problem) -> bool:
-    try:
-        space.validate(config)
-    except EvotunerError:
-        return False
-    return space.violated(config, problem) is None

@@ -92,8 +92,8 @@ def config_str(params: Mapping[str, Any]) -> str:
 
 
 def describe_problem(problem: Problem) -> str:
-    """``B=16,H=16,S=2048,D=64 fp16 non-causal``."""
-    return f"{problem.shape} {problem.dtype} {'causal' if problem.causal else 'non-causal'}"
+    """``B=16,H=16,S=2048,D=64 fp16 non-causal`` (``str(problem)``)."""
+    return str(problem)
 
 
 def _space_fingerprint(space: Any) -> str:

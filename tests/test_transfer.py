@@ -162,7 +162,7 @@ def test_search_seeds_a_new_study_and_says_so(sources, capsys, tmp_path, monkeyp
         store.close()
     code, out, err = run(capsys, "search", "--study", "seeded", "--trials", 6, *common)
     assert code == 0, err
-    assert "seeded from studies d64 (B=16,H=16,S=2048,D=64 fp16," in out
+    assert "seeded from studies d64 (B=16,H=16,S=2048,D=64 fp16 non-causal, " in out
     store = session.open_store(url, read_only=True)
     try:
         first = [t.kernel_config for t in store.summary("seeded").trials[:3]]

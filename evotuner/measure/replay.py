@@ -333,7 +333,7 @@ class ReplayMeasure(MeasureStage):
         recorded = self.table.problem
         if recorded != problem:
             raise StudyMismatchError(
-                f"--replay {self.table.path}: recorded for {_describe(recorded)}; the study is {_describe(problem)}",
+                f"--replay {self.table.path}: recorded for {recorded}; the study is {problem}",
                 "replay a sweep of the same shape, dtype and causal flag (scripts/sweep.py --shape ...)",
             )
         if space is not None:
@@ -397,7 +397,7 @@ class ReplayMeasure(MeasureStage):
 
     def measure(self, artifact: Artifact, problem: Problem) -> MeasureOutcome:
         if problem != self.problem:
-            raise ReplayError(f"replay: asked for {_describe(problem)}, the sweep is {_describe(self.problem)}")
+            raise ReplayError(f"replay: asked for {problem}, the sweep is {self.problem}")
         config = self.config_of(artifact)
         self.calls += 1
         if self.measure_s:
@@ -438,8 +438,8 @@ class ReplayBuilder:
 
     def build(self, config: KernelConfig, problem: Problem) -> BuildResult:
         if problem != self.replay.problem:
-            raise ReplayError(f"replay: asked to build for {_describe(problem)}, "
-                              f"the sweep is {_describe(self.replay.problem)}")
+            raise ReplayError(f"replay: asked to build for {problem}, "
+                              f"the sweep is {self.replay.problem}")
         row = self.replay.row(config)
         key = self.cache_key(config, problem)
         if not row.compiled:
@@ -483,10 +483,6 @@ class ReplayBuilder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _describe(problem: Problem) -> str:
-    return f"{problem.shape} {problem.dtype} {'causal' if problem.causal else 'non-causal'}"
 
 
 def _one_line(text: str | None) -> str:
