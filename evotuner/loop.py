@@ -293,6 +293,9 @@ class _Search:
         except KeyboardInterrupt:
             self._interrupt()
             raise
+        # A worker that died holding nothing was never waited for: mark it dead now (a killed
+        # process on this host at once, others once stale) so the study does not show it live.
+        self._take_over()
         self.finished = self.store.count_finished(self.name)
         if outcome in ("exhausted", "stalled") and self.finished >= self.target:
             outcome = "done"

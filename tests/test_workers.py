@@ -109,7 +109,8 @@ def _start(url: str, trials: int, *extra: str) -> subprocess.Popen[str]:
 def run_workers(url: str, n: int, trials: int, *, staggered: bool, seed: int, kill: bool = False,
                 extra: tuple[str, ...] = ()) -> tuple[list[int], list[str], int | None]:
     """Start ``n`` workers (together, or 0.3-1 s apart), optionally SIGKILL one of them
-    mid-run; returns (exit statuses, stderr tails, index of the killed one)."""
+    mid-run; returns (exit statuses, stderr tails, index of the killed one). Every worker
+    that lives on after the kill must mark the killed one dead before it exits."""
     rng = random.Random(seed)
     procs = []
     for i in range(n):
@@ -122,6 +123,11 @@ def run_workers(url: str, n: int, trials: int, *, staggered: bool, seed: int, ki
         time.sleep(rng.uniform(1.5, 3.0))
         if procs[killed].poll() is None:
             procs[killed].send_signal(signal.SIGKILL)
+            if all(p.poll() is not None for i, p in enumerate(procs) if i != killed):
+                # Nobody is left to mark it dead: the next worker to open the study does (it finds
+                # the budget done and reaps the dead row first). Run that worker, as a user would.
+                procs[killed].wait()
+                procs.append(_start(url, trials, *extra))
         else:
             killed = None
     codes, tails = [], []
@@ -360,3 +366,41 @@ def test_a_worker_on_another_gpu_model_is_refused(tmp_path: Path) -> None:
         finally:
             other.leave()
     assert check_study(url, 4) == []
+
+
+def test_a_worker_that_died_holding_nothing_is_marked_dead_when_the_study_ends(tmp_path: Path) -> None:
+    """A worker killed between joining and its first claim holds no slot, so nobody waits for
+    it; the worker that finishes the study must still mark it dead (its pid is gone on this
+    host), not leave it "live" in the study."""
+    from evotuner import events as ev
+    from evotuner.loop import run_search
+    from evotuner.measure.replay import ReplayMeasure, read_sweep
+    from evotuner.propose import make_sampler
+    from evotuner.space import load_space
+    from evotuner.storage import liveness, schema
+
+    table = read_sweep(SWEEP)
+    space = load_space(None)
+    replay = ReplayMeasure(SWEEP, table.problem, space)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()                                       # a pid that no longer runs
+    ghost: list[int] = []
+    url = f"sqlite:///{tmp_path / 'ghost.db'}"
+    with StudyStore(url) as store:
+        store.create_study(STUDY, table.problem, space, sampler="tpe", seed=0, source_hash="replay",
+                           nvcc_version=replay.builder().nvcc_version())
+
+        def on_event(event: object) -> None:          # the ghost joins mid-run, after the start's reap
+            if isinstance(event, ev.TrialFinished) and not ghost:
+                ghost.append(liveness.register(store, STUDY, stale_after=600))
+                with store.session() as s:
+                    s.execute(schema.workers.update().where(schema.workers.c.id == ghost[0])
+                              .values(pid=gone.pid, proc_start=""))
+
+        result = run_search(store=store, study_name=STUDY, problem=table.problem, space=space,
+                            sampler=make_sampler("tpe", space, 0), seed=0, trials=6,
+                            builder=replay.builder(), measure=replay, on_event=on_event)
+        rows = {w.id: w for w in liveness.workers(store, STUDY, live_only=False)}
+    assert result.outcome == "done" and result.finished == 6 and ghost
+    assert rows[ghost[0]].state == "dead" and "is gone" in (rows[ghost[0]].reason or "")
+    assert [w.state for w in rows.values()].count("live") == 0
