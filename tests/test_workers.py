@@ -404,3 +404,33 @@ def test_a_worker_that_died_holding_nothing_is_marked_dead_when_the_study_ends(t
     assert result.outcome == "done" and result.finished == 6 and ghost
     assert rows[ghost[0]].state == "dead" and "is gone" in (rows[ghost[0]].reason or "")
     assert [w.state for w in rows.values()].count("live") == 0
+
+
+def test_a_done_study_does_not_requeue_an_orphaned_trial(tmp_path: Path) -> None:
+    """A RUNNING trial nobody owns (its process died between the ask and the bind) in a study
+    whose budget is done: the next worker fails it and does not queue its config again (a
+    WAITING trial there would never run)."""
+    from evotuner.loop import run_search
+    from evotuner.measure.replay import ReplayMeasure, read_sweep
+    from evotuner.propose import make_sampler, suggest
+    from evotuner.space import load_space
+
+    table = read_sweep(SWEEP)
+    space = load_space(None)
+    replay = ReplayMeasure(SWEEP, table.problem, space)
+    with StudyStore(f"sqlite:///{tmp_path / 'orphan.db'}") as store:
+        store.create_study(STUDY, table.problem, space, sampler="tpe", seed=0, source_hash="replay",
+                           nvcc_version=replay.builder().nvcc_version())
+
+        def search(trials: int):
+            return run_search(store=store, study_name=STUDY, problem=table.problem, space=space,
+                              sampler=make_sampler("tpe", space, 0), seed=0, trials=trials,
+                              builder=replay.builder(), measure=replay)
+
+        assert search(4).finished == 4
+        orphan = store.optuna_study(STUDY).ask()
+        suggest(orphan, space)                       # asked, never bound to a slot, never told
+        again = search(4)
+        states = Counter(t.state.name for t in store.optuna_study(STUDY).get_trials(deepcopy=False))
+    assert again.outcome == "already_done"
+    assert states["WAITING"] == 0 and states["RUNNING"] == 0 and states["FAIL"] == 1, states
