@@ -155,6 +155,13 @@ class StageFactory:
         return self
 
 
+def sampler_name(given: str | None, space: SearchSpace) -> str:
+    """``--sampler`` as given, else the default of the space's kernel family."""
+    from evotuner.family.registry import get_family
+
+    return given or get_family(space.kernel).default_sampler
+
+
 def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSpace, sampler: str, seed: int,
                 builder: Any) -> bool:
     """Create ``study``, or check that the existing one has this problem, space, sampler and

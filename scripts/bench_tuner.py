@@ -247,7 +247,7 @@ def bench_tuner(
     problem: Problem,
     space: Any,
     trials: int,
-    sampler_name: str = "tpe",
+    sampler_name: str | None = None,
     seed: int = 0,
     jobs: int | None = None,
     workdir: Path,
@@ -258,6 +258,7 @@ def bench_tuner(
     """Run the phases in order against one build cache under ``workdir`` (which must hold
     no build cache yet, so the first phase is cold)."""
     jobs = jobs or os.cpu_count() or 1
+    sampler_name = session.sampler_name(sampler_name, space)   # default: the family's, as `evotuner search`
     cache_dir = workdir / "build-cache"
     if cache_dir.exists() and any(cache_dir.iterdir()):
         raise EvotunerError(f"bench_tuner: the build cache {cache_dir} is not empty, so the cold phase "
@@ -304,7 +305,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     p.add_argument("--causal", action="store_true")
     p.add_argument("--space", type=Path, default=None, help="search-space TOML (default: packaged default.toml)")
-    p.add_argument("--sampler", default="tpe")
+    p.add_argument("--sampler", default=None, help="default: the kernel family's, as evotuner search")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc builds (default: all cores)")
     p.add_argument("--budget", type=float, default=0.5, help="GPU timing budget per trial, seconds (default 0.5)")
@@ -370,7 +371,7 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
             workdir = args.workdir
             workdir.mkdir(parents=True, exist_ok=True)
         meta = {"shape": str(problem.shape), "problem": problem.as_dict(), "space": space.name,
-                "sampler": args.sampler, "seed": args.seed, "jobs": jobs, "trials": args.trials,
+                "sampler": session.sampler_name(args.sampler, space), "seed": args.seed, "jobs": jobs, "trials": args.trials,
                 "budget_s": args.budget, "workdir": str(workdir), "cpu_count": os.cpu_count()}
 
         def write(reports: dict[str, PhaseReport]) -> None:

@@ -84,7 +84,10 @@ class Run:
 def build_sampler(spec: str, space: Any, seed: int, problem: Any = None) -> optuna.samplers.BaseSampler:
     """``name`` is ``make_sampler(name, problem=...)`` as the loop uses it; ``name:plain`` is the
     same sampler without evotuner.fresh's wrapper; ``tpe:startup=N``, ``tpe:univariate``,
-    ``nsga2:pop=N``, ``cmaes:startup=N`` are variants with one setting changed."""
+    ``tpe:ei=N``, ``tpe:fresh`` (wrapped), ``tpe:masked`` (evotuner.fresh.MaskedTPESampler,
+    wrapped; ``/repeats``: both screen static constraints only, known configs may come again), ``nsga2:pop=N``, ``cmaes:startup=N`` are variants with settings changed
+    (several joined by ``/``: ``tpe:masked/startup=8``)."""
+    from evotuner.fresh import FreshSampler, MaskedTPESampler
     from evotuner.propose import make_sampler, startup_trials
 
     name, _, opts = spec.partition(":")
@@ -92,15 +95,19 @@ def build_sampler(spec: str, space: Any, seed: int, problem: Any = None) -> optu
         return make_sampler(name, space, seed, problem)
     if opts == "plain":
         return make_sampler(name, space, seed, problem, fresh=False)
-    settings = dict(o.partition("=")[::2] for o in opts.split(","))
+    settings = dict(o.partition("=")[::2] for o in opts.split("/"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if name == "tpe":
-            return optuna.samplers.TPESampler(
-                seed=seed, n_startup_trials=int(settings.get("startup", startup_trials(space))),
-                multivariate="univariate" not in settings, constant_liar=True,
-                n_ei_candidates=int(settings.get("ei", 24)),
-            )
+            common = dict(seed=seed, n_startup_trials=int(settings.get("startup", startup_trials(space))),
+                          multivariate="univariate" not in settings, constant_liar=True)
+            if "masked" in settings:
+                repeats = "repeats" in settings
+                masked = MaskedTPESampler(space, problem, n_ei_candidates=int(settings.get("ei", 64)),
+                                          repeats=repeats, **common)
+                return FreshSampler(masked, space, problem, seed, repeats=repeats)
+            tpe = optuna.samplers.TPESampler(n_ei_candidates=int(settings.get("ei", 24)), **common)
+            return FreshSampler(tpe, space, problem, seed) if "fresh" in settings else tpe
         if name == "nsga2":
             return optuna.samplers.NSGAIISampler(seed=seed, population_size=int(settings["pop"]))
         if name == "cmaes":
@@ -275,8 +282,9 @@ def _quantile(xs: list[int], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
-def _job(args: tuple[str, str, int, str | None, int]) -> Run:
-    path, spec, seed, space_path, batch = args
+def _job(args: tuple[str, str, int, str | None, int, tuple[float, ...]]) -> Run:
+    global BUDGETS
+    path, spec, seed, space_path, batch, BUDGETS = args
     return simulate(path, spec, seed, space_path=space_path, batch=batch)
 
 
@@ -286,12 +294,14 @@ def table_text(results: dict[str, dict[str, dict[str, Any]]]) -> str:
         any_row = next(iter(by_sampler.values()))
         lines.append(f"{sweep}: {any_row['feasible']} feasible configs, optimum {any_row['optimum_us']:.1f} us, "
                      f"budgets {any_row['budgets']} evaluations")
-        lines.append(f"| sampler | evals to 2% (median) | p90 | censored | P@10% | P@25% | P@50% | s/run |")
-        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        budgets = list(any_row["p_score"])
+        lines.append("| sampler | evals to 2% (median) | p90 | censored | "
+                     + " | ".join(f"P@{b}" for b in budgets) + " | s/run |")
+        lines.append("|---|---:|---:|---:|" + "---:|" * len(budgets) + "---:|")
         for spec, s in by_sampler.items():
-            p = s["p_score"]
+            p = " | ".join(f"{s['p_score'][b]:.2f}" for b in budgets)
             lines.append(f"| {spec} | {s['median_evals']:.1f} | {s['p90_evals']:.1f} | {s['censored']}/{s['seeds']} "
-                         f"| {p['10%']:.2f} | {p['25%']:.2f} | {p['50%']:.2f} | {s['seconds_per_run']:.2f} |")
+                         f"| {p} | {s['seconds_per_run']:.2f} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -330,6 +340,7 @@ def plot(runs: dict[str, list[Run]], results: dict[str, Any], output: Path) -> P
 
 
 def main(argv: list[str] | None = None) -> int:
+    global BUDGETS
     from evotuner.propose import SAMPLERS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -341,11 +352,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--space", default=None, help="the space the sweeps were made with (default: packaged)")
     ap.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
     ap.add_argument("--output-dir", type=Path, default=Path("sampler_benchmark"))
+    ap.add_argument("--max-budget", type=float, default=max(BUDGETS),
+                    help="end each run at this fraction of the feasible configs; P-scores only up to it "
+                         f"(default {max(BUDGETS)})")
     args = ap.parse_args(argv)
+    BUDGETS = tuple(b for b in BUDGETS if b <= args.max_budget + 1e-9) or (args.max_budget,)
 
     specs = [s.strip() for s in args.samplers.split(",") if s.strip()]
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(p, spec, seed, args.space, args.batch) for p in args.sweeps for spec in specs for seed in range(args.seeds)]
+    jobs = [(p, spec, seed, args.space, args.batch, BUDGETS) for p in args.sweeps for spec in specs for seed in range(args.seeds)]
     runs: dict[str, list[Run]] = {}
     started = time.time()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:

@@ -66,8 +66,9 @@ def source_db(sweeps: list[str], space_path: str, trials: int, folder: Path) -> 
             with ExitStack() as stack:
                 space, problem, builder, measure = _stages(sweep, space_path, stack)
                 name = f"src{i}_{Path(sweep).stem}"
-                session.start_study(store, name, problem, space, "tpe", 0, builder)
-                session.run_study(store, name, problem, space, "tpe", 0, trials, builder, measure, transfer=False)
+                session.start_study(store, name, problem, space, session.sampler_name(None, space), 0, builder)
+                session.run_study(store, name, problem, space, session.sampler_name(None, space), 0, trials, builder, measure,
+                                  transfer=False)
     finally:
         store.close()
     return db
@@ -89,7 +90,7 @@ def one_run(args: tuple[str, str, str, int, bool, int]) -> dict[str, Any]:
         optimum = measure.table.optimum().median_us
         store = session.open_store(f"sqlite:///{copy}")
         stack.callback(store.close)
-        session.start_study(store, "new", problem, space, "tpe", seed, builder)
+        session.start_study(store, "new", problem, space, session.sampler_name(None, space), seed, builder)
         evals, best, seeded = 0, math.inf, []
 
         def on_event(event: object) -> None:
@@ -109,7 +110,8 @@ def one_run(args: tuple[str, str, str, int, bool, int]) -> dict[str, Any]:
         started = time.perf_counter()
         reached = False
         try:
-            session.run_study(store, "new", problem, space, "tpe", seed, max_trials, builder, measure,
+            session.run_study(store, "new", problem, space, session.sampler_name(None, space), seed, max_trials,
+                              builder, measure,
                               on_event=on_event, transfer=transfer)
         except _Reached:
             reached = True

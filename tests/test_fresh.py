@@ -70,9 +70,14 @@ def test_same_seed_same_proposals(space):
 
 
 def test_which_samplers_are_wrapped(space):
+    from evotuner.fresh import MaskedTPESampler
+
     problem = Problem(Shape(1, 1, 256, 256, 64))
     for name in ("tpe", "nsga2", "cmaes", "grid"):   # measured: TPE does better unwrapped
         assert not isinstance(make_sampler(name, space, 0, problem), FreshSampler)
+    masked = make_sampler("tpe-masked", space, 0, problem)
+    assert isinstance(masked, FreshSampler) and isinstance(masked.base, MaskedTPESampler)
+    assert isinstance(make_sampler("tpe-masked", space, 0, problem, fresh=False), MaskedTPESampler)
     assert not isinstance(make_sampler("random", space, 0, problem, fresh=False), FreshSampler)
 
 
@@ -94,3 +99,48 @@ def test_a_new_study_tries_the_recommended_config_first_and_only_once(space, tmp
     own = [t for t in trials if t.duplicate_of is None]      # repeats copy, never re-measure
     assert sum(1 for t in own if t.kernel_config == start) == 1
     assert len({t.kernel_config for t in own}) == len(own)
+
+
+def test_masked_tpe_screens_its_candidates_where_plain_tpe_proposes_infeasible_configs():
+    """On the Hopper grid about 4 in 5 configs break a static constraint (the register pool):
+    after its random startup, plain TPE keeps proposing them; MaskedTPESampler (unwrapped
+    here, so its own draws are counted) proposes new, feasible configs."""
+    from optuna.trial import TrialState
+
+    from evotuner.fresh import MaskedTPESampler
+    from evotuner.propose import startup_trials
+
+    grid = load_space(Path(__file__).parents[1] / "search_spaces" / "hopper_grid.toml")
+    problem = Problem(Shape(16, 16, 2048, 2048, 64))
+    startup = startup_trials(grid)
+
+    def after_startup(sampler, n=40):
+        study = optuna.create_study(sampler=sampler)
+        bad, seen = 0, set()
+        for i in range(startup + n):
+            trial = study.ask()
+            config = suggest(trial, grid)
+            infeasible = grid.violated(config, problem) is not None
+            if i >= startup:
+                bad += infeasible or config in seen
+            seen.add(config)
+            if infeasible:
+                study.tell(trial, state=TrialState.PRUNED)     # as the loop tells a static prune
+            else:
+                study.tell(trial, float(config["BLOCK_N"] + 50 * config["STAGES"] + 7 * config["SCHED"]))
+        return bad
+
+    kwargs = dict(seed=5, n_startup_trials=startup, multivariate=True, constant_liar=True)
+    plain = after_startup(optuna.samplers.TPESampler(**kwargs))
+    masked = after_startup(MaskedTPESampler(grid, problem, n_ei_candidates=64, **kwargs))
+    assert plain >= 10, plain                # the problem is real
+    assert masked <= 2, masked               # and screened away
+
+
+def test_the_family_picks_the_default_sampler():
+    from evotuner.session import sampler_name
+
+    hopper = load_space(Path(__file__).parents[1] / "search_spaces" / "hopper.toml")
+    assert sampler_name(None, hopper) == "tpe-masked"
+    assert sampler_name(None, load_space(None)) == "tpe"
+    assert sampler_name("random", hopper) == "random"

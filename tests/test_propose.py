@@ -42,7 +42,7 @@ def run(sampler_name: str, space, seed: int | None, n_batches: int, batch: int =
 
 
 def test_sampler_names():
-    assert SAMPLERS[:5] == ("tpe", "nsga2", "cmaes", "random", "grid")
+    assert SAMPLERS[:6] == ("tpe", "nsga2", "cmaes", "random", "grid", "tpe-masked")
 
 
 def test_unknown_sampler_names_the_choices():

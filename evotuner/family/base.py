@@ -136,6 +136,9 @@ class KernelFamily(abc.ABC):
         "spills", "stack", "registers", "regs_per_sm", "smem_per_block", "smem_per_sm")
     #: How gate reasons name the meta table's ``min_blocks`` (followed by its value).
     min_blocks_label: str = "blocks per SM "
+    #: The sampler ``evotuner search`` uses for this family's spaces when --sampler is not
+    #: given (a name of :data:`evotuner.propose.SAMPLERS`; the study records it).
+    default_sampler: str = "tpe"
     #: C++ namespace and macro prefix of the family's rows in an exported header.
     export_namespace: str = ""
     export_macro_prefix: str = ""
