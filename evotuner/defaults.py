@@ -8,6 +8,11 @@ File format: tables may be keyed by head dim (``[64]``, ``[d64]``, ``[hdim64]``)
 ``head_dim``/``dtype``/``causal`` themselves (``[[config]]`` arrays too); upper-case
 integer keys are kernel parameters, inherited by nested tables. The most specific
 matching entry wins.
+
+A table may also carry ``max_query_rows = N``: it applies only to problems with
+B*H*Sq <= N query rows, where the big tiles leave most SMs idle (the Hopper family's
+latency shapes). Such an entry is never picked when only the head dim, dtype and
+causal flag are known (:func:`pick_config` without ``query_rows``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from evotuner.problem import DTYPES, HEAD_DIMS, Problem, Shape
 
 
 _Entry = tuple[dict[str, Any], dict[str, int]]
+#: Lower-case keys of a table that narrow when its entry applies (module docstring).
+CONDITION_KEYS = ("head_dim", "dtype", "causal", "is_causal", "max_query_rows")
 
 
 def _toml_loads(text: str) -> dict[str, Any]:
@@ -62,7 +69,10 @@ def _collect(node: Any, cond: dict[str, Any], inherited: dict[str, int], out: li
         if isinstance(value, (dict, list)) and not (isinstance(value, list) and all(
                 isinstance(x, (int, float, str)) for x in value)):
             children.append((key, value))
-        elif key in ("head_dim", "dtype", "causal", "is_causal"):
+        elif key in CONDITION_KEYS:
+            if key == "max_query_rows" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise EvotunerError(f"{where}: max_query_rows = {value!r} is not a positive integer",
+                                    "give the largest B*H*Sq the entry is meant for, e.g. 16384")
             cond["causal" if key == "is_causal" else key] = value
         elif key.isupper() and isinstance(value, int) and not isinstance(value, bool):
             params[key] = value
@@ -87,7 +97,9 @@ def parse_defaults(text: str, where: str = "<defaults>") -> tuple[_Entry, ...]:
     return tuple(out)
 
 
-def _matches(cond: Mapping[str, Any], head_dim: int, dtype: str, causal: bool) -> bool:
+def _matches(cond: Mapping[str, Any], head_dim: int, dtype: str, causal: bool, query_rows: int | None) -> bool:
+    if "max_query_rows" in cond and (query_rows is None or query_rows > int(cond["max_query_rows"])):
+        return False
     if "head_dim" in cond and int(cond["head_dim"]) != head_dim:
         return False
     if "dtype" in cond and str(cond["dtype"]).lower() != dtype:
@@ -113,17 +125,23 @@ def supported_head_dims(entries: tuple[_Entry, ...] | None = None, *, family: st
     return tuple(sorted(d for d in dims if d in HEAD_DIMS))
 
 
+#: B*H*Sq of a probe: more query rows than any ``max_query_rows`` entry is written for.
+_PROBE_ROWS = 2**31 - 1
+
+
 def _probe(head_dim: int, dtype: str, causal: bool = False) -> Problem:
-    """A problem carrying only the static part (head dim, dtype, causal)."""
-    return Problem(Shape(1, 1, 1, 1, head_dim), dtype, causal)
+    """A problem carrying only the static part (head dim, dtype, causal); its size is past
+    every ``max_query_rows`` entry, so the size-independent entry answers."""
+    return Problem(Shape(1, 1, _PROBE_ROWS, 1, head_dim), dtype, causal)
 
 
 def pick_config(entries: tuple[_Entry, ...], head_dim: int, dtype: str, causal: bool,
-                title: str = "kernel") -> KernelConfig:
-    """The most specific entry matching (head dim, dtype, causal); ShapeError when none does."""
+                title: str = "kernel", *, query_rows: int | None = None) -> KernelConfig:
+    """The most specific entry matching (head dim, dtype, causal and, when given, the
+    problem's B*H*Sq ``query_rows``); ShapeError when none does."""
     best: tuple[int, dict[str, int]] | None = None
     for cond, params in entries:
-        if _matches(cond, head_dim, dtype, causal):
+        if _matches(cond, head_dim, dtype, causal, query_rows):
             score = len(cond)
             if best is None or score > best[0]:
                 best = (score, params)

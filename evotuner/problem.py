@@ -112,6 +112,11 @@ class Problem:
         full = 4.0 * s.batch * s.heads * s.seqlen_q * s.seqlen_k * s.head_dim
         return full / 2 if self.causal else full
 
+    @property
+    def query_rows(self) -> int:
+        """B·H·Sq: the rows of the output, what a kernel splits into tiles across the SMs."""
+        return self.shape.batch * self.shape.heads * self.shape.seqlen_q
+
     def tflops(self, microseconds: float) -> float:
         return self.flops / (microseconds * 1e-6) / 1e12
 

@@ -103,7 +103,7 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", default=[], help="kernel config NAME=V,...; repeatable "
-                    "(default: the kernel's recommended config per head dim, dtype, causal)")
+                    "(default: the family's recommended config for the problem, as flash_attention picks it)")
     ap.add_argument("--family", action="append", default=[], help="kernel family; repeatable "
                     "(default: every registered family supporting the problem)")
     ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL; repeatable")
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             if why_not or not fam.recommended_configs(problem):
                 print(f"  {tag}: {fam.name} skipped: {why_not or 'no recommended config'}", file=sys.stderr)
                 continue
-            if not user_configs:
-                configs.append((fam.name, A.resolve_config(None, d, dtype, causal, family=fam.name), "recommended"))
+            if not user_configs:   # what flash_attention runs for this problem (size-dependent entries included)
+                configs.append((fam.name, fam.recommended_configs(problem)[0], "recommended"))
             for study, c in tuned.get((problem, fam.name), []):
                 configs.append((fam.name, c, f"tuned:{study}"))
             for c in user_configs:

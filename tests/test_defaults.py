@@ -28,3 +28,43 @@ def test_overrides_with_sub_tables_are_kept():
 def test_recommended_is_the_packaged_default_for_the_problem():
     problem = Problem(Shape(1, 1, 64, 64, 64), "bf16", causal=True)
     assert recommended(problem) == (default_config(64, "bf16", True),)
+
+
+SHORT = NESTED + """
+[d128.short]
+causal = false
+max_query_rows = 16384
+BLOCK_M = 64
+"""
+
+
+def test_a_max_query_rows_entry_applies_only_up_to_its_rows():
+    import pytest
+
+    from evotuner.defaults import pick_config
+    from evotuner.errors import EvotunerError
+
+    e = parse_defaults(SHORT)
+    small = pick_config(e, 128, "fp16", False, query_rows=16384)     # B*H*Sq at the limit
+    assert small["BLOCK_M"] == 64 and small["BLOCK_N"] == 64          # the rest inherited from [d128]
+    assert pick_config(e, 128, "fp16", False, query_rows=16385)["BLOCK_M"] == 128
+    assert pick_config(e, 128, "fp16", False)["BLOCK_M"] == 128       # rows unknown: never the short entry
+    assert pick_config(e, 128, "fp16", True, query_rows=64)["BLOCK_N"] == 128   # causal: its own table
+    with pytest.raises(EvotunerError, match="max_query_rows"):
+        parse_defaults(SHORT.replace("16384", "0"))
+
+
+def test_the_hopper_family_picks_one_warpgroup_at_the_latency_shape():
+    """Measured (kernels/hopper/defaults.toml): at 1,8,512,64 one consumer warpgroup is
+    1.18x cuDNN where the big-tile config is 0.92x; large shapes keep the big tiles."""
+    from evotuner.family.registry import get_family
+
+    hopper = get_family("hopper")
+    short = hopper.recommended_configs(Problem(Shape(1, 8, 512, 512, 64), "fp16"))[0]
+    large = hopper.recommended_configs(Problem(Shape(16, 16, 2048, 2048, 64), "fp16"))[0]
+    assert short["CONSUMER_WGS"] == 1 and large["CONSUMER_WGS"] == 3
+    assert hopper.recommended_configs(Problem(Shape(1, 8, 512, 512, 64), "fp16", causal=True))[0]["CONSUMER_WGS"] == 3
+
+
+def test_default_config_without_a_shape_is_the_size_independent_entry():
+    assert default_config(64, "fp16", False, family="hopper")["CONSUMER_WGS"] == 3

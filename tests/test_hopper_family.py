@@ -47,7 +47,10 @@ def _problem(d: int, dtype: str = "fp16", causal: bool = False, s: int = 2048) -
     return Problem(Shape(4, 8, s, s, d), dtype, causal)
 
 
-RECOMMENDED = [(d, dt, c) for d in HOPPER.head_dims for dt in DTYPES for c in (False, True)]
+#: (D, dtype, causal, S): every (D, dtype, causal) at S=2048 (4x8 heads), and the few-rows
+#: problems of defaults.toml's max_query_rows entries (4*8*256 = 8192 query rows).
+RECOMMENDED = [(d, dt, c, 2048) for d in HOPPER.head_dims for dt in DTYPES for c in (False, True)] + \
+              [(64, dt, False, 256) for dt in DTYPES]
 
 
 # --------------------------------------------------------------------------- space
@@ -83,11 +86,11 @@ def test_head_dims_other_than_64_and_128_are_not_hopper_problems():
 
 
 def test_every_recommended_config_is_in_the_space_and_has_a_figure():
-    for d, dt, c in RECOMMENDED:
-        (cfg,) = HOPPER.recommended_configs(_problem(d, dt, c))
+    for d, dt, c, s in RECOMMENDED:
+        (cfg,) = HOPPER.recommended_configs(_problem(d, dt, c, s))
         SPACE.validate(cfg)
-        assert SPACE.violated(cfg, _problem(d, dt, c)) is None, (d, dt, c, cfg)
-        assert HOPPER.expected_speed(_problem(d, dt, c)) > 0
+        assert SPACE.violated(cfg, _problem(d, dt, c, s)) is None, (d, dt, c, cfg)
+        assert HOPPER.expected_speed(_problem(d, dt, c, s)) > 0
 
 
 # --------------------------------------------------------------------------- Params ABI
@@ -164,8 +167,8 @@ def _smem_formula(config, problem) -> int:
 @needs_nvcc
 def test_recommended_configs_compile_clean_and_pass_the_gate(builder):
     jobs = []
-    for d, dt, c in RECOMMENDED:
-        problem = _problem(d, dt, c)
+    for d, dt, c, s in RECOMMENDED:
+        problem = _problem(d, dt, c, s)
         (cfg,) = HOPPER.recommended_configs(problem)
         jobs.append((cfg, problem, builder.submit(cfg, problem)))
     for cfg, problem, fut in jobs:
@@ -344,9 +347,9 @@ def test_replayed_search_resume_and_export_compile(capsys, tmp_path, env):
 
 def test_flash_attention_chooses_hopper_where_it_is_recommended_and_falls_back_saying_why():
     attention = pytest.importorskip("evotuner.runtime.attention")
-    for d, dt, c in RECOMMENDED:
-        choice = attention.choose(_problem(d, dt, c))
-        assert choice.family == "hopper" and choice.config == HOPPER.recommended_configs(_problem(d, dt, c))[0]
+    for d, dt, c, s in RECOMMENDED:
+        choice = attention.choose(_problem(d, dt, c, s))
+        assert choice.family == "hopper" and choice.config == HOPPER.recommended_configs(_problem(d, dt, c, s))[0]
     d96 = attention.choose(_problem(96))
     assert d96.family == "flashcore" and "hopper: " in d96.why and "D=96" in d96.why
     refused = attention.choose(_problem(64), exclude={"hopper": "k: row (S) stride 68 elements (136 B) ..."})
