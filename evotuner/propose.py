@@ -63,7 +63,7 @@ def startup_trials(space: SearchSpace) -> int:
 #: TPE evaluations (median evaluations to 2% of the optimum, 50 seeds: 14.5 wrapped vs 12 plain
 #: at D=64, 15 vs 9.5 at D=128): TPE's repeats are free (copied, never rebuilt) and steer it.
 #: ``tpe-masked`` (TPE screening its own candidates, always wrapped) is the other way to
-#: keep TPE on feasible configs; it lost to plain TPE on FlashCore too (15-16.5 and 12-15
+#: keep TPE on feasible configs; it lost to plain TPE on FlashCore too (15-23.5 and 12-15
 #: evaluations, 30 seeds) and is the Hopper family's default (``KernelFamily.default_sampler``).
 FRESH_SAMPLERS = ("random", "gp")
 #: tpe-masked: candidates TPE draws per proposal before the screen (Optuna's default is 24),
