@@ -257,7 +257,7 @@ class _Search:
         else:
             self.worker.seed_for(self.seed)
         self.study = self.store.optuna_study(self.name, sampler=sampler)
-        zombies = tuple(self._take_over(requeue=self.worker.slots()[0] < self.target))
+        zombies = tuple(self._take_over())
         if not self.study.get_trials(deepcopy=False) and self.worker.once("start", done=True):
             self._enqueue_start()
         self._load_history()
@@ -295,9 +295,7 @@ class _Search:
             raise
         # A worker that died holding nothing was never waited for: mark it dead now (a killed
         # process on this host at once, others once stale) so the study does not show it live.
-        # Its unbound RUNNING trial (died between ask and bind) is failed; its config is queued
-        # again only while the budget is not done (nobody would run it otherwise).
-        self._take_over(requeue=self.worker.slots()[0] < self.target)
+        self._take_over()
         self.finished = self.store.count_finished(self.name)
         if outcome in ("exhausted", "stalled") and self.finished >= self.target:
             outcome = "done"
@@ -306,13 +304,18 @@ class _Search:
 
     # -- several workers ---------------------------------------------------------------
 
-    def _take_over(self, every: float | None = None, *, requeue: bool = True) -> list[int]:
-        """Reap dead workers (and trials nobody owns); their configs are queued again."""
+    def _take_over(self, every: float | None = None) -> list[int]:
+        """Reap dead workers (and trials nobody owns); their configs are queued again while the
+        study's budget is not done (a WAITING trial in a done study would never run)."""
         numbers = []
+        open_budget: bool | None = None
         for zombie in self.worker.reap(every=every):
             numbers.append(zombie.number)
-            if zombie.requeue and requeue:
-                self.study.enqueue_trial(zombie.params)
+            if zombie.requeue:
+                if open_budget is None:
+                    open_budget = self.worker.slots()[0] < self.target
+                if open_budget:
+                    self.study.enqueue_trial(zombie.params)
         return numbers
 
     def _wait(self) -> None:

@@ -6,6 +6,7 @@ nvcc 13 builds and gates of the packaged default space (see make_synthetic.py th
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import itertools
 import math
@@ -215,14 +216,18 @@ class _FlakyMeasure(MeasureStage):
         return {"name": "test"}
 
 
-def test_sweep_records_every_config_and_resumes(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _tiny_sweep(tmp_path: Path):
+    """(the sweep script, loop_tiny.toml, its problem, the output CSV, a real Builder)."""
     from evotuner.compiler import Builder
 
-    sweep = _script("sweep")
     space = load_space(DATA / "loop_tiny.toml")
-    problem = Problem(Shape.parse("B=1,H=2,S=128,D=64"))
-    out = tmp_path / "tiny.csv"
     with Builder(space.kernel, arch=space.arch, cache_dir=tmp_path / "cache", jobs=2) as builder:
+        yield _script("sweep"), space, Problem(Shape.parse("B=1,H=2,S=128,D=64")), tmp_path / "tiny.csv", builder
+
+
+def test_sweep_records_every_config_and_resumes(tmp_path: Path) -> None:
+    with _tiny_sweep(tmp_path) as (sweep, space, problem, out, builder):
         first = sweep.run_sweep(space=space, problem=problem, builder=builder,
                                 measure=_FlakyMeasure(fail=64, crash=128), output=out)
         table = read_sweep(out)
@@ -319,13 +324,7 @@ def test_benchmark_runs_the_real_loop_and_writes_its_outputs(tmp_path: Path, mon
 
 
 def test_sweep_stops_at_its_deadline_and_carries_on(tmp_path: Path) -> None:
-    from evotuner.compiler import Builder
-
-    sweep = _script("sweep")
-    space = load_space(DATA / "loop_tiny.toml")
-    problem = Problem(Shape.parse("B=1,H=2,S=128,D=64"))
-    out = tmp_path / "tiny.csv"
-    with Builder(space.kernel, arch=space.arch, cache_dir=tmp_path / "cache", jobs=2) as builder:
+    with _tiny_sweep(tmp_path) as (sweep, space, problem, out, builder):
         stopped = sweep.run_sweep(space=space, problem=problem, builder=builder,
                                   measure=_FlakyMeasure(fail=0, crash=0), output=out, deadline=0.0)
         assert not stopped.done and stopped.counts == {"gated": 2}     # only the static verdicts
@@ -337,7 +336,6 @@ def test_sweep_stops_at_its_deadline_and_carries_on(tmp_path: Path) -> None:
 
 
 def test_sweep_script_runs_several_sweeps_with_one_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import contextlib
 
     import evotuner.measure.gpu as gpu
 

@@ -374,27 +374,42 @@ def test_a_worker_on_another_gpu_model_is_refused(tmp_path: Path) -> None:
     assert check_study(url, 4) == []
 
 
+class _ReplayedStudy:
+    """An in-process replayed study of SWEEP in ``store``; :meth:`search` runs the real loop
+    (seeded TPE, the sweep's replay) to ``trials`` finished trials."""
+
+    def __init__(self, store: StudyStore) -> None:
+        from evotuner.measure.replay import ReplayMeasure, read_sweep
+        from evotuner.space import load_space
+
+        self.store = store
+        self.table = read_sweep(SWEEP)
+        self.space = load_space(None)
+        self.replay = ReplayMeasure(SWEEP, self.table.problem, self.space)
+        store.create_study(STUDY, self.table.problem, self.space, sampler="tpe", seed=0, source_hash="replay",
+                           nvcc_version=self.replay.builder().nvcc_version())
+
+    def search(self, trials: int, on_event: object = None):
+        from evotuner.loop import run_search
+        from evotuner.propose import make_sampler
+
+        return run_search(store=self.store, study_name=STUDY, problem=self.table.problem, space=self.space,
+                          sampler=make_sampler("tpe", self.space, 0), seed=0, trials=trials,
+                          builder=self.replay.builder(), measure=self.replay, on_event=on_event)
+
+
 def test_a_worker_that_died_holding_nothing_is_marked_dead_when_the_study_ends(tmp_path: Path) -> None:
     """A worker killed between joining and its first claim holds no slot, so nobody waits for
     it; the worker that finishes the study must still mark it dead (its pid is gone on this
     host), not leave it "live" in the study."""
     from evotuner import events as ev
-    from evotuner.loop import run_search
-    from evotuner.measure.replay import ReplayMeasure, read_sweep
-    from evotuner.propose import make_sampler
-    from evotuner.space import load_space
     from evotuner.storage import liveness, schema
 
-    table = read_sweep(SWEEP)
-    space = load_space(None)
-    replay = ReplayMeasure(SWEEP, table.problem, space)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()                                       # a pid that no longer runs
     ghost: list[int] = []
-    url = f"sqlite:///{tmp_path / 'ghost.db'}"
-    with StudyStore(url) as store:
-        store.create_study(STUDY, table.problem, space, sampler="tpe", seed=0, source_hash="replay",
-                           nvcc_version=replay.builder().nvcc_version())
+    with StudyStore(f"sqlite:///{tmp_path / 'ghost.db'}") as store:
+        study = _ReplayedStudy(store)
 
         def on_event(event: object) -> None:          # the ghost joins mid-run, after the start's reap
             if isinstance(event, ev.TrialFinished) and not ghost:
@@ -403,9 +418,7 @@ def test_a_worker_that_died_holding_nothing_is_marked_dead_when_the_study_ends(t
                     s.execute(schema.workers.update().where(schema.workers.c.id == ghost[0])
                               .values(pid=gone.pid, proc_start=""))
 
-        result = run_search(store=store, study_name=STUDY, problem=table.problem, space=space,
-                            sampler=make_sampler("tpe", space, 0), seed=0, trials=6,
-                            builder=replay.builder(), measure=replay, on_event=on_event)
+        result = study.search(6, on_event)
         rows = {w.id: w for w in liveness.workers(store, STUDY, live_only=False)}
     assert result.outcome == "done" and result.finished == 6 and ghost
     assert rows[ghost[0]].state == "dead" and "is gone" in (rows[ghost[0]].reason or "")
@@ -416,27 +429,14 @@ def test_a_done_study_does_not_requeue_an_orphaned_trial(tmp_path: Path) -> None
     """A RUNNING trial nobody owns (its process died between the ask and the bind) in a study
     whose budget is done: the next worker fails it and does not queue its config again (a
     WAITING trial there would never run)."""
-    from evotuner.loop import run_search
-    from evotuner.measure.replay import ReplayMeasure, read_sweep
-    from evotuner.propose import make_sampler, suggest
-    from evotuner.space import load_space
+    from evotuner.propose import suggest
 
-    table = read_sweep(SWEEP)
-    space = load_space(None)
-    replay = ReplayMeasure(SWEEP, table.problem, space)
     with StudyStore(f"sqlite:///{tmp_path / 'orphan.db'}") as store:
-        store.create_study(STUDY, table.problem, space, sampler="tpe", seed=0, source_hash="replay",
-                           nvcc_version=replay.builder().nvcc_version())
-
-        def search(trials: int):
-            return run_search(store=store, study_name=STUDY, problem=table.problem, space=space,
-                              sampler=make_sampler("tpe", space, 0), seed=0, trials=trials,
-                              builder=replay.builder(), measure=replay)
-
-        assert search(4).finished == 4
+        study = _ReplayedStudy(store)
+        assert study.search(4).finished == 4
         orphan = store.optuna_study(STUDY).ask()
-        suggest(orphan, space)                       # asked, never bound to a slot, never told
-        again = search(4)
+        suggest(orphan, study.space)                 # asked, never bound to a slot, never told
+        again = study.search(4)
         states = Counter(t.state.name for t in store.optuna_study(STUDY).get_trials(deepcopy=False))
     assert again.outcome == "already_done"
     assert states["WAITING"] == 0 and states["RUNNING"] == 0 and states["FAIL"] == 1, states
