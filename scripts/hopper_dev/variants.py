@@ -17,6 +17,10 @@ VARIANTS = {
     # Run 4 had c64re4 / c64re2 / c64pre4 (EXP_EMU 4, 2: slower), d128r (BN176); runs/run4_table.txt.
     # Run 5 also had k64r / k64dr (BN96: slower), j128dr (BN112: slower); runs/run5_table.txt.
     # Run 6 (final, v6 = q_empty released by every consumer thread): the best of runs 1-5.
+    # Run 7 (needs runs/run7_kernel.patch: `git apply` it, the knobs are not in the tree):
+    #   MC = independent FMNMX chains in the row max (1 = the tree's code, 4 = the patch's default),
+    #   EP = EXP_PACKED (ex2.approx.f16x2, fp16 only, dtypes=(0,)); variants c64dr1/h64_1/e128r1/
+    #   c128pr1 = the run-6 configs with MC=1, c64dre/c64re/h64e/e128re/c128pre = with EP=1.
     # D = 64
     "h64": dict(D=64, WGS=1, BN=128, ST=2, RP=24, RC=256, OV=1, PP=0, SC=0),
     "c64r": dict(D=64, WGS=3, BN=128, ST=2, RP=32, RC=160, OV=1, PP=1, SC=0, RS=8),
