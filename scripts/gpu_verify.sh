@@ -86,13 +86,15 @@ for what in "${@:-all}"; do
       tar czf "$out/search_logs2.tgz" "$out"/search_*.log && rm -f "$out"/search_*.log ;;
     rows)
       # Where one consumer warpgroup ("h64", defaults.toml [d64.short]) stops beating the
-      # big-tile D64 config (c64r) as the query rows B*H*Sq grow: both configs, same run.
-      step "h64 vs c64r by query rows (D64 non-causal)"
+      # big-tile D64 configs (c64r: SCHED 0, c64dr: SCHED 2) as the query rows B*H*Sq grow:
+      # all three, same run.
+      step "h64 vs c64r vs c64dr by query rows (D64 non-causal)"
+      c64dr=BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,OVERLAP=1,PINGPONG=1,SCHED=2,RESCALE_LOG2=8,EXP_EMU=0
       c64r=BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,OVERLAP=1,PINGPONG=1,SCHED=0,RESCALE_LOG2=8,EXP_EMU=0
       h64=BLOCK_N=128,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,OVERLAP=1,PINGPONG=0,SCHED=0,RESCALE_LOG2=8,EXP_EMU=0
       timeout 240 python3 scripts/bench_attention.py --family hopper --dtypes fp16 --rounds 3 \
-        --config "$c64r" --config "$h64" --shapes 1,8,512,64,0 --shapes 1,8,1024,64,0 --shapes 1,16,1024,64,0 \
-        --shapes 2,16,1024,64,0 --shapes 1,8,4096,64,0 --shapes 4,16,1024,64,0 --shapes 8,16,1024,64,0 \
+        --config "$c64r" --config "$c64dr" --config "$h64" --shapes 1,8,512,64,0 --shapes 1,8,1024,64,0 --shapes 1,16,1024,64,0 \
+        --shapes 2,16,1024,64,0 --shapes 1,8,4096,64,0 --shapes 4,16,1024,64,0 --shapes 8,16,1024,64,0 --shapes 16,16,2048,64,0 \
         --output "$out/rows" 2>&1 | tee "$out/rows.log" | tail -24 ;;&
     tune128)
       # Issue 9: a 128-trial search (the issue's bound) with the hopper family's default sampler

@@ -21,6 +21,9 @@ VARIANTS = {
     #   MC = independent FMNMX chains in the row max (1 = the tree's code, 4 = the patch's default),
     #   EP = EXP_PACKED (ex2.approx.f16x2, fp16 only, dtypes=(0,)); variants c64dr1/h64_1/e128r1/
     #   c128pr1 = the run-6 configs with MC=1, c64dre/c64re/h64e/e128re/c128pre = with EP=1.
+    # Run 8 (skip_tile, kernel.cuh): c64r0 / c64dr0 / c64pr0 = c64r / c64dr / c64pr (SCHED 1) built
+    #   from the kernel before it (`git show 18eaf1b:kernels/hopper/kernel.cuh`), b64r = c64r with
+    #   OVERLAP 0 / PINGPONG 0; see NOTES.md.
     # D = 64
     "h64": dict(D=64, WGS=1, BN=128, ST=2, RP=24, RC=256, OV=1, PP=0, SC=0),
     "c64r": dict(D=64, WGS=3, BN=128, ST=2, RP=32, RC=160, OV=1, PP=1, SC=0, RS=8),
