@@ -1,23 +1,27 @@
 #!/usr/bin/env python3
-"""Build the production FlashCore extension from an exported header.
+"""Build the production extension of one kernel family from an exported header.
 
-    python scripts/build_extension.py --header flashcore_config.h --output build/flashcore_ext
+    python scripts/build_extension.py --header tuned.h --output build/flashcore_ext
+    python scripts/build_extension.py --header tuned.h --output build/hopper_ext --family hopper
     # then, on the GPU machine:
     #   import sys, torch; sys.path.insert(0, "build/flashcore_ext"); import flashcore_ext
     #   o = flashcore_ext.attention(q, k, v, causal, scale)   # scale=None: 1/sqrt(D)
+    #   (hopper_ext likewise, from the header's hopper section)
 
 What it does, once (minutes: the torch headers dominate):
 
-1. reads the header's rows (``evotuner.export.read_header``) and copies the header
-   to ``OUTPUT/include/flashcore_config.h``;
-2. writes one ``OUTPUT/src/row_<i>.cu`` per row from ``scripts/extension/launch_row.cu.in``:
-   the row's FLASHCORE_* macros come from the header's FLASHCORE_TUNED_<i>_* macros,
-   the kernel is renamed ``flashcore_fwd_<i>`` (FLASHCORE_KERNEL_NAME) with meta
-   ``flashcore_meta_<i>`` (FLASHCORE_META_NAME), plus an ``extern "C"`` launcher;
-   compiles each with ``nvcc -c`` (parallel, each with a timeout) — no torch header here;
-3. builds ``scripts/extension/flashcore_ext.cpp`` (the torch binding, no CUDA header)
+1. reads the family's rows from the header (``evotuner.export.read_header``) and copies
+   the header to ``OUTPUT/include/<config header>`` (``flashcore_config.h`` /
+   ``hopper_config.h``, the name the binding includes);
+2. writes one ``OUTPUT/src/row_<i>.cu`` per row from the family's row template in
+   ``scripts/extension/`` (``launch_row.cu.in`` for FlashCore's ABI, ``hopper_launch_row.cu.in``
+   for the hopper family: TMA tensor maps): the row's macros come from the header's
+   ``<T>_<i>_*`` macros, the kernel and its meta table get per-row names, plus an
+   ``extern "C"`` launcher; compiles each with ``nvcc -c`` (parallel, each with a timeout)
+   — no torch header here;
+3. builds the family's binding (``flashcore_ext.cpp`` / ``hopper_ext.cpp``, no CUDA header)
    with ``torch.utils.cpp_extension.load`` in a child process with a timeout, linking the
-   row objects and the static CUDA runtime; the module lands at ``OUTPUT/flashcore_ext.so``.
+   row objects and the static CUDA runtime; the module lands at ``OUTPUT/<module>.so``.
 
 The binding includes no CUDA headers, so the build also works with the CPU torch wheel
 (then only ``select()``/``configs()`` can run; ``attention`` needs a CUDA torch and a GPU).
@@ -44,11 +48,40 @@ from evotuner.compiler.instantiate import check_family, gencode
 from evotuner.compiler.nvcc import find_nvcc, probe, run
 from evotuner.errors import BuildError, EvotunerError
 from evotuner.export import HeaderInfo, read_header, row_instantiation
+from evotuner.kernels.hopper.params import HOPPER_META
 
 HERE = Path(__file__).resolve().parent / "extension"
-MODULE = "flashcore_ext"
-#: Registered families whose kernel argument is not flashcore::Params: the launcher template cannot run them.
-FAMILIES_WITH_OWN_PARAMS = frozenset({"hopper"})
+
+
+@dataclass(frozen=True)
+class ExtensionKind:
+    """What differs between the families' production builds: the ABI the row launcher packs."""
+
+    module: str            # the Python module (and .so) name
+    binding: str           # scripts/extension/<binding>: the torch binding
+    row_template: str      # scripts/extension/<row_template>: one row's instantiation + launcher
+    config_header: str     # the name the binding includes the exported header by
+    header_family: str     # whose section of the header the rows come from
+    prefix: str            # kernel <prefix>_fwd_<i>, meta <prefix>_meta_<i>, launcher <prefix>_ext_launch_<i>
+    meta_len: str          # the meta table's length (a macro of launch_include, or a number)
+    launch_args: str       # the launcher's first parameter type
+    launch_include: str    # the header declaring it
+
+
+#: FlashCore's ABI (flashcore::Params); families that keep it (the test family "toy") build this way.
+FLASHCORE = ExtensionKind("flashcore_ext", "flashcore_ext.cpp", "launch_row.cu.in", "flashcore_config.h",
+                          "flashcore", "flashcore", "FLASHCORE_META_LEN", "flashcore::Params", "flashcore/params.h")
+#: The hopper family: TMA tensor maps encoded by the launcher from pointers and strides.
+#: (hopper/params.h names HOPPER_META_LEN but includes cuda.h, which the binding must not.)
+HOPPER = ExtensionKind("hopper_ext", "hopper_ext.cpp", "hopper_launch_row.cu.in", "hopper_config.h",
+                       "hopper", "hopper", str(len(HOPPER_META)), "HopperExtArgs", "hopper_ext_args.h")
+KINDS = {"hopper": HOPPER}
+
+
+def extension_kind(family: str) -> ExtensionKind:
+    return KINDS.get(family, FLASHCORE)
+
+
 #: One row's real kernel compiles in seconds; 10 minutes is only a guard against a hung nvcc.
 ROW_TIMEOUT_S = 600.0
 #: The torch binding compiles torch/extension.h (about a minute on 2 cores); 30 minutes is a guard.
@@ -57,7 +90,7 @@ TORCH_TIMEOUT_S = 1800.0
 
 @dataclass(frozen=True)
 class BuiltExtension:
-    module: Path                  # OUTPUT/flashcore_ext.so
+    module: Path                  # OUTPUT/<module>.so
     rows: int
     arch: str
     seconds: float
@@ -84,37 +117,37 @@ def cuda_library_dirs(nvcc: Path, scratch: Path) -> list[Path]:
     return dirs
 
 
-def generate_sources(info: HeaderInfo, header: Path, out: Path, family: str) -> list[Path]:
-    """Write include/flashcore_config.h, src/row_<i>.cu and src/flashcore_rows.h; return the row sources."""
+def generate_sources(info: HeaderInfo, header: Path, out: Path, family: str, kind: ExtensionKind) -> list[Path]:
+    """Write include/<config header>, src/row_<i>.cu and src/<prefix>_rows.h; return the row sources."""
     include, src = out / "include", out / "src"
     include.mkdir(parents=True, exist_ok=True)
     src.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(header, include / "flashcore_config.h")
-    template = (HERE / "launch_row.cu.in").read_text()
+    shutil.copyfile(header, include / kind.config_header)
+    template = (HERE / kind.row_template).read_text()
+    x = kind.prefix
     sources = []
     for i, names in enumerate(info.rows):
-        inst = row_instantiation("flashcore_config.h", i, names, family,
-                                 kernel_name=f"flashcore_fwd_{i}", meta_name=f"flashcore_meta_{i}")
+        inst = row_instantiation(kind.config_header, i, names, family,
+                                 kernel_name=f"{x}_fwd_{i}", meta_name=f"{x}_meta_{i}")
         text = template.replace("@INSTANTIATION@", inst).replace("@INDEX@", str(i))
         path = src / f"row_{i}.cu"
         _write_if_changed(path, text)
         sources.append(path)
-    decls = "\n".join(f'extern "C" int flashcore_ext_launch_{i}(const flashcore::Params*, void*, int, char*, int);'
-                      for i in range(len(info.rows)))
-    table = ",\n    ".join(f"flashcore_ext_launch_{i}" for i in range(len(info.rows)))
-    shadows = "\n".join(f"__attribute__((weak)) int32_t flashcore_meta_{i}[FLASHCORE_META_LEN];"
+    signature = f"(const {kind.launch_args}*, void* stream, int device, char* err, int err_len)"
+    decls = "\n".join(f'extern "C" int {x}_ext_launch_{i}{signature};' for i in range(len(info.rows)))
+    table = ",\n    ".join(f"{x}_ext_launch_{i}" for i in range(len(info.rows)))
+    shadows = "\n".join(f"__attribute__((weak)) int32_t {x}_meta_{i}[{kind.meta_len}];"
                         for i in range(len(info.rows)))
-    _write_if_changed(src / "flashcore_rows.h", (
-        "// generated by scripts/build_extension.py: one launcher per row of flashcore_config.h\n"
-        "#pragma once\n#include \"flashcore/params.h\"\n"
-        f"{decls}\n"
+    _write_if_changed(src / f"{x}_rows.h", (
+        f"// generated by scripts/build_extension.py: one launcher per row of {kind.config_header}\n"
+        f"#pragma once\n#include <cstdint>\n#include \"{kind.launch_include}\"\n"
+        + f"{decls}\n"
         "// nvcc gives `extern \"C\" __constant__ int32_t meta[] = {...}` (instantiate.cuh) no host shadow\n"
-        "// variable, yet the row objects' registration code references one (nm: U flashcore_meta_<i>).\n"
+        f"// variable, yet the row objects' registration code references one (nm: U {x}_meta_<i>).\n"
         "// These weak, never-read definitions satisfy the link; the launchers read the table with\n"
         "// cuModuleGetGlobal. A kernel source that defines the shadow itself overrides them.\n"
         f"extern \"C\" {{\n{shadows}\n}}\n"
-        "using FlashcoreLaunch = int (*)(const flashcore::Params*, void* stream, int device, char* err, int err_len);\n"
-        f"static constexpr FlashcoreLaunch kLaunchers[] = {{\n    {table},\n}};\n"))
+        f"static constexpr int (*kLaunchers[]){signature} = {{\n    {table},\n}};\n"))
     return sources
 
 
@@ -132,7 +165,7 @@ def compile_rows(nvcc: Path, arch: str, sources: list[Path], out: Path, includes
     def one(source: Path) -> tuple[Path, Path, object]:
         obj = objdir / (source.stem + ".o")
         argv = [str(nvcc), "-c", "-std=c++17", "-O3", gencode(arch), "-Xcompiler", "-fPIC",
-                "-I", str(out / "include"), *[f"-I{p}" for p in includes], str(source), "-o", str(obj)]
+                "-I", str(out / "include"), f"-I{HERE}", *[f"-I{p}" for p in includes], str(source), "-o", str(obj)]
         return source, obj, run(argv, cwd=out, timeout_s=timeout_s)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -160,7 +193,7 @@ cpp_extension.load(name=a["name"], sources=a["sources"], extra_include_paths=a["
 
 
 def build_binding(objects: list[Path], out: Path, includes: list[Path], cuda_libs: list[Path], verbose: bool,
-                  timeout_s: float) -> Path:
+                  timeout_s: float, kind: ExtensionKind = FLASHCORE) -> Path:
     """Build the torch binding with cpp_extension.load in a child process (so it has a timeout)."""
     build_dir = out / "torch_build"
     build_dir.mkdir(exist_ok=True)
@@ -169,8 +202,8 @@ def build_binding(objects: list[Path], out: Path, includes: list[Path], cuda_lib
         ldflags += [f"-L{d}"]
     ldflags += ["-lcudart_static", "-ldl", "-lrt", "-lpthread"]
     args = {
-        "name": MODULE, "sources": [str(HERE / "flashcore_ext.cpp")],
-        "includes": [str(out / "include"), str(out / "src"), *map(str, includes)],
+        "name": kind.module, "sources": [str(HERE / kind.binding)],
+        "includes": [str(out / "include"), str(out / "src"), str(HERE), *map(str, includes)],
         "ldflags": ldflags, "build_dir": str(build_dir), "verbose": verbose,
     }
     env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)))
@@ -184,10 +217,10 @@ def build_binding(objects: list[Path], out: Path, includes: list[Path], cuda_lib
         errors = [ln for ln in lines if "error" in ln.lower()] or lines
         raise BuildError(f"the torch binding did not build: {' | '.join(errors[-4:])}",
                          "rerun with --verbose; torch and a host C++ compiler (g++) must be installed")
-    built = build_dir / f"{MODULE}.so"
+    built = build_dir / f"{kind.module}.so"
     if not built.is_file():
         raise BuildError(f"the torch build finished but {built} is missing", "rerun with --verbose")
-    module = out / f"{MODULE}.so"
+    module = out / f"{kind.module}.so"
     shutil.copyfile(built, module)
     return module
 
@@ -198,14 +231,9 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
           verbose: bool = False) -> BuiltExtension:
     start = time.monotonic()
     header = Path(header).resolve()
-    info = read_header(header)
     check_family(family)
-    if family in FAMILIES_WITH_OWN_PARAMS:
-        raise EvotunerError(
-            f"kernel family {family!r}: the extension's row launcher (scripts/extension/launch_row.cu.in) packs "
-            "flashcore::Params; this family's kernels take their own Params (TMA tensor maps) and cannot be built here yet",
-            f"run {family} through evotuner.flash_attention(..., family={family!r}) (driver-API runtime), "
-            "or build the extension from FlashCore rows")
+    kind = extension_kind(family)
+    info = read_header(header, kind.header_family)
     root = (kernels_root or _kernels_root()).resolve()
     inc = [*(Path(p).resolve() for p in includes), root]
     if not any((p / family / "instantiate.cuh").is_file() for p in inc):
@@ -217,9 +245,10 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
     out.mkdir(parents=True, exist_ok=True)
     nvcc_path = find_nvcc(nvcc)
     toolchain = probe(nvcc_path)
-    sources = generate_sources(info, header, out, family)
+    sources = generate_sources(info, header, out, family, kind)
     objects = compile_rows(nvcc_path, info.arch, sources, out, inc, jobs or os.cpu_count() or 1, row_timeout_s)
-    module = build_binding(objects, out, inc, cuda_library_dirs(nvcc_path, out / "obj"), verbose, torch_timeout_s)
+    module = build_binding(objects, out, inc, cuda_library_dirs(nvcc_path, out / "obj"), verbose, torch_timeout_s,
+                           kind)
     (out / "build_info.json").write_text(json.dumps({
         "module": module.name, "header": str(header),
         "header_sha256": hashlib.sha256(header.read_bytes()).hexdigest(),
@@ -232,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--header", required=True, type=Path, help="the header written by `evotuner export`")
     ap.add_argument("--output", required=True, type=Path, help="folder to build into (created)")
-    ap.add_argument("--family", default="flashcore", help="kernel family folder (default flashcore)")
+    ap.add_argument("--family", default="flashcore",
+                    help="kernel family (default flashcore; hopper builds hopper_ext from the header's hopper section)")
     ap.add_argument("--kernels-root", type=Path, default=None,
                     help="folder holding <family>/instantiate.cuh (default: the installed evotuner.kernels)")
     ap.add_argument("--include", type=Path, action="append", default=[], help="extra include folder (repeatable)")
@@ -250,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"built {built.module} ({built.rows} rows, {built.arch}) in {built.seconds:.0f} s")
-    print(f"use: import sys, torch; sys.path.insert(0, {str(built.module.parent)!r}); import {MODULE}")
+    print(f"use: import sys, torch; sys.path.insert(0, {str(built.module.parent)!r}); import {built.module.stem}")
     return 0
 
 

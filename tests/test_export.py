@@ -43,10 +43,10 @@ def trial(number: int, value: float | None, params: dict[str, object], state: st
 
 
 def summary(name: str, trials: list[TrialRecord], *, s: int = 2048, d: int = 64, dtype: str = "fp16",
-            causal: bool = False, device: str = "NVIDIA H100 80GB HBM3") -> StudySummary:
+            causal: bool = False, device: str = "NVIDIA H100 80GB HBM3", family: str = "flashcore") -> StudySummary:
     return StudySummary(
         study=name, problem=Problem(Shape(4, 16, s, s, d), dtype, causal), space_name="default",
-        space_fingerprint="f" * 16, kernel_family="flashcore", sampler="tpe", seed=0, created=CREATED,
+        space_fingerprint="f" * 16, kernel_family=family, sampler="tpe", seed=0, created=CREATED,
         source_hash="abc123def456", nvcc_version=NVCC_VERSION, evotuner_version="0.1.0",
         device={"name": device, "sm_count": 132}, devices=(), baselines={}, best=None, trials=tuple(trials),
     )
@@ -70,6 +70,28 @@ def three_studies() -> FakeStore:
         summary("d128_causal_bf16", [trial(5, 300.0, P(bm=128, bn=128, warps=8, minb=1))],
                 s=16384, d=128, dtype="bf16", causal=True),
     )
+
+
+def H(bn: int = 128, wgs: int = 3, stages: int = 2, rp: int = 32, rc: int = 160, sched: int = 0) -> dict[str, object]:
+    """A hopper-family config (kernels/hopper/defaults.toml's D64 entry by default)."""
+    return {"BLOCK_N": bn, "CONSUMER_WGS": wgs, "STAGES": stages, "REG_PROD": rp, "REG_CONS": rc, "OVERLAP": 1,
+            "PINGPONG": 1, "SCHED": sched, "RESCALE_LOG2": 8, "EXP_EMU": 0}
+
+
+def hopper_studies() -> FakeStore:
+    """One hopper row per scheduler: D64 fp16 (SCHED 0), D64 causal (SCHED 2), D128 bf16
+    (SCHED 1), D128 causal fp16 (3 stages, SCHED 0) - the family's recommended configs."""
+    d128 = dict(wgs=2, rp=24, rc=240)
+    return FakeStore(
+        summary("h_d64", [trial(0, 500.0, H())], family="hopper"),
+        summary("h_d64_causal", [trial(0, 300.0, H(sched=2))], s=4096, causal=True, family="hopper"),
+        summary("h_d128_bf16", [trial(0, 400.0, H(**d128, sched=1))], d=128, dtype="bf16", family="hopper"),
+        summary("h_d128_causal", [trial(0, 900.0, H(**d128, stages=3))], s=4096, d=128, causal=True,
+                family="hopper"),
+    )
+
+
+HOPPER_STUDIES = ["h_d64", "h_d64_causal", "h_d128_bf16", "h_d128_causal"]
 
 
 # ------------------------------------------------------------------------------------------ selection
@@ -391,7 +413,7 @@ def test_build_extension_refuses_bad_inputs(tmp_path: Path) -> None:
     export_header(three_studies(), ["d64_s2k"], header)
     with pytest.raises(EvotunerError, match="no nope/instantiate.cuh under"):
         bx.build(header, tmp_path / "o", family="nope")
-    with pytest.raises(EvotunerError, match="'hopper'.*cannot be built here yet"):
+    with pytest.raises(EvotunerError, match="no HOPPER_TUNED_COUNT"):   # a header without a hopper section
         bx.build(header, tmp_path / "o", family="hopper")
     (tmp_path / "file").write_text("")
     with pytest.raises(EvotunerError, match="exists and is not a folder"):
@@ -433,6 +455,41 @@ def test_build_extension_builds_an_importable_module(tmp_path: Path) -> None:
         "    f.attention(q, q, q, False, None)\n"
         "except RuntimeError as e:\n"
         "    assert 'must be CUDA tensors' in str(e), e\n"
+        "else:\n"
+        "    raise AssertionError('CPU tensors accepted')\n"
+        "print('OK')\n"
+    )
+    ran = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "ext")], capture_output=True, text=True,
+                         timeout=300)
+    assert ran.returncode == 0 and ran.stdout.strip() == "OK", ran.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_build_extension_builds_the_hopper_module(tmp_path: Path) -> None:
+    """The hopper family's production build: real kernel rows (TMA launcher) + the torch binding;
+    the module imports with the CPU torch wheel and answers select()/configs() from the header's
+    hopper section (the FlashCore section of the same header is left to flashcore_ext)."""
+    bx = _build_extension_module()
+    header = tmp_path / "tuned.h"
+    store = hopper_studies()
+    store.summaries.update(three_studies().summaries)
+    export_header(store, [*HOPPER_STUDIES, "d64_s2k"], header)
+    built = bx.build(header, tmp_path / "ext", family="hopper", jobs=2)
+    assert built.module == tmp_path / "ext" / "hopper_ext.so" and built.rows == 4
+    rows_h = (tmp_path / "ext" / "src" / "hopper_rows.h").read_text()
+    assert "hopper_ext_launch_3" in rows_h and "hopper_meta_3" in rows_h and "cuda.h" not in rows_h
+    probe = (
+        "import sys, torch; sys.path.insert(0, sys.argv[1]); import hopper_ext as f\n"
+        "rows = f.configs()\n"
+        "assert [(c['head_dim'], c['dtype'], c['causal']) for c in rows] == [\n"
+        "    (64, 'fp16', False), (64, 'fp16', True), (128, 'fp16', True), (128, 'bf16', False)], rows\n"
+        "assert (f.select(64, 'fp16', True, 100), f.select(128, 'bf16', False, 10**5), f.select(96, 'fp16', False, 5),\n"
+        "        f.select(64, 'bf16', False, 5)) == (1, 3, -1, -1)\n"
+        "q = torch.zeros(1, 1, 4, 64, dtype=torch.float16)\n"
+        "try:\n"
+        "    f.attention(q, q, q, False, None)\n"
+        "except RuntimeError as e:\n"
+        "    assert 'hopper_ext.attention: q, k and v must be CUDA tensors' in str(e), e\n"
         "else:\n"
         "    raise AssertionError('CPU tensors accepted')\n"
         "print('OK')\n"
@@ -513,6 +570,39 @@ def test_real_study_errors(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["studies.db"]
 
 
+#: The start of both GPU probes of a built extension (MODULE: its name): check_cases runs every
+#: (B, H, Sq, Sk, D, dtype, causal, row) on a side stream against fp32 SDPA; check_unserved
+#: expects the error for a head dim no row serves.
+_GPU_PROBE = r"""
+import sys, torch
+sys.path.insert(0, sys.argv[1]); import MODULE as f
+F = torch.nn.functional
+torch.manual_seed(0)
+
+def check_cases(cases):
+    for B, H, Sq, Sk, D, dt, causal, row in cases:
+        assert f.select(D, "bf16" if dt == torch.bfloat16 else "fp16", causal, Sk) == row
+        q = torch.randn(B, H, Sq, D, device="cuda", dtype=dt)
+        k, v = (torch.randn(B, H, Sk, D, device="cuda", dtype=dt) for _ in range(2))
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            o = f.attention(q, k, v, causal, 0.1)
+        side.synchronize()
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, scale=0.1)
+        err = (o.float() - ref).abs().max().item()
+        assert err < (2e-2 if dt == torch.bfloat16 else 2e-3), (B, H, Sq, Sk, D, causal, err)
+
+def check_unserved():
+    q = torch.randn(1, 1, 4, 96, device="cuda", dtype=torch.float16)
+    try:
+        f.attention(q, q, q, False, None)
+    except RuntimeError as e:
+        assert "no tuned config for head_dim=96 fp16 non-causal" in str(e), e
+    else:
+        raise AssertionError("head_dim 96 accepted")
+"""
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_production_extension_on_the_gpu(tmp_path: Path) -> None:
@@ -522,31 +612,45 @@ def test_production_extension_on_the_gpu(tmp_path: Path) -> None:
     header = tmp_path / "flashcore_config.h"
     export_header(three_studies(), ["d64_s2k", "d64_s512", "d128_causal_bf16"], header)
     built = bx.build(header, tmp_path / "ext")
-    probe = r"""
-import sys, torch
-sys.path.insert(0, sys.argv[1]); import flashcore_ext as f
-F = torch.nn.functional
-torch.manual_seed(0)
-cases = [(2, 4, 500, 64, torch.float16, False, 0), (2, 4, 1000, 64, torch.float16, False, 1),
-         (2, 3, 9000, 64, torch.float16, False, 1), (1, 2, 300, 128, torch.bfloat16, True, 2),
-         (1, 2, 3000, 128, torch.bfloat16, True, 2)]
-for B, H, S, D, dt, causal, row in cases:
-    assert f.select(D, "bf16" if dt == torch.bfloat16 else "fp16", causal, S) == row
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(3))
-    side = torch.cuda.Stream()
-    with torch.cuda.stream(side):
-        o = f.attention(q, k, v, causal, 0.1)
-    side.synchronize()
-    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, scale=0.1)
-    err = (o.float() - ref).abs().max().item()
-    assert err < (2e-2 if dt == torch.bfloat16 else 2e-3), (S, D, err)
-q = torch.randn(1, 1, 4, 96, device="cuda", dtype=torch.float16)
+    probe = _GPU_PROBE.replace("MODULE", "flashcore_ext") + r"""
+check_cases([(2, 4, 500, 500, 64, torch.float16, False, 0), (2, 4, 1000, 1000, 64, torch.float16, False, 1),
+             (2, 3, 9000, 9000, 64, torch.float16, False, 1), (1, 2, 300, 300, 128, torch.bfloat16, True, 2),
+             (1, 2, 3000, 3000, 128, torch.bfloat16, True, 2)])
+check_unserved()
+print("OK")
+"""
+    ran = subprocess.run([sys.executable, "-c", probe, str(built.module.parent)], capture_output=True, text=True,
+                         timeout=600)
+    assert ran.returncode == 0 and ran.stdout.strip() == "OK", (ran.stdout + ran.stderr)[-3000:]
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_hopper_production_extension_on_the_gpu(tmp_path: Path) -> None:
+    """Export -> build hopper_ext -> attention() matches fp32 SDPA for every row (each
+    scheduler), ragged and Sq != Sk shapes, a [B,S,H,D] tensor seen as [B,H,S,D], on the
+    caller's stream; a stride TMA cannot take and a shape no row serves are clear errors."""
+    bx = _build_extension_module()
+    header = tmp_path / "tuned.h"
+    export_header(hopper_studies(), HOPPER_STUDIES, header)
+    built = bx.build(header, tmp_path / "ext", family="hopper")
+    probe = _GPU_PROBE.replace("MODULE", "hopper_ext") + r"""
+check_cases([(2, 4, 500, 500, 64, torch.float16, False, 0), (3, 5, 2047, 2047, 64, torch.float16, False, 0),
+             (1, 3, 97, 513, 64, torch.float16, False, 0), (2, 4, 1000, 1000, 64, torch.float16, True, 1),
+             (1, 3, 513, 97, 64, torch.float16, True, 1), (2, 2, 3000, 3000, 128, torch.float16, True, 2),
+             (2, 4, 1000, 1000, 128, torch.bfloat16, False, 3), (1, 3, 17, 300, 128, torch.bfloat16, False, 3)])
+x = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.float16).transpose(1, 2)   # [B,S,H,D] storage
+o = f.attention(x, x, x, False, None)
+ref = F.scaled_dot_product_attention(x.float(), x.float(), x.float())
+assert (o.float() - ref).abs().max().item() < 2e-3
+bad = torch.randn(1, 2, 64, 68, device="cuda", dtype=torch.float16)[..., :64]        # row stride 68
 try:
-    f.attention(q, q, q, False, None)
+    f.attention(bad, bad, bad, False, None)
 except RuntimeError as e:
-    assert "no tuned config for head_dim=96 fp16 non-causal" in str(e), e
+    assert "row stride" in str(e) and "multiple of 8" in str(e), e
 else:
-    raise AssertionError("head_dim 96 accepted")
+    raise AssertionError("row stride 68 accepted")
+check_unserved()
 print("OK")
 """
     ran = subprocess.run([sys.executable, "-c", probe, str(built.module.parent)], capture_output=True, text=True,

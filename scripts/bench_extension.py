@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Time a built production extension (scripts/build_extension.py) against SDPA in one run.
+
+    python scripts/bench_extension.py --module build/hopper_ext --rounds 3 --output out/bench_ext
+    python scripts/bench_extension.py --module build/flashcore_ext --shapes 16,16,2048,64,0 --dtypes fp16
+
+For every shape and dtype a row of the module serves (its ``select()``), the module's
+``attention()`` is checked against fp32 SDPA on fresh random inputs, then it and SDPA's
+default backend are timed in turn (``evotuner.runtime.timing.time_cuda``: CUDA events, L2
+flushed before each repetition), ``--rounds`` times; the figures are medians over rounds
+and the ratio is the median of the per-round ratios. What it measures is the whole call a
+user makes: the binding's checks, the row's tensor-map encoding and the launch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from evotuner.problem import Problem, Shape
+from evotuner.runtime.timing import time_cuda
+
+SHAPES = ((16, 16, 2048, 64, False), (1, 8, 512, 64, False), (4, 16, 4096, 64, True),
+          (8, 16, 2048, 128, False), (4, 32, 4096, 128, True), (1, 32, 8192, 128, False))
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
+    try:
+        b, h, s, d, c = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL (e.g. 4,16,4096,64,1)") from None
+    return b, h, s, d, bool(c)
+
+
+def bench(mod, shape: tuple[int, int, int, int, bool], dtype: str, args: argparse.Namespace) -> dict | None:
+    B, H, S, D, causal = shape
+    row = mod.select(D, dtype, causal, S)
+    if row < 0:
+        return None
+    dt = DTYPES[dtype]
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(3))
+    scale = 1.0 / math.sqrt(D)
+    o = mod.attention(q, k, v, causal, scale)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, scale=scale)
+    err = (o.float() - ref).abs().max().item()
+    ours, theirs = [], []
+    for _ in range(args.rounds):
+        theirs.append(time_cuda(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
+                                reps=args.reps).median_us)
+        ours.append(time_cuda(lambda: mod.attention(q, k, v, causal, scale), reps=args.reps).median_us)
+    problem = Problem(Shape(B, H, S, S, D), dtype, causal)
+    us = statistics.median(ours)
+    return {"shape": [B, H, S, D], "causal": causal, "dtype": dtype, "row": row,
+            "kernel": mod.configs()[row]["kernel"], "max_error": err, "median_us": us, "tflops": problem.tflops(us),
+            "sdpa_default_us": statistics.median(theirs), "round_us": ours, "sdpa_round_us": theirs,
+            "speedup_vs_sdpa_default": statistics.median(t / m for t, m in zip(theirs, ours))}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--module", required=True, type=Path, help="the build folder holding <module>.so")
+    ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL; repeatable")
+    ap.add_argument("--dtypes", default="fp16,bf16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--output", type=Path, default=None, help="write OUTPUT.json")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("error: bench_extension needs a CUDA GPU", file=sys.stderr)
+        return 1
+    sos = sorted(args.module.glob("*_ext.so"))
+    if len(sos) != 1:
+        print(f"error: {args.module} holds {len(sos)} *_ext.so modules; give the folder build_extension wrote",
+              file=sys.stderr)
+        return 1
+    sys.path.insert(0, str(args.module))
+    mod = importlib.import_module(sos[0].stem)
+    rows = []
+    print(f"{sos[0].stem} on {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"{'shape':24s} {'dtype':5s} {'kernel':14s} {'µs':>9s} {'TFLOPS':>7s} {'SDPA µs':>9s} {'xdef':>5s} {'err':>8s}")
+    for shape in args.shapes or SHAPES:
+        for dtype in args.dtypes.split(","):
+            r = bench(mod, shape, dtype, args)
+            if r is None:
+                print(f"{str(shape):24s} {dtype:5s} (no row serves it)")
+                continue
+            rows.append(r)
+            B, H, S, D = r["shape"]
+            print(f"{f'{B},{H},{S},{D}' + (' causal' if r['causal'] else ''):24s} {dtype:5s} {r['kernel']:14s} "
+                  f"{r['median_us']:9.1f} {r['tflops']:7.1f} {r['sdpa_default_us']:9.1f} "
+                  f"{r['speedup_vs_sdpa_default']:5.2f} {r['max_error']:8.1e}")
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
