@@ -10,7 +10,7 @@ for what in "${@:-all}"; do
   case $what in
     tests|all)
       step "GPU tests"
-      timeout 420 python3 -m pytest -q -rs -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -25 ;;&
+      timeout 560 python3 -m pytest -q -rs -m gpu tests 2>&1 | tee "$out/gpu_tests.log" | tail -25 ;;&
     bench|all)
       step "bench_attention (every family's recommended config vs SDPA, same run)"
       timeout 300 python3 scripts/bench_attention.py --output "$out/bench" 2>&1 | tee "$out/bench.log" | tail -40 ;;&
