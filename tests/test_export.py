@@ -429,6 +429,22 @@ def test_build_extension_reports_the_row_nvcc_rejects(tmp_path: Path) -> None:
         bx.build(header, tmp_path / "ext", jobs=2)
 
 
+def _probe_on_cpu(ext: Path, module: str, body: str) -> None:
+    """Import the built ``module`` from ``ext`` with this (CPU) torch, run ``body`` on it (as
+    ``f``), then check attention() refuses CPU tensors with a message naming the module."""
+    probe = (f"import sys, torch; sys.path.insert(0, sys.argv[1]); import {module} as f\n{body}"
+             "q = torch.zeros(1, 1, 4, 64, dtype=torch.float16)\n"
+             "try:\n"
+             "    f.attention(q, q, q, False, None)\n"
+             "except RuntimeError as e:\n"
+             f"    assert '{module}.attention: q, k and v must be CUDA tensors' in str(e), e\n"
+             "else:\n"
+             "    raise AssertionError('CPU tensors accepted')\n"
+             "print('OK')\n")
+    ran = subprocess.run([sys.executable, "-c", probe, str(ext)], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and ran.stdout.strip() == "OK", ran.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_build_extension_builds_an_importable_module(tmp_path: Path) -> None:
     """The whole production build (row objects + torch binding, about a minute) with the toy
@@ -442,26 +458,14 @@ def test_build_extension_builds_an_importable_module(tmp_path: Path) -> None:
     assert built.module == tmp_path / "ext" / "flashcore_ext.so" and built.rows == 3 and built.arch == "sm_90a"
     for i in range(3):
         assert f"flashcore_fwd_{i}" in (tmp_path / "ext" / "src" / f"row_{i}.cu").read_text()
-    probe = (
-        "import sys, torch; sys.path.insert(0, sys.argv[1]); import flashcore_ext as f\n"
+    _probe_on_cpu(tmp_path / "ext", "flashcore_ext", (
         "assert f.arch == 'sm_90a', f.arch\n"
         "assert [c['max_seqlen'] for c in f.configs()] == [512, 2048, 2**31 - 1], f.configs()\n"
         "assert [c['kernel'] for c in f.configs()] == ['flashcore_fwd_0', 'flashcore_fwd_1', 'flashcore_fwd_2']\n"
         "assert (f.select(64, 'fp16', False, 100), f.select(64, 'fp16', False, 600),\n"
         "        f.select(64, 'fp16', False, 10**6),\n"
         "        f.select(128, 'bf16', True, 5), f.select(128, 'fp16', True, 5)) == (0, 1, 1, 2, -1)\n"
-        "q = torch.zeros(1, 1, 4, 64, dtype=torch.float16)\n"
-        "try:\n"
-        "    f.attention(q, q, q, False, None)\n"
-        "except RuntimeError as e:\n"
-        "    assert 'must be CUDA tensors' in str(e), e\n"
-        "else:\n"
-        "    raise AssertionError('CPU tensors accepted')\n"
-        "print('OK')\n"
-    )
-    ran = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "ext")], capture_output=True, text=True,
-                         timeout=300)
-    assert ran.returncode == 0 and ran.stdout.strip() == "OK", ran.stderr[-3000:]
+    ))
 
 
 @pytest.mark.slow
@@ -478,25 +482,13 @@ def test_build_extension_builds_the_hopper_module(tmp_path: Path) -> None:
     assert built.module == tmp_path / "ext" / "hopper_ext.so" and built.rows == 4
     rows_h = (tmp_path / "ext" / "src" / "hopper_rows.h").read_text()
     assert "hopper_ext_launch_3" in rows_h and "hopper_meta_3" in rows_h and "cuda.h" not in rows_h
-    probe = (
-        "import sys, torch; sys.path.insert(0, sys.argv[1]); import hopper_ext as f\n"
+    _probe_on_cpu(tmp_path / "ext", "hopper_ext", (
         "rows = f.configs()\n"
         "assert [(c['head_dim'], c['dtype'], c['causal']) for c in rows] == [\n"
         "    (64, 'fp16', False), (64, 'fp16', True), (128, 'fp16', True), (128, 'bf16', False)], rows\n"
         "assert (f.select(64, 'fp16', True, 100), f.select(128, 'bf16', False, 10**5), f.select(96, 'fp16', False, 5),\n"
         "        f.select(64, 'bf16', False, 5)) == (1, 3, -1, -1)\n"
-        "q = torch.zeros(1, 1, 4, 64, dtype=torch.float16)\n"
-        "try:\n"
-        "    f.attention(q, q, q, False, None)\n"
-        "except RuntimeError as e:\n"
-        "    assert 'hopper_ext.attention: q, k and v must be CUDA tensors' in str(e), e\n"
-        "else:\n"
-        "    raise AssertionError('CPU tensors accepted')\n"
-        "print('OK')\n"
-    )
-    ran = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "ext")], capture_output=True, text=True,
-                         timeout=300)
-    assert ran.returncode == 0 and ran.stdout.strip() == "OK", ran.stderr[-3000:]
+    ))
 
 
 # ------------------------------------------------------------------------------------------ a real study database
