@@ -12,7 +12,8 @@ matching entry wins.
 A table may also carry ``max_query_rows = N``: it applies only to problems with
 B*H*Sq <= N query rows, where the big tiles leave most SMs idle (the Hopper family's
 latency shapes). Such an entry is never picked when only the head dim, dtype and
-causal flag are known (:func:`pick_config` without ``query_rows``).
+causal flag are known (:func:`pick_config` without ``query_rows``); of several that
+match a problem, the one with the smallest limit wins.
 """
 
 from __future__ import annotations
@@ -139,10 +140,11 @@ def pick_config(entries: tuple[_Entry, ...], head_dim: int, dtype: str, causal: 
                 title: str = "kernel", *, query_rows: int | None = None) -> KernelConfig:
     """The most specific entry matching (head dim, dtype, causal and, when given, the
     problem's B*H*Sq ``query_rows``); ShapeError when none does."""
-    best: tuple[int, dict[str, int]] | None = None
+    best: tuple[tuple[int, int], dict[str, int]] | None = None
     for cond, params in entries:
         if _matches(cond, head_dim, dtype, causal, query_rows):
-            score = len(cond)
+            # More conditions win; of two size-limited entries, the tighter limit.
+            score = (len(cond), -int(cond.get("max_query_rows", 0)))
             if best is None or score > best[0]:
                 best = (score, params)
     if best is None:

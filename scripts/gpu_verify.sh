@@ -22,13 +22,14 @@ for what in "${@:-all}"; do
       timeout 180 evotuner profile --study v64 --top 3 --storage "$db" 2>&1 | tee "$out/profile.log" | tail -20 ;;&
     hcheck|all)
       # Every recommended config of kernels/hopper/defaults.toml (the D64 one also causal with
-      # SCHED=2, the one-warpgroup short one, D128 with SCHED=1, D128 causal): at evotuner
+      # SCHED=2, the short and mid ones, D128 with SCHED=1, D128 causal): at evotuner
       # check's small ragged shapes some warpgroups have no rows inside Sq (skip_tile).
       step "compute-sanitizer on the hopper family's recommended configs"
       base=OVERLAP=1,RESCALE_LOG2=8,EXP_EMU=0
       for spec in "D=64 - BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=0" \
                   "D=64 --causal BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=2" \
                   "D=64 - BLOCK_N=128,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,PINGPONG=0,SCHED=0" \
+                  "D=64 - BLOCK_N=128,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=0" \
                   "D=128 - BLOCK_N=128,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=1" \
                   "D=128 --causal BLOCK_N=128,CONSUMER_WGS=2,STAGES=3,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=0"; do
         set -- $spec; c=""; [ "$2" = --causal ] && c=--causal

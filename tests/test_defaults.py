@@ -54,15 +54,34 @@ def test_a_max_query_rows_entry_applies_only_up_to_its_rows():
         parse_defaults(SHORT.replace("16384", "0"))
 
 
+def test_of_two_row_limits_the_tighter_one_wins_whatever_the_file_order():
+    from evotuner.defaults import pick_config
+
+    mid = """
+[d128.mid]
+causal = false
+max_query_rows = 65536
+BLOCK_M = 32
+"""
+    for text in (SHORT + mid, NESTED + mid + SHORT[len(NESTED):]):
+        e = parse_defaults(text)
+        assert [pick_config(e, 128, "fp16", False, query_rows=r)["BLOCK_M"] for r in (100, 16384, 16385, 65536,
+                                                                                      65537)] == [64, 64, 32, 32, 128]
+
+
 def test_the_hopper_family_picks_one_warpgroup_at_the_latency_shape():
     """Measured (kernels/hopper/defaults.toml): at 1,8,512,64 one consumer warpgroup is
     1.18x cuDNN where the big-tile config is 0.92x; large shapes keep the big tiles."""
     from evotuner.family.registry import get_family
 
     hopper = get_family("hopper")
-    short = hopper.recommended_configs(Problem(Shape(1, 8, 512, 512, 64), "fp16"))[0]
-    large = hopper.recommended_configs(Problem(Shape(16, 16, 2048, 2048, 64), "fp16"))[0]
-    assert short["CONSUMER_WGS"] == 1 and large["CONSUMER_WGS"] == 3
+
+    def wgs(b: int, h: int, s: int) -> int:
+        return hopper.recommended_configs(Problem(Shape(b, h, s, s, 64), "fp16"))[0]["CONSUMER_WGS"]
+
+    # [d64.short] up to 8448 rows, [d64.mid] (two warpgroups) up to 33792, then [d64]
+    assert [wgs(1, 8, 512), wgs(1, 8, 1024), wgs(1, 16, 1024), wgs(2, 16, 1024), wgs(1, 8, 4096), wgs(4, 16, 1024),
+            wgs(16, 16, 2048)] == [1, 1, 2, 2, 2, 3, 3]
     assert hopper.recommended_configs(Problem(Shape(1, 8, 512, 512, 64), "fp16", causal=True))[0]["CONSUMER_WGS"] == 3
 
 

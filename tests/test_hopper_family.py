@@ -48,9 +48,10 @@ def _problem(d: int, dtype: str = "fp16", causal: bool = False, s: int = 2048) -
 
 
 #: (D, dtype, causal, S): every (D, dtype, causal) at S=2048 (4x8 heads), and the few-rows
-#: problems of defaults.toml's max_query_rows entries (4*8*256 = 8192 query rows).
+#: problems of defaults.toml's max_query_rows entries (4*8*256 = 8192 and 4*8*512 = 16384
+#: query rows: [d64.short], [d64.mid]).
 RECOMMENDED = [(d, dt, c, 2048) for d in HOPPER.head_dims for dt in DTYPES for c in (False, True)] + \
-              [(64, dt, False, 256) for dt in DTYPES]
+              [(64, dt, False, s) for dt in DTYPES for s in (256, 512)]
 
 
 # --------------------------------------------------------------------------- space

@@ -1,6 +1,7 @@
 """The Hopper family on the GPU through the real runtime (evotuner.runtime: Builder ->
 cubin -> driver, tensor maps encoded by kernels/hopper/params.py): the issue's
-correctness matrix with the recommended configs, every scheduler (incl. SCHED=2's
+correctness matrix with every recommended config (each size-limited entry too), every
+scheduler of the big-tile ones (incl. SCHED=2's
 per-launch tile counter), LSE, and evotuner.flash_attention's choice.
 
 Every check draws fresh random inputs, poisons O and LSE with NaN and applies FA2's
@@ -38,6 +39,19 @@ def _batch_heads(sq: int, sk: int) -> tuple[int, int]:
     return (3, 5) if sq * sk <= 513 * 513 else (1, 3)     # odd B*H
 
 
+def _entries(problem: Problem) -> list[KernelConfig]:
+    """Every recommended config for the problem's (D, dtype, causal) whatever its size:
+    defaults.toml's size-limited entries ([d64.short], [d64.mid]) as well as the big one,
+    so the matrix's small shapes check all of them, not only the one their size picks."""
+    found: list[KernelConfig] = []
+    for b, h, s in ((1, 1, 4096), (1, 16, 1024), (1, 1, 2**31 - 1)):    # 4096, 16384, unbounded rows
+        probe = Problem(Shape(b, h, s, 1, problem.shape.head_dim), problem.dtype, problem.causal)
+        cfg = HOPPER.recommended_configs(probe)[0]
+        if cfg not in found:
+            found.append(cfg)
+    return found
+
+
 def _runner(problem: Problem, config: KernelConfig | None = None):
     cfg = config or HOPPER.recommended_configs(problem)[0]
     return A.kernel_module(cfg, problem, torch.cuda.current_device(), family="hopper").launch
@@ -55,8 +69,9 @@ def test_seqlen_matrix(head_dim: int, dtype: str, causal: bool) -> None:
     for i, (s, layout) in enumerate(itertools.product(SEQLENS, LAYOUTS)):
         b, h = _batch_heads(s, s)
         problem = Problem(Shape(b, h, s, s, head_dim), dtype, causal)
-        res = C.check(_runner(problem), problem, seed=300 + i, layout=layout)
-        _assert_ok(res, f"hopper {problem.shape} {dtype} causal={causal} {layout}")
+        for cfg in _entries(problem):
+            res = C.check(_runner(problem, cfg), problem, seed=300 + i, layout=layout)
+            _assert_ok(res, f"hopper {cfg} {problem.shape} {dtype} causal={causal} {layout}")
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
@@ -66,8 +81,9 @@ def test_cross_lengths(head_dim: int, dtype: str, causal: bool) -> None:
     for i, ((sq, sk), layout) in enumerate(itertools.product(CROSS, LAYOUTS)):
         b, h = _batch_heads(sq, sk)
         problem = Problem(Shape(b, h, sq, sk, head_dim), dtype, causal)
-        res = C.check(_runner(problem), problem, seed=400 + i, layout=layout)
-        _assert_ok(res, f"hopper {problem.shape} {dtype} causal={causal} {layout}")
+        for cfg in _entries(problem):
+            res = C.check(_runner(problem, cfg), problem, seed=400 + i, layout=layout)
+            _assert_ok(res, f"hopper {cfg} {problem.shape} {dtype} causal={causal} {layout}")
 
 
 @pytest.mark.parametrize("sched", [0, 1, 2])
@@ -78,7 +94,7 @@ def test_every_scheduler_of_the_recommended_config(sched: int, head_dim: int, ca
     for i, (sq, sk) in enumerate(((97, 513), (2047, 2047), (1, 17), (513, 97))):
         b, h = _batch_heads(sq, sk)
         problem = Problem(Shape(b, h, sq, sk, head_dim), "bf16", causal)
-        cfg = KernelConfig.of({**HOPPER.recommended_configs(problem)[0].as_dict(), "SCHED": sched})
+        cfg = KernelConfig.of({**_entries(problem)[-1].as_dict(), "SCHED": sched})   # the big-tile entry
         if SPACE.violated(cfg, problem) is not None:      # D128 causal: 3 stages + an O tile exceed smem
             cfg = KernelConfig.of({**cfg.as_dict(), "STAGES": 2})
         assert SPACE.violated(cfg, problem) is None, cfg
