@@ -370,8 +370,9 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
         else:
             workdir = args.workdir
             workdir.mkdir(parents=True, exist_ok=True)
+        sampler = session.sampler_name(args.sampler, space)   # default: the family's, as `evotuner search`
         meta = {"shape": str(problem.shape), "problem": problem.as_dict(), "space": space.name,
-                "sampler": session.sampler_name(args.sampler, space), "seed": args.seed, "jobs": jobs, "trials": args.trials,
+                "sampler": sampler, "seed": args.seed, "jobs": jobs, "trials": args.trials,
                 "budget_s": args.budget, "workdir": str(workdir), "cpu_count": os.cpu_count()}
 
         def write(reports: dict[str, PhaseReport]) -> None:
@@ -388,7 +389,7 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
             err.print(f"{report.phase}: {report.trials} trials in {report.wall_s:.1f} s "
                       f"({report.trials_per_min:.1f} trials/min)", markup=False, highlight=False, soft_wrap=True)
 
-        reports = bench_tuner(problem=problem, space=space, trials=args.trials, sampler_name=args.sampler,
+        reports = bench_tuner(problem=problem, space=space, trials=args.trials, sampler_name=sampler,
                               seed=args.seed, jobs=jobs, workdir=workdir, measure_factory=measure_factory,
                               phases=phases, on_phase=on_phase)
         out.print(_table(reports, jobs))

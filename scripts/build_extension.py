@@ -14,7 +14,7 @@ What it does, once (minutes: the torch headers dominate):
    the header to ``OUTPUT/include/<config header>`` (``flashcore_config.h`` /
    ``hopper_config.h``, the name the binding includes);
 2. writes one ``OUTPUT/src/row_<i>.cu`` per row from the family's row template in
-   ``scripts/extension/`` (``launch_row.cu.in`` for FlashCore's ABI, ``hopper_launch_row.cu.in``
+   ``scripts/extension/`` (``flashcore_launch_row.cu.in`` for FlashCore's ABI, ``hopper_launch_row.cu.in``
    for the hopper family: TMA tensor maps): the row's macros come from the header's
    ``<T>_<i>_*`` macros, the kernel and its meta table get per-row names, plus an
    ``extern "C"`` launcher; compiles each with ``nvcc -c`` (parallel, each with a timeout)
@@ -55,26 +55,39 @@ HERE = Path(__file__).resolve().parent / "extension"
 
 @dataclass(frozen=True)
 class ExtensionKind:
-    """What differs between the families' production builds: the ABI the row launcher packs."""
+    """What differs between the families' production builds: the ABI the row launcher packs.
+    Everything is named after ``prefix``: module ``<prefix>_ext`` from the binding
+    ``scripts/extension/<prefix>_ext.cpp``, rows from ``<prefix>_launch_row.cu.in``, the header
+    (its ``<prefix>`` section) included as ``<prefix>_config.h``, kernels ``<prefix>_fwd_<i>``,
+    meta tables ``<prefix>_meta_<i>``, launchers ``<prefix>_ext_launch_<i>``."""
 
-    module: str            # the Python module (and .so) name
-    binding: str           # scripts/extension/<binding>: the torch binding
-    row_template: str      # scripts/extension/<row_template>: one row's instantiation + launcher
-    config_header: str     # the name the binding includes the exported header by
-    header_family: str     # whose section of the header the rows come from
-    prefix: str            # kernel <prefix>_fwd_<i>, meta <prefix>_meta_<i>, launcher <prefix>_ext_launch_<i>
+    prefix: str
     meta_len: str          # the meta table's length (a macro of launch_include, or a number)
     launch_args: str       # the launcher's first parameter type
     launch_include: str    # the header declaring it
 
+    @property
+    def module(self) -> str:
+        return f"{self.prefix}_ext"
+
+    @property
+    def binding(self) -> str:
+        return f"{self.prefix}_ext.cpp"
+
+    @property
+    def row_template(self) -> str:
+        return f"{self.prefix}_launch_row.cu.in"
+
+    @property
+    def config_header(self) -> str:
+        return f"{self.prefix}_config.h"
+
 
 #: FlashCore's ABI (flashcore::Params); families that keep it (the test family "toy") build this way.
-FLASHCORE = ExtensionKind("flashcore_ext", "flashcore_ext.cpp", "launch_row.cu.in", "flashcore_config.h",
-                          "flashcore", "flashcore", "FLASHCORE_META_LEN", "flashcore::Params", "flashcore/params.h")
+FLASHCORE = ExtensionKind("flashcore", "FLASHCORE_META_LEN", "flashcore::Params", "flashcore/params.h")
 #: The hopper family: TMA tensor maps encoded by the launcher from pointers and strides.
 #: (hopper/params.h names HOPPER_META_LEN but includes cuda.h, which the binding must not.)
-HOPPER = ExtensionKind("hopper_ext", "hopper_ext.cpp", "hopper_launch_row.cu.in", "hopper_config.h",
-                       "hopper", "hopper", str(len(HOPPER_META)), "HopperExtArgs", "hopper_ext_args.h")
+HOPPER = ExtensionKind("hopper", str(len(HOPPER_META)), "HopperExtArgs", "hopper_ext_args.h")
 KINDS = {"hopper": HOPPER}
 
 
@@ -233,7 +246,7 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
     header = Path(header).resolve()
     check_family(family)
     kind = extension_kind(family)
-    info = read_header(header, kind.header_family)
+    info = read_header(header, kind.prefix)
     root = (kernels_root or _kernels_root()).resolve()
     inc = [*(Path(p).resolve() for p in includes), root]
     if not any((p / family / "instantiate.cuh").is_file() for p in inc):

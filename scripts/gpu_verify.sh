@@ -5,6 +5,14 @@
 set -uo pipefail
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
+# The hopper family's recommended configs (kernels/hopper/defaults.toml), and c64dr (SCHED=2).
+hb=OVERLAP=1,RESCALE_LOG2=8,EXP_EMU=0,BLOCK_N=128
+c64r=$hb,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=0          # [d64]
+c64dr=$hb,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=2         # [d64.causal]
+h64=$hb,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,PINGPONG=0,SCHED=0           # [d64.short]
+m64=$hb,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=0           # [d64.mid]
+c128pr=$hb,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=1        # [d128]
+e128r=$hb,CONSUMER_WGS=2,STAGES=3,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=0         # [d128.causal]
 step() { echo "== $* ($(date +%T))"; }
 for what in "${@:-all}"; do
   case $what in
@@ -25,16 +33,11 @@ for what in "${@:-all}"; do
       # SCHED=2, the short and mid ones, D128 with SCHED=1, D128 causal): at evotuner
       # check's small ragged shapes some warpgroups have no rows inside Sq (skip_tile).
       step "compute-sanitizer on the hopper family's recommended configs"
-      base=OVERLAP=1,RESCALE_LOG2=8,EXP_EMU=0
-      for spec in "D=64 - BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=0" \
-                  "D=64 --causal BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=2" \
-                  "D=64 - BLOCK_N=128,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,PINGPONG=0,SCHED=0" \
-                  "D=64 - BLOCK_N=128,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=0" \
-                  "D=128 - BLOCK_N=128,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=1" \
-                  "D=128 --causal BLOCK_N=128,CONSUMER_WGS=2,STAGES=3,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=0"; do
+      for spec in "D=64 - $c64r" "D=64 --causal $c64dr" "D=64 - $h64" "D=64 - $m64" "D=128 - $c128pr" \
+                  "D=128 --causal $e128r"; do
         set -- $spec; c=""; [ "$2" = --causal ] && c=--causal
         echo "-- $1 $c $3" >> "$out/hcheck.log"
-        timeout 200 evotuner check --space search_spaces/hopper.toml --config "$3,$base" --shape "$1" $c \
+        timeout 200 evotuner check --space search_spaces/hopper.toml --config "$3" --shape "$1" $c \
           --tools memcheck,racecheck,synccheck 2>&1 | tee -a "$out/hcheck.log" | tail -4
       done ;;&
     tune)
@@ -86,7 +89,7 @@ for what in "${@:-all}"; do
       timeout 300 python3 scripts/bench_attention.py --family hopper --tuned "$tdb" --output "$out/bench_tuned" \
         2>&1 | tee "$out/bench_tuned.log" | tail -40
       timeout 60 python3 scripts/bench_attention.py --family hopper --shapes 1,8,512,64,0 \
-        --config BLOCK_N=128,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,OVERLAP=1,PINGPONG=0,SCHED=0 \
+        --config "$h64" \
         --output "$out/bench_h64" 2>&1 | tee "$out/bench_h64.log" | tail -6
       step "bench_tuner: cold and warm 64-trial hopper studies"
       timeout 280 python3 scripts/bench_tuner.py --space search_spaces/hopper.toml --trials 64 \
@@ -98,9 +101,6 @@ for what in "${@:-all}"; do
       # big-tile D64 configs (c64r: SCHED 0, c64dr: SCHED 2) as the query rows B*H*Sq grow:
       # all three, same run.
       step "h64 vs c64r vs c64dr by query rows (D64 non-causal)"
-      c64dr=BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,OVERLAP=1,PINGPONG=1,SCHED=2,RESCALE_LOG2=8,EXP_EMU=0
-      c64r=BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,OVERLAP=1,PINGPONG=1,SCHED=0,RESCALE_LOG2=8,EXP_EMU=0
-      h64=BLOCK_N=128,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,OVERLAP=1,PINGPONG=0,SCHED=0,RESCALE_LOG2=8,EXP_EMU=0
       timeout 240 python3 scripts/bench_attention.py --family hopper --dtypes fp16 --rounds 3 \
         --config "$c64r" --config "$c64dr" --config "$h64" --shapes 1,8,512,64,0 --shapes 1,8,1024,64,0 --shapes 1,16,1024,64,0 \
         --shapes 2,16,1024,64,0 --shapes 1,8,4096,64,0 --shapes 4,16,1024,64,0 --shapes 8,16,1024,64,0 --shapes 16,16,2048,64,0 \

@@ -140,7 +140,8 @@ class _Enough(BaseException):
 
 
 def simulate(path: str, spec: str, seed: int, *, space_path: str | None = None, batch: int = 1,
-             max_asks: int | None = None, stop_at_budget: bool = True) -> Run:
+             max_asks: int | None = None, stop_at_budget: bool = True,
+             budgets: tuple[float, ...] = BUDGETS) -> Run:
     """One seeded run of sampler ``spec`` on sweep ``path``: the real search loop over the replay.
 
     The study lives in a fresh SQLite file of a temporary directory (opened with
@@ -164,7 +165,7 @@ def simulate(path: str, spec: str, seed: int, *, space_path: str | None = None, 
     problem = replay.problem
     n = sum(1 for c in space.configs() if replay.lookup(c).evaluated)
     optimum = replay.table.optimum().median_us
-    stop_evals = math.ceil(max(BUDGETS) * n)
+    stop_evals = math.ceil(max(budgets) * n)
     max_asks = max_asks or 20 * space.size
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler_spec, _, warm = spec.partition("+")
@@ -211,7 +212,7 @@ def simulate(path: str, spec: str, seed: int, *, space_path: str | None = None, 
             pass
     worst = max(r.median_us for r in replay.table.rows.values() if r.median_us is not None)
     at_budget = []
-    for frac in BUDGETS:
+    for frac in budgets:
         b = math.ceil(frac * n)
         got = trace[b - 1] if len(trace) >= b else (trace[-1] if trace else math.inf)
         at_budget.append(worst if math.isinf(got) else got)
@@ -240,7 +241,7 @@ def random_hits(n: int, good: int, q: float) -> int:
     return n
 
 
-def random_exact(path: str, space_path: str | None) -> dict[str, Any]:
+def random_exact(path: str, space_path: str | None, budgets: tuple[float, ...] = BUDGETS) -> dict[str, Any]:
     """The 'random-exact' row: random search without replacement, computed, not sampled."""
     space, replay = _CACHE.get((path, space_path)) or _load(path, space_path)
     n = sum(1 for c in space.configs() if replay.lookup(c).evaluated)
@@ -248,16 +249,17 @@ def random_exact(path: str, space_path: str | None) -> dict[str, Any]:
     good = sum(1 for v in values if v <= TARGET * min(values))
     return {"seeds": 0, "feasible": n, "optimum_us": min(values), "worst_us": max(values), "good": good,
             "median_evals": random_hits(n, good, 0.5), "p90_evals": random_hits(n, good, 0.9), "censored": 0,
-            "mean_evals": (n + 1) / (good + 1), "p_score": {f"{int(f * 100)}%": 0.0 for f in BUDGETS},
-            "budgets": [math.ceil(f * n) for f in BUDGETS], "seconds_per_run": 0.0}
+            "mean_evals": (n + 1) / (good + 1), "p_score": {f"{int(f * 100)}%": 0.0 for f in budgets},
+            "budgets": [math.ceil(f * n) for f in budgets], "seconds_per_run": 0.0}
 
 
-def summarize(runs: list[Run], path: str, space_path: str | None) -> dict[str, Any]:
+def summarize(runs: list[Run], path: str, space_path: str | None,
+              budgets: tuple[float, ...] = BUDGETS) -> dict[str, Any]:
     space, replay = _CACHE.get((path, space_path)) or _load(path, space_path)
     values = [r.median_us for r in replay.table.rows.values() if r.status == "ok" and r.median_us is not None]
     n = sum(1 for c in space.configs() if replay.lookup(c).evaluated)
     optimum = min(values)
-    expected = [random_expectation(values, n, math.ceil(f * n)) for f in BUDGETS]
+    expected = [random_expectation(values, n, math.ceil(f * n)) for f in budgets]
     hits = [r.evals_to_target if r.evals_to_target is not None else n + 1 for r in runs]
     p_scores, p_errors = [], []
     for i, e in enumerate(expected):
@@ -268,9 +270,9 @@ def summarize(runs: list[Run], path: str, space_path: str | None) -> dict[str, A
         "seeds": len(runs), "feasible": n, "optimum_us": optimum, "worst_us": max(values),
         "median_evals": statistics.median(hits), "p90_evals": _quantile(hits, 0.9),
         "censored": sum(1 for r in runs if r.evals_to_target is None),
-        "p_score": dict(zip((f"{int(f * 100)}%" for f in BUDGETS), p_scores)),
-        "p_score_stderr": dict(zip((f"{int(f * 100)}%" for f in BUDGETS), p_errors)),
-        "budgets": [math.ceil(f * n) for f in BUDGETS],
+        "p_score": dict(zip((f"{int(f * 100)}%" for f in budgets), p_scores)),
+        "p_score_stderr": dict(zip((f"{int(f * 100)}%" for f in budgets), p_errors)),
+        "budgets": [math.ceil(f * n) for f in budgets],
         "seconds_per_run": statistics.fmean(r.seconds for r in runs),
     }
 
@@ -283,9 +285,8 @@ def _quantile(xs: list[int], q: float) -> float:
 
 
 def _job(args: tuple[str, str, int, str | None, int, tuple[float, ...]]) -> Run:
-    global BUDGETS
-    path, spec, seed, space_path, batch, BUDGETS = args
-    return simulate(path, spec, seed, space_path=space_path, batch=batch)
+    path, spec, seed, space_path, batch, budgets = args
+    return simulate(path, spec, seed, space_path=space_path, batch=batch, budgets=budgets)
 
 
 def table_text(results: dict[str, dict[str, dict[str, Any]]]) -> str:
@@ -340,7 +341,6 @@ def plot(runs: dict[str, list[Run]], results: dict[str, Any], output: Path) -> P
 
 
 def main(argv: list[str] | None = None) -> int:
-    global BUDGETS
     from evotuner.propose import SAMPLERS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -356,11 +356,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="end each run at this fraction of the feasible configs; P-scores only up to it "
                          f"(default {max(BUDGETS)})")
     args = ap.parse_args(argv)
-    BUDGETS = tuple(b for b in BUDGETS if b <= args.max_budget + 1e-9) or (args.max_budget,)
+    budgets = tuple(b for b in BUDGETS if b <= args.max_budget + 1e-9) or (args.max_budget,)
 
     specs = [s.strip() for s in args.samplers.split(",") if s.strip()]
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    jobs = [(p, spec, seed, args.space, args.batch, BUDGETS) for p in args.sweeps for spec in specs for seed in range(args.seeds)]
+    jobs = [(p, spec, seed, args.space, args.batch, budgets)
+            for p in args.sweeps for spec in specs for seed in range(args.seeds)]
     runs: dict[str, list[Run]] = {}
     started = time.time()
     with ProcessPoolExecutor(max_workers=args.workers) as pool:
@@ -371,8 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict[str, Any]] = {}
     for p in args.sweeps:
         name = Path(p).name
-        results[name] = {"random-exact": random_exact(p, args.space)}
-        results[name].update({spec: summarize(runs[f"{name}|{spec}"], p, args.space) for spec in specs})
+        results[name] = {"random-exact": random_exact(p, args.space, budgets)}
+        results[name].update({spec: summarize(runs[f"{name}|{spec}"], p, args.space, budgets) for spec in specs})
     text = table_text(results)
     print(text)
     (args.output_dir / "samplers.md").write_text(text + "\n")

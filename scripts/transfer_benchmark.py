@@ -65,10 +65,9 @@ def source_db(sweeps: list[str], space_path: str, trials: int, folder: Path) -> 
         for i, sweep in enumerate(sweeps):
             with ExitStack() as stack:
                 space, problem, builder, measure = _stages(sweep, space_path, stack)
-                name = f"src{i}_{Path(sweep).stem}"
-                session.start_study(store, name, problem, space, session.sampler_name(None, space), 0, builder)
-                session.run_study(store, name, problem, space, session.sampler_name(None, space), 0, trials, builder, measure,
-                                  transfer=False)
+                name, sampler = f"src{i}_{Path(sweep).stem}", session.sampler_name(None, space)
+                session.start_study(store, name, problem, space, sampler, 0, builder)
+                session.run_study(store, name, problem, space, sampler, 0, trials, builder, measure, transfer=False)
     finally:
         store.close()
     return db
@@ -90,7 +89,8 @@ def one_run(args: tuple[str, str, str, int, bool, int]) -> dict[str, Any]:
         optimum = measure.table.optimum().median_us
         store = session.open_store(f"sqlite:///{copy}")
         stack.callback(store.close)
-        session.start_study(store, "new", problem, space, session.sampler_name(None, space), seed, builder)
+        sampler = session.sampler_name(None, space)   # the family's default, as `evotuner search`
+        session.start_study(store, "new", problem, space, sampler, seed, builder)
         evals, best, seeded = 0, math.inf, []
 
         def on_event(event: object) -> None:
@@ -110,8 +110,7 @@ def one_run(args: tuple[str, str, str, int, bool, int]) -> dict[str, Any]:
         started = time.perf_counter()
         reached = False
         try:
-            session.run_study(store, "new", problem, space, session.sampler_name(None, space), seed, max_trials,
-                              builder, measure,
+            session.run_study(store, "new", problem, space, sampler, seed, max_trials, builder, measure,
                               on_event=on_event, transfer=transfer)
         except _Reached:
             reached = True

@@ -2,7 +2,7 @@
 //
 // Built by scripts/build_extension.py, never by hand. The kernels live in one
 // nvcc-compiled object per row of the exported header (flashcore_config.h);
-// each object exports `flashcore_ext_launch_<i>` (see launch_row.cu.in). This
+// each object exports `flashcore_ext_launch_<i>` (see flashcore_launch_row.cu.in). This
 // file includes no CUDA header: it is a plain C++ torch extension, so it builds
 // with any torch (the CPU wheel included); the launchers link against the
 // static CUDA runtime nvcc provides.
