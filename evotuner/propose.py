@@ -30,7 +30,9 @@ import optuna
 from evotuner.config import KernelConfig
 from evotuner.errors import SpaceError
 from evotuner.problem import Problem
+from evotuner.family import get_family
 from evotuner.fresh import FreshSampler, MaskedTPESampler
+from evotuner.guided import GuidedSampler
 from evotuner.space import SearchSpace
 from evotuner.vocabulary import (  # noqa: F401 (the encoding's names, re-exported)
     INDEX_SUFFIX,
@@ -40,7 +42,9 @@ from evotuner.vocabulary import (  # noqa: F401 (the encoding's names, re-export
     params_for,
 )
 
-_BASE_SAMPLERS = ("tpe", "nsga2", "cmaes", "random", "grid", "tpe-masked")
+_BASE_SAMPLERS = ("tpe", "nsga2", "cmaes", "random", "grid", "tpe-masked", "guided")
+#: Samplers that need the problem and the family's cost model (KernelFamily.estimate_us).
+MODEL_SAMPLERS = ("guided",)
 
 
 def _has_gp() -> bool:
@@ -84,6 +88,8 @@ def make_sampler(name: str, space: SearchSpace, seed: int | None, problem: Probl
     tpe-masked also screens TPE's candidates before its acquisition picks one);
     ``fresh=False`` gives the samplers without the wrapper.
     """
+    if name == "guided":
+        return _guided_sampler(space, seed, problem)
     if name == "tpe-masked":
         masked = MaskedTPESampler(space, problem, seed=seed, n_startup_trials=MASKED_STARTUP, multivariate=True,
                                   constant_liar=True, n_ei_candidates=MASKED_EI_CANDIDATES)
@@ -92,6 +98,18 @@ def make_sampler(name: str, space: SearchSpace, seed: int | None, problem: Probl
     if fresh and name in FRESH_SAMPLERS:
         return FreshSampler(base, space, problem, seed)
     return base
+
+
+def _guided_sampler(space: SearchSpace, seed: int | None, problem: Problem | None) -> GuidedSampler:
+    family = get_family(space.kernel)
+    if problem is None:
+        raise SpaceError("sampler 'guided' needs the problem (its cost model predicts a config's time at a shape)",
+                         "give the search a --shape, or pick another --sampler")
+    probe = next(space.feasible(problem), None) or next(space.configs())
+    if family.estimate_us(probe, problem) is None:
+        raise SpaceError(f"sampler 'guided' needs a cost model, and the {family.title or family.name} family has none"
+                         f" for {problem}", "pick another --sampler (tpe, tpe-masked)")
+    return GuidedSampler(space, problem, lambda config: family.estimate_us(config, problem), seed)
 
 
 def _base_sampler(name: str, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:

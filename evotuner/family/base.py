@@ -26,6 +26,8 @@ Contract (what a subclass sets or implements, and what the stages do with it):
 * :meth:`default_space` -- the packaged space file (``[space] kernel = name``).
 * :meth:`recommended_configs` -- the recommended config(s) for a problem: the warm
   start of a new study and what ``evotuner.flash_attention`` runs by default.
+* :meth:`estimate_us` -- optional cost model (predicted µs of a config), the prior of
+  the ``guided`` sampler.
 * :meth:`gate_hint` / :meth:`extra_gate` -- the remedy text of each generic ptxas
   gate check, and the family's own gate rules (run after the generic ones pass).
 * ``export_namespace`` / ``export_macro_prefix`` -- where the family's rows go in
@@ -177,6 +179,14 @@ class KernelFamily(abc.ABC):
         figure (e.g. TFLOP/s noted in its recommended-config file); ``evotuner.flash_attention``
         runs the family with the highest. 0.0: unknown."""
         return 0.0
+
+    def estimate_us(self, config: KernelConfig, problem: Problem) -> float | None:
+        """The family's cost model: the predicted time of ``config`` at ``problem`` in µs on
+        the GPU the family is tuned for (``math.inf``: predicted to fail the gate), or None
+        where the family has none. The ``guided`` sampler (evotuner/guided.py) ranks the
+        space by it before the first build and learns the model's bias and local errors from
+        the measurements, so only the order of the estimates matters."""
+        return None
 
     def decode_meta(self, raw: bytes, *, source: str = "meta table") -> dict[str, int]:
         """The meta table's bytes as {field: value}: the common fields (evotuner/abi.py) plus

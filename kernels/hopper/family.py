@@ -20,6 +20,7 @@ from evotuner.defaults import parse_defaults, pick_config
 from evotuner.errors import EvotunerError
 from evotuner.family.base import packaged
 from evotuner.family import BUILD_RESERVED, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView
+from evotuner.kernels.hopper.cost import estimate_us
 from evotuner.kernels.hopper.params import (META_FIELDS, Params, TmaStrideError, check_tma_view, decode_hopper_meta,
                                             encode_tensor_map)
 from evotuner.problem import Problem
@@ -91,6 +92,12 @@ class Hopper(KernelFamily):
         if problem.causal and isinstance(table.get("causal"), dict):
             speed = table["causal"].get(f"tflops_{problem.dtype}", speed)
         return float(speed)
+
+    def estimate_us(self, config: KernelConfig, problem: Problem) -> float | None:
+        """kernels/hopper/cost.py's first-principles model (H100 SXM figures)."""
+        if self.unsupported(problem):
+            return None
+        return estimate_us(config.as_dict(), problem)
 
     # -- gate ------------------------------------------------------------------------------
 

@@ -1,0 +1,168 @@
+"""A first-principles cost model of the hopper kernel: predicted µs of a config at a problem.
+
+Why: the family's space is large (41,472 configs, 5-8 thousand statically feasible) and a
+search that starts cold spends most of its evaluations learning what the kernel's
+structure already says -- bigger tiles amortize the K/V traffic, a spill is fatal,
+overlap hides the softmax behind the GEMMs. :class:`evotuner.guided.GuidedSampler` uses
+this model as the prior mean of its surrogate and measures only what the model cannot
+tell apart (KernelFamily.estimate_us is the contract).
+
+What it counts, per SM (one CTA per SM: the launch bounds give a CTA the whole register
+file), in clocks:
+
+* one main-loop iteration of one CTA: the tensor-core time of its live consumer
+  warpgroups' two GEMMs (4 * 64 * BLOCK_N * D flops each), their softmax (one MUFU ex2 and
+  a few FP32 ops per score), the K/V bytes from L2 (2 * BLOCK_N * D elements), and a fixed
+  handshake latency (wgmma wait + mbarrier round trips) no overlap hides. The GEMMs and the
+  softmax overlap as far as the structure lets them (:func:`_overlap`); with two or more
+  ring stages the loads overlap both, with one they are exposed with an L2 round trip;
+* a tile: its iterations (causal tiles end at the diagonal) plus its prologue (Q load, first
+  K) and epilogue (O store), which a persistent CTA overlaps with its next tile;
+* the kernel: the tiles' makespan over the SMs in the order the kernel hands them out
+  (kernel.cuh ``tile_info``: SCHED 0 the hardware's grid order, 1 static striding, 2 a
+  dynamic counter; causal tiles longest first);
+* registers: a consumer thread holds O (D/2 fp32), S (BLOCK_N/2 fp32), with OVERLAP the
+  previous P (BLOCK_N/4 packed halves) beside the next S, plus about 28 for addresses,
+  row statistics and loop state. More than REG_CONS spills, which the gate rejects: the
+  estimate is then ``math.inf``.
+
+The throughputs are the H100 SXM's datasheet figures (``../shared/docs/hopper-kernel-notes.md``):
+989 TF dense fp16 = 132 SMs x 4096 flop/clk x 1.83 GHz; MUFU 16 ex2/clk/SM (3.9 T/s, FA3
+paper). The L2 bandwidth, the latencies and the softmax's FP32 op count are estimates, chosen
+once by hand (not fitted): the model orders configs, the search measures them. How well it
+orders them is measured on the recorded sweeps, two of them recorded after this model was
+written (README, "Samplers").
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Mapping
+
+import numpy as np
+
+from evotuner.problem import Problem
+
+#: H100 SXM: streaming multiprocessors and the clock the figures below are per-clock of.
+SMS = 132
+CLOCK_GHZ = 1.83
+#: Dense fp16/bf16 tensor-core flops per clock per SM (989 TF / 132 / 1.83 GHz).
+MMA_FLOP_PER_CLK = 4096.0
+#: MUFU ex2 per clock per SM (4 per SM sub-partition; FA3: ~3.9 T special ops/s).
+MUFU_PER_CLK = 16.0
+#: FP32 lanes per clock per SM, and FP32 ops per score besides its ex2 (scale FMA, max,
+#: subtract, sum, convert, select): an estimate from the kernel's softmax.
+FP32_PER_CLK = 128.0
+SOFTMAX_FP32_OPS = 6.0
+#: L2 -> SM bytes per clock per SM (~9.7 TB/s over 132 SMs at 1.83 GHz): an estimate.
+L2_BYTES_PER_CLK = 40.0
+#: A TMA load's round trip through L2, in clocks: an estimate.
+L2_LATENCY = 800.0
+#: Per main-loop iteration: wgmma commit/wait and the full/empty mbarrier handshakes,
+#: which no overlap hides: an estimate.
+ITERATION_LATENCY = 300.0
+#: Per tile: a non-persistent CTA's launch and setup (TMA descriptor prefetch, barrier
+#: init, setmaxnreg), and a persistent CTA's hand-over to its next tile: estimates.
+LAUNCH_OVERHEAD = 1000.0
+HANDOVER = 200.0
+#: Registers a consumer thread needs besides its accumulators (addresses, row max and sum,
+#: loop state): the one figure read off the gate's spill reports (the recorded sweeps'
+#: spill boundaries at D=64 and D=128 bracket it to 25..32).
+REGISTER_OVERHEAD = 28
+#: Tiles above which the makespan is computed in closed form instead of tile by tile.
+EXACT_TILES = 20000
+
+
+def consumer_registers(head_dim: int, block_n: int, overlap: int) -> float:
+    """Registers a consumer thread needs: O and S in fp32, P beside the next S with OVERLAP."""
+    return REGISTER_OVERHEAD + head_dim / 2 + block_n / 2 + overlap * block_n / 4
+
+
+def _overlap(consumer_wgs: int, overlap: int, pingpong: int) -> float:
+    """Share of the shorter of GEMM and softmax time hidden under the longer one.
+
+    One warpgroup without OVERLAP runs them back to back; OVERLAP lets S(n+1) run under
+    softmax(n); two warpgroups interleave on their own; PINGPONG schedules them to.
+    """
+    if pingpong:
+        return 0.9
+    if consumer_wgs >= 2:
+        return 0.7 if overlap else 0.5
+    return 0.5 if overlap else 0.0
+
+
+def _softmax_per_score(c: Mapping[str, int], head_dim: int, block_n: int) -> float:
+    """Clocks per score of one SM's softmax: its ex2 on MUFU (EXP_EMU=k moves one in k to an
+    FMA polynomial of ~8 ops) and its FP32 ops; an eager rescale (RESCALE_LOG2=0) multiplies
+    every element of O (D per row) every iteration, D / BLOCK_N ops per score."""
+    emu = c.get("EXP_EMU", 0)
+    mufu = 1.0 - (1.0 / emu if emu else 0.0)
+    fp32 = SOFTMAX_FP32_OPS + (8.0 / emu if emu else 0.0)
+    if not c.get("RESCALE_LOG2", 0):
+        fp32 += head_dim / block_n
+    return mufu / MUFU_PER_CLK + fp32 / FP32_PER_CLK
+
+
+def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int, persistent: bool) -> float:
+    n, wgs = c["BLOCK_N"], c["CONSUMER_WGS"]
+    live = min(wgs, -(-rows // 64))                  # skip_tile: warpgroups past Sq compute nothing
+    mma = live * 4 * 64 * n * head_dim / MMA_FLOP_PER_CLK
+    softmax = live * 64 * n * _softmax_per_score(c, head_dim, n)
+    hidden = _overlap(wgs, c["OVERLAP"], c["PINGPONG"])
+    compute = max(mma, softmax) + (1 - hidden) * min(mma, softmax)
+    load = 4 * n * head_dim / L2_BYTES_PER_CLK        # K and V tiles, 2-byte elements
+    step = max(compute, load) if c["STAGES"] >= 2 else compute + load + L2_LATENCY
+    q_bytes = 64 * wgs * head_dim * 2
+    prologue = L2_LATENCY + q_bytes / L2_BYTES_PER_CLK
+    epilogue = q_bytes / L2_BYTES_PER_CLK + HANDOVER
+    edges = max(prologue, epilogue) + HANDOVER if persistent else prologue + epilogue + LAUNCH_OVERHEAD
+    return iterations * (step + ITERATION_LATENCY) + edges
+
+
+def _makespan(durations: np.ndarray, sms: int, static: bool) -> float:
+    """Clocks until the last SM finishes ``durations`` handed out in order: striding by the
+    grid (``static``) or each to the SM that frees first (a dynamic counter, the hardware's
+    block dispatch)."""
+    if len(durations) <= sms:
+        return float(durations.max())
+    if static:
+        padded = np.zeros(-(-len(durations) // sms) * sms)
+        padded[:len(durations)] = durations
+        return float(padded.reshape(-1, sms).sum(axis=0).max())
+    if len(durations) > EXACT_TILES:
+        return float(durations.sum() / sms + durations.max())
+    loads = [0.0] * sms
+    for d in durations.tolist():
+        heapq.heapreplace(loads, loads[0] + d)
+    return max(loads)
+
+
+def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, clock_ghz: float = CLOCK_GHZ) -> float:
+    """Predicted kernel time of ``config`` at ``problem`` in µs; ``math.inf`` where the
+    consumer's registers are predicted to spill (the gate rejects a spill)."""
+    s = problem.shape
+    d, n, wgs = s.head_dim, config["BLOCK_N"], config["CONSUMER_WGS"]
+    if consumer_registers(d, n, config["OVERLAP"]) > config["REG_CONS"]:
+        return math.inf
+    block_m = 64 * wgs
+    num_m = -(-s.seqlen_q // block_m)
+    persistent = config["SCHED"] >= 1
+    per_m = np.empty(num_m)
+    for m in range(num_m):
+        rows = min(block_m, s.seqlen_q - m * block_m)
+        blocks = -(-s.seqlen_k // n)
+        if problem.causal:                            # top-left: row i sees keys 0..i
+            blocks = min(blocks, (m * block_m + rows - 1) // n + 1)
+        per_m[m] = _tile_clocks(config, d, rows, blocks, persistent)
+    heads = s.batch * s.heads
+    if problem.causal:
+        per_m = per_m[::-1]                            # longest m block first
+        if persistent:                                 # every head's longest block, then the next
+            durations = np.repeat(per_m, heads)
+        else:                                          # grid order: m fastest within a head
+            durations = np.tile(per_m, heads)
+    else:
+        durations = np.tile(per_m, heads)
+    clocks = _makespan(durations, sms, static=config["SCHED"] == 1)
+    return clocks / (clock_ghz * 1e3)
