@@ -47,6 +47,14 @@ random search without replacement computed exactly, the baseline the issue's
 
 from __future__ import annotations
 
+import os
+
+# One BLAS thread per process: the benchmark runs one replayed search per worker process,
+# and the guided sampler's small matrix algebra in every worker at once on a shared
+# thread pool each ran 7x slower (2 workers, 2 cores).
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
 import argparse
 import json
 import math
