@@ -1,0 +1,177 @@
+"""The hopper family's cost model (kernels/hopper/cost.py) and the guided sampler
+(evotuner/guided.py): the model against every recorded H100 sweep, the sampler's
+contract (feasible, new, seeded, learns the model's errors), and replayed searches."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+import pytest
+
+from evotuner.errors import SpaceError
+from evotuner.family import get_family
+from evotuner.guided import GuidedSampler
+from evotuner.loop import run_search
+from evotuner.measure.replay import ReplayMeasure, read_sweep
+from evotuner.problem import Problem, Shape
+from evotuner.propose import make_sampler, suggest
+from evotuner.space import load_space
+from evotuner.storage import StudyStore
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = ROOT / "search_spaces" / "hopper_grid.toml"
+SWEEPS = sorted((ROOT / "tests" / "data").glob("sweep_h100_hopper_*.csv"))
+HOPPER = get_family("hopper")
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+@pytest.fixture(scope="module")
+def grid():
+    return load_space(GRID)
+
+
+def _rows(path: Path, space):
+    """(config, row) of every statically feasible config of the sweep."""
+    table = read_sweep(path)
+    problem = table.problem
+    return problem, [(c, table.rows[c]) for c in space.configs() if space.violated(c, problem) is None]
+
+
+def _ranks(values):
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0] * len(values)
+    for rank, i in enumerate(order):
+        ranks[i] = rank
+    return ranks
+
+
+def test_every_recorded_hopper_sweep_is_checked():
+    assert len(SWEEPS) >= 6, [p.name for p in SWEEPS]
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_the_model_predicts_the_configs_whose_consumers_spill(path, grid):
+    """Exact on the four sweeps the register figure was read off; on the later ones the
+    causal mask's registers tip two configs over (2 of 645 at D=128 causal)."""
+    problem, rows = _rows(path, grid)
+    wrong = []
+    for config, row in rows:
+        spills = row.status == "gated" and row.reason.startswith("spills")
+        if math.isinf(HOPPER.estimate_us(config, problem)) != spills:
+            wrong.append(f"{config}: {row.status} {row.reason[:40]}")
+    assert len(wrong) <= len(rows) // 200, "\n".join(wrong[:10])
+
+
+@pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
+def test_the_model_orders_the_measured_configs_and_is_near_their_time(path, grid):
+    problem, rows = _rows(path, grid)
+    pairs = [(HOPPER.estimate_us(c, problem), r.median_us) for c, r in rows if r.median_us is not None]
+    pairs = [(e, m) for e, m in pairs if math.isfinite(e)]
+    est, meas = [e for e, _ in pairs], [m for _, m in pairs]
+    re, rm = _ranks(est), _ranks(meas)
+    n = len(pairs)
+    spearman = 1 - 6 * sum((a - b) ** 2 for a, b in zip(re, rm)) / (n * (n * n - 1))
+    ratio = sorted(e / m for e, m in pairs)[n // 2]
+    assert spearman >= 0.5, spearman
+    assert 0.75 <= ratio <= 1.33, ratio          # median estimate within a third of the measurement
+
+
+def _problem():
+    return Problem(Shape(8, 16, 2048, 2048, 128), "bf16")
+
+
+def _walk(sampler, space, problem, objective, n, *, batch=1):
+    """Ask ``batch`` trials before telling any (as the loop does while builds run)."""
+    study = optuna.create_study(sampler=sampler)
+    configs = []
+    while len(configs) < n:
+        trials = [study.ask() for _ in range(min(batch, n - len(configs)))]
+        proposed = [suggest(t, space) for t in trials]
+        for t, c in zip(trials, proposed):
+            value = objective(c)
+            if math.isfinite(value):
+                study.tell(t, value)
+            else:
+                study.tell(t, state=optuna.trial.TrialState.PRUNED)
+        configs += proposed
+    return configs
+
+
+def test_first_the_best_estimate_then_only_new_feasible_configs(grid):
+    problem = _problem()
+    estimate = lambda c: HOPPER.estimate_us(c, problem)             # noqa: E731
+    feasible = [c for c in grid.configs() if grid.violated(c, problem) is None]
+    best = min(estimate(c) for c in feasible)
+    configs = _walk(GuidedSampler(grid, problem, estimate, 0), grid, problem, estimate, 40, batch=4)
+    assert estimate(configs[0]) == best                              # (several configs tie there)
+    assert len(set(configs)) == len(configs)                         # pending trials are avoided too
+    assert all(grid.violated(c, problem) is None for c in configs)
+
+
+def test_same_seed_same_sequence(grid):
+    problem = _problem()
+    estimate = lambda c: HOPPER.estimate_us(c, problem)             # noqa: E731
+    noisy = lambda c: estimate(c) * (1 + (hash(c) % 97) / 300)      # noqa: E731
+    runs = [_walk(GuidedSampler(grid, problem, estimate, 7), grid, problem, noisy, 12) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_it_learns_a_structure_the_model_gets_wrong(grid):
+    """In truth every config with the model's favourite number of consumer warpgroups is
+    30 % slower than the model says (elsewhere it is right). Walking the model's order
+    reaches the true optimum after 60-odd configs; the search must get there in 12."""
+    problem = Problem(Shape(1, 16, 4096, 4096, 64), "bf16")
+    estimate = lambda c: HOPPER.estimate_us(c, problem)             # noqa: E731
+    feasible = sorted((c for c in grid.configs() if grid.violated(c, problem) is None), key=estimate)
+    favourite = feasible[0]["CONSUMER_WGS"]
+    truth = lambda c: estimate(c) * (1.3 if c["CONSUMER_WGS"] == favourite else 1.0)   # noqa: E731
+    optimum = min(truth(c) for c in feasible)
+    in_model_order = next(i for i, c in enumerate(feasible) if truth(c) == optimum) + 1
+    assert in_model_order > 40
+    configs = _walk(GuidedSampler(grid, problem, estimate, 0), grid, problem, truth, 12)
+    assert min(truth(c) for c in configs) == optimum
+
+
+def test_a_failed_config_is_not_proposed_again(grid):
+    problem = _problem()
+    estimate = lambda c: HOPPER.estimate_us(c, problem)             # noqa: E731
+    first = []
+
+    def fails_first(c):
+        if not first:
+            first.append(c)
+            return math.inf                     # told PRUNED, as the gate's verdict is
+        return estimate(c)
+
+    configs = _walk(GuidedSampler(grid, problem, estimate, 0), grid, problem, fails_first, 10)
+    assert configs.count(first[0]) == 1
+
+
+def test_the_guided_sampler_needs_a_problem_and_a_family_with_a_model(grid):
+    with pytest.raises(SpaceError, match=r"needs the problem.*--shape"):
+        make_sampler("guided", grid, 0)
+    with pytest.raises(SpaceError, match=r"needs a cost model, and the .* family has none.*tpe"):
+        make_sampler("guided", load_space(), 0, Problem(Shape(1, 1, 256, 256, 64)))
+    assert isinstance(make_sampler("guided", grid, 0, _problem()), GuidedSampler)
+
+
+@pytest.mark.parametrize("stem,budget", [("sweep_h100_hopper_d64_mid_bf16", 12),
+                                         ("sweep_h100_hopper_d128_bf16", 8)])
+def test_a_replayed_guided_search_gets_within_2pc_of_the_sweeps_optimum(tmp_path, grid, stem, budget):
+    """Through the real loop, cold (no recommended config, no transfer): within ``budget``
+    trials, a quarter of random search's median evaluations (48 and 54) or less."""
+    path = ROOT / "tests" / "data" / f"{stem}.csv"
+    problem = read_sweep(path).problem
+    replay = ReplayMeasure(path, problem, grid)
+    with StudyStore(f"sqlite:///{tmp_path / 'g.db'}") as store:
+        store.create_study("g", problem, grid, sampler="guided", seed=0, source_hash="replay",
+                           nvcc_version="replay")
+        run_search(store=store, study_name="g", problem=problem, space=grid,
+                   sampler=make_sampler("guided", grid, 0, problem), seed=0, trials=budget,
+                   builder=replay.builder(), measure=replay)
+        trials = store.summary("g").trials
+    assert len(trials) == budget
+    best = min(t.value for t in trials if t.value is not None)
+    assert best <= 1.02 * replay.table.optimum().median_us
