@@ -98,16 +98,16 @@ def search(
     """Tune the kernel for one problem: run the study until it has --trials finished trials.
 
     Running it again with the same options does nothing; with a larger --trials it
-    continues the study (as `resume` does). Samplers: tpe (FlashCore's default), tpe-masked
-    (the hopper family's default), nsga2, cmaes, random, grid, and gp where Optuna's
-    GPSampler can run. Several `search` processes
+    continues the study (as `resume` does). Samplers: tpe (FlashCore's default), guided
+    (the hopper family's default: its cost model as the prior), tpe-masked, nsga2, cmaes,
+    random, grid, and gp where Optuna's GPSampler can run. Several `search` processes
     (on one host or, with a PostgreSQL --storage, on many) may run one study at once:
     together they finish exactly --trials trials and never measure a config twice.
     """
     problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
     search_space = load_space(space)
     sampler = session.sampler_name(sampler, search_space)
-    make_sampler(sampler, search_space, seed)     # an unknown sampler is refused here
+    make_sampler(sampler, search_space, seed, problem)   # an unknown or unusable sampler is refused here
     stages = _stages(replay, "search", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
     store = _open_store(storage)
     with ExitStack() as stack:

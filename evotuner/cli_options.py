@@ -49,8 +49,8 @@ ResumeTrialsOpt = Annotated[
     typer.Option("--trials", min=1, help="Finished trials in total [default: the study's count + 32]."),
 ]
 SamplerOpt = Annotated[
-    Optional[str], typer.Option("--sampler", help="Optuna sampler: tpe, tpe-masked, nsga2, cmaes, random, grid (gp "
-                                "where available) [default: the kernel family's: tpe, tpe-masked for hopper].")
+    Optional[str], typer.Option("--sampler", help="Optuna sampler: tpe, guided, tpe-masked, nsga2, cmaes, random, grid (gp "
+                                "where available) [default: the kernel family's: tpe, guided for hopper].")
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1,
                                       help="Sampler seed (0 to 2**32-1); the same seed reproduces a study.")]

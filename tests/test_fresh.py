@@ -141,6 +141,6 @@ def test_the_family_picks_the_default_sampler():
     from evotuner.session import sampler_name
 
     hopper = load_space(Path(__file__).parents[1] / "search_spaces" / "hopper.toml")
-    assert sampler_name(None, hopper) == "tpe-masked"
+    assert sampler_name(None, hopper) == "guided"
     assert sampler_name(None, load_space(None)) == "tpe"
     assert sampler_name("random", hopper) == "random"
