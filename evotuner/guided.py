@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -76,6 +77,15 @@ INFEASIBLE_PRIOR = math.log(2.0)
 Estimate = Callable[[KernelConfig], float]
 
 
+@dataclass(frozen=True)
+class GPSettings:
+    """The residual GP's fixed settings (see the constants above for what each means)."""
+
+    signal_sd: float = SIGNAL_SD
+    length_scale: float = LENGTH_SCALE
+    noise_sd: float = NOISE_SD
+
+
 class GuidedSampler(BaseSampler):
     """Expected improvement over a GP on the cost model's residuals (see the module docstring).
 
@@ -84,14 +94,8 @@ class GuidedSampler(BaseSampler):
     """
 
     def __init__(self, space: SearchSpace, problem: Problem, estimate: Estimate, seed: int | None, *,
-                 signal_sd: float = SIGNAL_SD, length_scale: float = LENGTH_SCALE,
-                 noise_sd: float = NOISE_SD) -> None:
-        self.space = space
-        self.problem = problem
-        self.estimate = estimate
-        self.signal_sd = signal_sd
-        self.length_scale = length_scale
-        self.noise_sd = noise_sd
+                 settings: GPSettings = GPSettings()) -> None:
+        self.space, self.problem, self.estimate, self.settings = space, problem, estimate, settings
         self._rng = np.random.RandomState(seed)
         self._dists = distributions(space)
         self._keys = [param_key(p.name) for p in space.params]
@@ -185,6 +189,16 @@ class GuidedSampler(BaseSampler):
             return int(np.argmin(self._prior + jitter))
         if not known:
             return int(np.argmin(np.where(free, self._prior + jitter, np.inf)))
+        try:
+            gain = self._gain(measured, failed, known, free) + jitter
+        except np.linalg.LinAlgError:     # a covariance numerically singular: take the model's next best
+            return int(np.argmin(np.where(free, self._prior + jitter, np.inf)))
+        gain[~free] = -np.inf
+        return int(np.argmax(gain))
+
+    def _gain(self, measured: dict[int, float], failed: set[int], known: set[int], free: np.ndarray) -> np.ndarray:
+        """Expected improvement of every candidate given what the study knows."""
+        assert self._x is not None and self._prior is not None
         residual = {row: value - self._prior[row] for row, value in measured.items()}
         bias = float(np.mean(list(residual.values()))) if residual else 0.0
         worst = max((r - bias for r in residual.values()), default=0.0)
@@ -196,41 +210,37 @@ class GuidedSampler(BaseSampler):
             best_first = np.argsort(y)[:FIT_POINTS]
             scales = self._fit_length_scales(x_known[best_first], y[best_first])
         else:
-            scales = np.full(x_known.shape[1], self.length_scale)
+            scales = np.full(x_known.shape[1], self.settings.length_scale)
         mean, sd = self._posterior(x_known, y, scales)
         mean = self._prior + bias + mean
         best = min(measured.values()) if measured else float(mean[free].min())
-        gain = _expected_improvement(best, mean, sd) + jitter
-        gain[~free] = -np.inf
-        return int(np.argmax(gain))
+        return _expected_improvement(best, mean, sd)
 
     def _fit_length_scales(self, x_known: np.ndarray, y: np.ndarray) -> np.ndarray:
         """Per-parameter length scales from LENGTH_SCALES by marginal likelihood (coordinate search)."""
-        scales = np.full(x_known.shape[1], self.length_scale)
+        scales = np.full(x_known.shape[1], self.settings.length_scale)
         for _ in range(2):
             for d in range(len(scales)):
                 if np.ptp(x_known[:, d]) == 0:
                     continue             # the known configs share this value: no evidence either way
                 fits = []
                 for candidate in LENGTH_SCALES:
-                    trial = scales.copy()
-                    trial[d] = candidate
-                    fits.append((self._neg_log_likelihood(x_known, y, trial), candidate))
+                    tried = scales.copy()
+                    tried[d] = candidate
+                    fits.append((self._neg_log_likelihood(x_known, y, tried), candidate))
                 scales[d] = min(fits)[1]
         return scales
 
     def _neg_log_likelihood(self, x_known: np.ndarray, y: np.ndarray, scales: np.ndarray) -> float:
-        k_known = self._kernel(x_known, x_known, scales) + self.noise_sd ** 2 * np.eye(len(y))
-        chol = np.linalg.cholesky(k_known)
+        chol = self._cholesky(x_known, scales)
         z = np.linalg.solve(chol, y)
         return float(0.5 * z @ z + np.log(np.diag(chol)).sum())
 
     def _posterior(self, x_known: np.ndarray, y: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """GP posterior mean and standard deviation of the residual at every candidate."""
         assert self._x is not None
-        var = self.signal_sd ** 2
-        k_known = self._kernel(x_known, x_known, scales) + self.noise_sd ** 2 * np.eye(len(y))
-        chol = np.linalg.cholesky(k_known)
+        var = self.settings.signal_sd ** 2
+        chol = self._cholesky(x_known, scales)
         alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, y))
         k_cross = self._kernel(self._x, x_known, scales)
         mean = k_cross @ alpha
@@ -238,10 +248,15 @@ class GuidedSampler(BaseSampler):
         sd = np.sqrt(np.clip(var - (v * v).sum(axis=0), 1e-12, None))
         return mean, sd
 
+    def _cholesky(self, x_known: np.ndarray, scales: np.ndarray) -> np.ndarray:
+        """Cholesky factor of the known configs' covariance (kernel plus measurement noise)."""
+        noise = self.settings.noise_sd ** 2 * np.eye(len(x_known))
+        return np.linalg.cholesky(self._kernel(x_known, x_known, scales) + noise)
+
     def _kernel(self, a: np.ndarray, b: np.ndarray, scales: np.ndarray) -> np.ndarray:
         a, b = a / scales, b / scales
         d2 = np.clip((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T, 0.0, None)
-        return self.signal_sd ** 2 * np.exp(-0.5 * d2)
+        return self.settings.signal_sd ** 2 * np.exp(-0.5 * d2)
 
 
 _ERF = np.vectorize(math.erf, otypes=[float])
