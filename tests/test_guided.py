@@ -64,8 +64,8 @@ def test_every_recorded_hopper_sweep_is_a_complete_h100_measurement(path, grid):
 
 @pytest.mark.parametrize("path", SWEEPS, ids=lambda p: p.stem)
 def test_the_model_predicts_the_configs_whose_consumers_spill(path, grid):
-    """Exact on the four sweeps the register figure was read off; on the later ones the
-    causal mask's registers tip two configs over (2 of 645 at D=128 causal)."""
+    """Exact on the four sweeps the register figure was read off and on the later non-causal
+    ones; on each later causal sweep the mask's registers tip two configs over (2 of 645-855)."""
     problem, rows = _rows(path, grid)
     wrong = []
     for config, row in rows:
