@@ -41,7 +41,6 @@ configs backwards it is worse than random search (measured, README).
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -135,12 +134,9 @@ class GuidedSampler(BaseSampler):
             return
         index, x, prior = [], [], []
         spans = [(min(p.values), max(p.values)) for p in self.space.params]
-        for key in itertools.product(*(range(len(p.values)) for p in self.space.params)):
-            values = {p.name: p.values[i] for p, i in zip(self.space.params, key)}
-            config = KernelConfig.of(values)
-            if self.space.violated(config, self.problem) is not None:
-                continue
-            index.append(key)
+        for config in self.space.feasible(self.problem):
+            values = config.as_dict()
+            index.append(tuple(p.index(values[p.name]) for p in self.space.params))
             x.append([(values[p.name] - lo) / (hi - lo) if hi > lo else 0.0
                       for p, (lo, hi) in zip(self.space.params, spans)])
             prior.append(float(self.estimate(config)))
