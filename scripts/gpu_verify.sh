@@ -5,14 +5,18 @@
 set -uo pipefail
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
-# The hopper family's recommended configs (kernels/hopper/defaults.toml), and c64dr (SCHED=2).
-hb=OVERLAP=1,RESCALE_LOG2=8,EXP_EMU=0,BLOCK_N=128
-c64r=$hb,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=0          # [d64]
-c64dr=$hb,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=2         # [d64.causal]
-h64=$hb,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,PINGPONG=0,SCHED=0           # [d64.short]
-m64=$hb,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=0           # [d64.mid]
-c128pr=$hb,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=1        # [d128]
-e128r=$hb,CONSUMER_WGS=2,STAGES=3,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=0         # [d128.causal]
+# The hopper family's recommended configs (kernels/hopper/defaults.toml) and, for the rows
+# benches, the big-tile D64 config with SCHED=0 (c64r) and the earlier lazy-rescale one.
+hb=OVERLAP=1,EXP_EMU=0
+c64=$hb,BLOCK_N=128,RESCALE_LOG2=0,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=2  # [d64] [d64.causal]
+c64r=$hb,BLOCK_N=128,RESCALE_LOG2=8,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=0 # before 2026-11-24
+c64dr=$hb,BLOCK_N=128,RESCALE_LOG2=8,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=1,SCHED=2
+h64=$hb,BLOCK_N=128,RESCALE_LOG2=0,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,PINGPONG=0,SCHED=0  # [d64.short]
+m64=$hb,BLOCK_N=128,RESCALE_LOG2=0,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=0  # [d64.mid]
+n128=$hb,BLOCK_N=80,RESCALE_LOG2=8,CONSUMER_WGS=3,STAGES=2,REG_PROD=24,REG_CONS=160,PINGPONG=1,SCHED=2  # [d128]
+c128pr=$hb,BLOCK_N=128,RESCALE_LOG2=8,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=1 # [d128.mid]
+n128c=$hb,BLOCK_N=80,RESCALE_LOG2=8,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,PINGPONG=0,SCHED=2 # [d128.causal]
+e128r=$hb,BLOCK_N=128,RESCALE_LOG2=8,CONSUMER_WGS=2,STAGES=3,REG_PROD=24,REG_CONS=240,PINGPONG=1,SCHED=0 # [d128.causal.mid]
 step() { echo "== $* ($(date +%T))"; }
 for what in "${@:-all}"; do
   case $what in
@@ -29,12 +33,12 @@ for what in "${@:-all}"; do
       timeout 60 evotuner export --study v64 --output "$out/tuned.h" --require-checked --storage "$db" 2>&1 | tail -6
       timeout 180 evotuner profile --study v64 --top 3 --storage "$db" 2>&1 | tee "$out/profile.log" | tail -20 ;;&
     hcheck|all)
-      # Every recommended config of kernels/hopper/defaults.toml (the D64 one also causal with
-      # SCHED=2, the short and mid ones, D128 with SCHED=1, D128 causal): at evotuner
+      # Every recommended config of kernels/hopper/defaults.toml (D64 non-causal and causal,
+      # the short and mid ones, D128's big and mid entries, causal and not): at evotuner
       # check's small ragged shapes some warpgroups have no rows inside Sq (skip_tile).
       step "compute-sanitizer on the hopper family's recommended configs"
-      for spec in "D=64 - $c64r" "D=64 --causal $c64dr" "D=64 - $h64" "D=64 - $m64" "D=128 - $c128pr" \
-                  "D=128 --causal $e128r"; do
+      for spec in "D=64 - $c64" "D=64 --causal $c64" "D=64 - $h64" "D=64 - $m64" "D=128 - $n128" \
+                  "D=128 - $c128pr" "D=128 --causal $n128c" "D=128 --causal $e128r"; do
         set -- $spec; c=""; [ "$2" = --causal ] && c=--causal
         echo "-- $1 $c $3" >> "$out/hcheck.log"
         timeout 200 evotuner check --space search_spaces/hopper.toml --config "$3" --shape "$1" $c \
@@ -106,25 +110,27 @@ for what in "${@:-all}"; do
         --shapes 2,16,1024,64,0 --shapes 1,8,4096,64,0 --shapes 4,16,1024,64,0 --shapes 8,16,1024,64,0 --shapes 16,16,2048,64,0 \
         --output "$out/rows" 2>&1 | tee "$out/rows.log" | tail -24 ;;&
     tune128)
-      # Issue 9: a 128-trial search (the issue's bound) with the hopper family's default sampler
-      # (tpe-masked: nearly every trial is built and measured) at the shapes still below 1.05x
-      # cuDNN, most important first, each seeded from the studies in the database, inside
-      # TUNE_BUDGET_S; resumable (a rerun continues the studies).
+      # Issue 9: a 128-trial search (the issue's bound; TUNE_TRIALS lowers it) with the hopper
+      # family's default sampler (guided) at the shapes still below 1.05x cuDNN, most important
+      # first (TUNE_RUNS overrides: "B,H,S,D,causal|-,dtype ..."), each seeded from the studies
+      # in the database, inside TUNE_BUDGET_S; resumable (a rerun continues the studies).
+      # Studies are named ${TUNE_PREFIX:-m}_B_H_S_D_causal_dtype.
       tdb="sqlite:///${TUNED_DB:-out/tuned_h100.db}"
-      step "128-trial tpe-masked searches"
+      step "${TUNE_TRIALS:-128}-trial searches of the whole hopper space"
       t0=$SECONDS
-      for run in 8,16,2048,128,-,fp16 16,16,2048,64,-,fp16 4,16,4096,64,causal,fp16 8,16,2048,128,-,bf16 \
-                 16,16,2048,64,-,bf16 4,16,4096,64,causal,bf16; do
+      for run in ${TUNE_RUNS:-8,16,2048,128,-,fp16 16,16,2048,64,-,fp16 4,16,4096,64,causal,fp16 \
+                 8,16,2048,128,-,bf16 16,16,2048,64,-,bf16 4,16,4096,64,causal,bf16}; do
         IFS=, read b h s d c dt <<< "$run"; cf=""; [ "$c" = causal ] && cf=--causal
-        st="m_${b}_${h}_${s}_${d}_${c}_${dt}"
+        st="${TUNE_PREFIX:-m}_${b}_${h}_${s}_${d}_${c}_${dt}"
         left=$(( ${TUNE_BUDGET_S:-420} - (SECONDS - t0) ))
         [ $left -lt 40 ] && { echo "out of time: $st stays where it is"; continue; }
         timeout $left evotuner search --study "$st" --shape "B=$b,H=$h,S=$s,D=$d" --dtype $dt $cf \
-          --space search_spaces/hopper.toml --trials 128 --storage "$tdb" > "$out/search128_$st.log" 2>&1
-        echo "rc=$? $st: $(grep -E '^building' "$out/search128_$st.log" | tail -1 | cut -c1-160)"
+          --space search_spaces/hopper.toml --trials ${TUNE_TRIALS:-128} --storage "$tdb" > "$out/search128_$st.log" 2>&1
+        echo "rc=$? $st ($((SECONDS - t0)) s): $(grep -m1 'seeded from' "$out/search128_$st.log" | cut -c1-120)"
+        grep -E '^│ +[0-9]+ │' "$out/search128_$st.log" | head -3
       done
       cp "${TUNED_DB:-out/tuned_h100.db}" "$out/tuned_h100.db"
-      tar czf "$out/search128_logs.tgz" "$out"/search128_*.log && rm -f "$out"/search128_*.log ;;
+      tar czf "$out/search128_logs_${TUNE_PREFIX:-m}.tgz" "$out"/search128_*.log && rm -f "$out"/search128_*.log ;;
     workers|all)
       step "two search processes on one study (exact budget, nothing measured twice)"
       timeout 240 python3 scripts/two_workers.py --trials 24 --gpus 0 --workdir /tmp/evotuner-two 2>&1 | tee "$out/two_workers.log" | tail -12 ;;

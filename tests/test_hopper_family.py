@@ -47,11 +47,12 @@ def _problem(d: int, dtype: str = "fp16", causal: bool = False, s: int = 2048) -
     return Problem(Shape(4, 8, s, s, d), dtype, causal)
 
 
-#: (D, dtype, causal, S): every (D, dtype, causal) at S=2048 (4x8 heads), and the few-rows
-#: problems of defaults.toml's max_query_rows entries (4*8*256 = 8192 and 4*8*512 = 16384
-#: query rows: [d64.short], [d64.mid]).
-RECOMMENDED = [(d, dt, c, 2048) for d in HOPPER.head_dims for dt in DTYPES for c in (False, True)] + \
-              [(64, dt, False, s) for dt in DTYPES for s in (256, 512)]
+#: (D, dtype, causal, S): every (D, dtype, causal) at S=2048 (4x8 heads, 65536 query rows:
+#: [d128.mid] and [d128.causal.mid] at D=128), at S=16384 (524288 rows: the big entries), and
+#: the few-rows problems of defaults.toml's D=64 max_query_rows entries (4*8*256 = 8192 and
+#: 4*8*512 = 16384 query rows: [d64.short], [d64.mid]).
+RECOMMENDED = [(d, dt, c, s) for d in HOPPER.head_dims for dt in DTYPES for c in (False, True) for s in (2048, 16384)] \
+    + [(64, dt, False, s) for dt in DTYPES for s in (256, 512)]
 
 
 # --------------------------------------------------------------------------- space
