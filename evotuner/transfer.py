@@ -23,7 +23,8 @@ in sequence lengths and in batch x heads on a log2 scale (a 2x longer sequence i
 as far as a 2x shorter one). The ``studies`` nearest give their ``per_study`` best
 distinct configs, nearest study first, each config once; a config that is not in
 the new study's space or breaks one of its static constraints for the new problem
-is dropped (it would cost a trial and teach nothing).
+is dropped (it would cost a trial and teach nothing). A study left with no config
+to give is skipped (with that reason) and the next nearest takes its place.
 """
 
 from __future__ import annotations
@@ -112,7 +113,9 @@ def plan_transfer(store: Any, study: str, problem: Problem, space: Any, device: 
 
     chosen: list[KernelConfig] = []
     sources: list[Source] = []
-    for dist, name, summary in candidates[: max(0, studies)]:
+    for dist, name, summary in candidates:
+        if len(sources) >= max(0, studies):
+            break
         mine: list[KernelConfig] = []
         for config in _best_configs(summary.trials):
             if len(mine) >= per_study:
@@ -121,6 +124,9 @@ def plan_transfer(store: Any, study: str, problem: Problem, space: Any, device: 
                 continue
             mine.append(config)
             chosen.append(config)
+        if not mine:    # it would be named as a source and give nothing: the next one takes its place
+            skipped.append((name, "no config of its best is new here and admitted by the space at this problem"))
+            continue
         sources.append(Source(name, summary.problem, dist, tuple(mine)))
     return TransferPlan(tuple(chosen), tuple(sources), tuple(skipped))
 
