@@ -333,31 +333,52 @@ struct Consumer {
         release(sm.v_empty(st));
     }
 
+    // Keep this warpgroup's side of iteration `it`'s handshakes without computing it:
+    // its ping-pong turn (passed on at once) and its K/V releases, each after that load
+    // landed (so an arrival never counts toward an older phase of the stage).
+    __device__ __forceinline__ void pass_block(int it) {
+        if constexpr (T::kOverlap) {
+            pp_sync();
+            pp_arrive();
+        }
+        const int st = stage_of<T>(kv + it);
+        const uint32_t ph = phase_of<T>(kv + it);
+        mbar_wait(sm.k_full(st), ph);
+        release(sm.k_empty(st));
+        mbar_wait(sm.v_full(st), ph);
+        release(sm.v_empty(st));
+    }
+
     // A warpgroup whose 64 rows all lie past Sq (the ragged last m block: S=2048 at
     // BLOCK_M=192, the longest causal tile at S=4096) computes nothing. It keeps only
-    // its side of every handshake, in the same order as run_tile: its K/V releases
-    // (each after that load landed, so an arrival never counts toward an older
-    // phase), its ping-pong turns (passed on at once: nb+1 of them, like run_tile's
-    // overlap path) and its Q release. The other warpgroups get the tensor cores:
+    // its side of every handshake, in the same order as run_tile: every block passed
+    // (pass_block), the ping-pong turn of run_tile's last P V (nb+1 turns in all, like
+    // run_tile's overlap path) and its Q release. The other warpgroups get the tensor cores:
     // +1-2% at 16,16,2048,64 and +1-3% at 4,16,4096,64 causal (dev run 8, same run,
     // c64r / c64dr against the code without it); memcheck/racecheck/synccheck clean.
     __device__ __forceinline__ void skip_tile() {
         const int nb = t.n_blocks;
-        for (int it = 0; it <= nb; ++it) {
-            if constexpr (T::kOverlap) {
-                pp_sync();
-                pp_arrive();
-            }
-            if (it == nb) break;
-            const int st = stage_of<T>(kv + it);
-            const uint32_t ph = phase_of<T>(kv + it);
-            mbar_wait(sm.k_full(st), ph);
-            release(sm.k_empty(st));
-            mbar_wait(sm.v_full(st), ph);
-            release(sm.v_empty(st));
+        for (int it = 0; it < nb; ++it) pass_block(it);
+        if constexpr (T::kOverlap) {
+            pp_sync();
+            pp_arrive();
         }
         mbar_arrive(sm.q_empty());  // every consumer thread, as in run_tile
         kv += nb;
+    }
+
+    // Causal: the tile's key blocks reach its last row, this warpgroup's last row sees
+    // fewer. Blocks run from the last down, so the ones no row of this warpgroup sees
+    // are the first `causal_skip()` iterations: with 64-row warpgroups and BLOCK_N=128
+    // the first warpgroup of a 192-row tile skips one block, the second one every other tile.
+    __device__ __forceinline__ int causal_skip() const {
+        if constexpr (T::kIsCausal) {
+            const int last_row = min(t.m0 + g * 64 + 63, p.seqlen_q - 1);
+            const int mine = min((p.seqlen_k + BN - 1) / BN, last_row / BN + 1);
+            return t.n_blocks - mine;   // >= 0, < n_blocks (every row sees key 0)
+        } else {
+            return 0;
+        }
     }
 
     // One tile: t and kv set by the caller, who has waited for q_full.
@@ -377,26 +398,28 @@ struct Consumer {
         float corr[2];
         const int nb = t.n_blocks;
         const int n_masked_iters = nb - max(t.n_unmasked, 0);
+        const int first = causal_skip();   // iterations before it: masked for every row here
+        for (int it = 0; it < first; ++it) pass_block(it);
         if constexpr (!T::kOverlap) {
-            int it = 0;
+            int it = first;
             for (; it < n_masked_iters; ++it) plain_step<true>(s, pr, corr, it);
             for (; it < nb; ++it) plain_step<false>(s, pr, corr, it);
             mbar_arrive(sm.q_empty());  // every consumer thread: its reads of Q and the tile slot precede it
         } else {
-            // Block 0: S only.
-            mbar_wait(sm.k_full(stage_of<T>(kv)), phase_of<T>(kv));
+            // First block: S only.
+            mbar_wait(sm.k_full(stage_of<T>(kv + first)), phase_of<T>(kv + first));
             pp_sync();
-            issue_qk(s, stage_of<T>(kv));
+            issue_qk(s, stage_of<T>(kv + first));
             pp_arrive();
             wgmma_wait<0>();
             pin(s);
-            release(sm.k_empty(stage_of<T>(kv)));
-            softmax_any(s, nb - 1, corr);
+            release(sm.k_empty(stage_of<T>(kv + first)));
+            softmax_any(s, nb - 1 - first, corr);
             to_p(s, pr);
             // Steady state: S of block it overlaps P V of block it-1. The masked
             // blocks (the first ones, descending order) get their own loop: no
             // branch between a wgmma's issue and its wait.
-            int it = 1;
+            int it = first + 1;
             for (; it < n_masked_iters; ++it) overlap_step<true>(s, pr, corr, it);
             for (; it < nb; ++it) overlap_step<false>(s, pr, corr, it);
             // Every Q K^T of this tile has retired: the producer may load the next Q.
