@@ -258,8 +258,7 @@ class _Search:
             self.worker.seed_for(self.seed)
         self.study = self.store.optuna_study(self.name, sampler=sampler)
         zombies = tuple(self._take_over())
-        if not self.study.get_trials(deepcopy=False) and self.worker.once("start", done=True):
-            self._enqueue_start()
+        self._start_once()
         self._load_history()
         self.emit(ev.SearchStarted(self.name, self.target, self.finished, zombies, self.batch))
         if self.worker.slots()[0] >= self.target:
@@ -358,6 +357,32 @@ class _Search:
             self.remote.remove(r)
             attrs = {"tflops": rec.tflops} if rec.tflops is not None else {}
             self._finish(r.trial, r.config, rec.state, rec.value, rec.error, attrs, duplicate_of=rec.number)
+
+    def _start_once(self) -> None:
+        """One worker enqueues a new study's start configs; no worker asks before it is done.
+
+        The ``start`` claim is held while the configs are computed (the transfer plan reads
+        the database) and enqueued, and done after; the other workers wait while it is held.
+        Asking meanwhile, they could claim the whole budget first, and the start trials,
+        enqueued after, would stay WAITING (no worker asks past the budget). A holder that
+        dies is reaped (its claim goes): a waiter then enqueues the start if the study still
+        has no trial, and goes on without it if the holder had enqueued some."""
+        while True:
+            if not self.study.get_trials(deepcopy=False) and self.worker.once("start"):
+                try:
+                    self._enqueue_start()
+                except BaseException:
+                    self.worker.release_once("start")
+                    raise
+                self.worker.finish_once("start")
+                return
+            if self.worker.reaped:
+                self.worker.rejoin()
+                continue
+            state = self.worker.once_state("start")
+            if state == "done" or (state is None and self.study.get_trials(deepcopy=False)):
+                return      # started (or an older study, never given a start claim)
+            self._wait()
 
     def _enqueue_start(self) -> None:
         start = self.start() if callable(self.start) else self.start

@@ -222,6 +222,12 @@ class StudyWorker:
             self.reaped = True
             return False
 
+    def once_state(self, key: str) -> str | None:
+        """``held`` or ``done`` for once-key ``key``; None when nobody holds it (never claimed,
+        released, or its holder was reaped)."""
+        found = _claims.owner(self.store, self.study, key)
+        return found.state if found is not None else None
+
     def finish_once(self, key: str) -> None:
         _claims.finish(self.store, self.study, key, self._id())
 

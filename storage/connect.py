@@ -12,20 +12,24 @@ passed:
    database reads back: ``PRAGMA quick_check`` for SQLite;
 4. evotuner's schema version, if the tables exist, is not newer than ours.
 
-A database file this open created is removed again if a later step fails, so a
+A new SQLite database is built whole under a private name and only then given its
+name (:func:`evotuner.storage.start.publish_new`); a build that fails is removed, so a
 failed open never leaves a half-made file behind.
 """
 
 from __future__ import annotations
 
 import os
+import random
+import sqlite3
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import create_engine, event, inspect, select, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
-from sqlalchemy.exc import ArgumentError, NoSuchModuleError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, SQLAlchemyError
 
 from evotuner.errors import StorageError
 from evotuner.storage import schema
@@ -272,13 +276,36 @@ def _immediate_transactions(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def set_wal(engine: Engine) -> None:
-    """Switch a SQLite database to WAL (readers never block the writer); outside any transaction."""
+def set_wal(engine: Engine, wait_s: float = SQLITE_BUSY_TIMEOUT_S) -> None:
+    """Switch a SQLite database to WAL (readers never block the writer); outside any transaction.
+
+    Switching a rollback-journal database takes a read lock and then upgrades it to an
+    exclusive one, and SQLite calls no busy handler for a lock upgrade: another
+    connection's lock fails the PRAGMA at once with SQLITE_BUSY ("database is locked")
+    whatever the busy timeout. So a busy switch is tried again here until ``wait_s`` (the
+    busy timeout) has passed; then it fails as a SQLAlchemy OperationalError, which the
+    opener reports as a locked database. A database already in WAL mode takes no lock.
+    """
+    deadline = time.monotonic() + wait_s
     raw = engine.raw_connection()
     try:
-        raw.driver_connection.execute("PRAGMA journal_mode=WAL")
+        while True:
+            try:
+                raw.driver_connection.execute("PRAGMA journal_mode=WAL").fetchall()
+                return
+            except sqlite3.OperationalError as exc:
+                if not _sqlite_busy(exc) or time.monotonic() >= deadline:
+                    raise OperationalError("PRAGMA journal_mode=WAL", None, exc) from exc
+            time.sleep(random.uniform(0.01, 0.05))
     finally:
         raw.close()
+
+
+def _sqlite_busy(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)   # Python 3.11+
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc).lower()
 
 
 @dataclass(frozen=True)

@@ -4,10 +4,22 @@ What goes wrong without it (all seen with two `evotuner search` started together
 fresh SQLite file): both create Optuna's and evotuner's tables ("table ... already
 exists", "UNIQUE constraint failed: alembic_version"), both create the study (one
 fails), and a process whose open failed removed database files another one had
-created and was using. The rules here:
+created and was using. Creating the file in place with ``O_EXCL`` is not enough: the
+others open it at once and see it half made. Optuna creates its tables one
+autocommitted ``CREATE TABLE`` at a time, so an opener finds ``studies`` alone and
+refuses the file as another application's; the creator's switch to WAL fails at once
+with "database is locked" when an opener holds a lock (no busy handler for that lock
+upgrade); and the creator, failing, deleted the file under openers already using it.
+The rules here:
 
-* a new SQLite file is created with ``O_CREAT | O_EXCL``: only the process that made
-  it may remove it again after a failed open (:func:`create_exclusively`);
+* a new SQLite database is built complete (WAL mode, Optuna's tables and stamp,
+  evotuner's tables and version row) under a private name in the same folder, closed,
+  and only then hard-linked to its name, which fails if another process got there
+  first (then that one's database is used): nobody ever opens a half-made database,
+  and a failed build removes only its private file (:func:`publish_new`); where the
+  filesystem has no hard links the file is created in place with ``O_CREAT | O_EXCL``
+  as before, and only the process that made it may remove it again after a failed
+  open (:func:`create_exclusively`);
 * table creation and version stamping are retried when they lose a race
   (:func:`retry_race`): the loser finds the winner's tables and goes on;
 * a study is created if absent; the loser of a creation race waits for the winner's
@@ -19,8 +31,10 @@ created and was using. The rules here:
 
 from __future__ import annotations
 
+import errno
 import os
 import random
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -57,6 +71,51 @@ def create_exclusively(path: Path) -> _connect.CreatedFiles | None:
         raise StorageError(f"cannot create database {path} ({exc.strerror})", "choose a writable --storage path") from None
     os.close(fd)
     return _connect.CreatedFiles(path)
+
+
+#: link() errors that mean "this filesystem has no hard links" (then the file is created in place).
+_NO_HARD_LINKS = frozenset(getattr(errno, name) for name in ("EPERM", "ENOTSUP", "EOPNOTSUPP", "EMLINK", "ENOSYS")
+                           if hasattr(errno, name))
+
+
+def publish_new(path: Path, build: Callable[[Path], None]) -> bool | None:
+    """Create the SQLite database at ``path`` whole or not at all.
+
+    ``build(private)`` creates and initialises a database at a private path in the same
+    folder and closes it (its WAL written back into the file); it is then hard-linked to
+    ``path``, which fails if the name exists. Returns True when this call published it,
+    False when another process had published (or created) ``path`` first (use theirs),
+    None when the folder's filesystem cannot hard-link (the caller creates the file in
+    place). The private files are removed in every case, the published one never. A
+    build that fails raises with ``path`` named in its message, not the private name.
+    """
+    while True:
+        private = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.new")
+        files = create_exclusively(private)
+        if files is not None:
+            break
+    try:
+        try:
+            build(private)
+        except StorageError as exc:
+            raise type(exc)(exc.message.replace(str(private), str(path)),
+                            exc.remedy.replace(str(private), str(path)) if exc.remedy else exc.remedy) from None
+        left = [f"{private}{suffix}" for suffix in ("-wal", "-journal") if Path(f"{private}{suffix}").exists()]
+        if left:   # the build's log was not written back: linking the file alone would lose it
+            raise StorageError(f"cannot create database {path}: the new database kept its log {left[0]} after closing",
+                               "check the folder's filesystem (SQLite needs working locks there) and try again")
+        try:
+            os.link(private, path)
+        except FileExistsError:
+            return False
+        except OSError as exc:
+            if exc.errno in _NO_HARD_LINKS:
+                return None
+            raise StorageError(f"cannot create database {path} ({exc.strerror})",
+                               "choose a writable --storage path") from None
+        return True
+    finally:
+        files.remove()
 
 
 def is_race(exc: BaseException) -> bool:

@@ -212,7 +212,10 @@ class StudyStore:
                 "pass --storage (or set $EVOTUNER_STORAGE) to the database `evotuner search` wrote",
             )
         if path is not None and not _connect.precheck_sqlite(path, read_only=read_only):
-            created = _start.create_exclusively(path)   # None: another process made it first
+            # Built whole under a private name, then published: concurrent openers never see it
+            # half made (storage/start.py). None: no hard links here, so it is made in place.
+            if _start.publish_new(path, self._build_new) is None:
+                created = _start.create_exclusively(path)   # None: another process made it first
         self._engine = None
         self._optuna: RDBStorage | None = None
         try:
@@ -226,6 +229,11 @@ class StudyStore:
             raise
 
     # -- opening ---------------------------------------------------------------------------
+    def _build_new(self, private: Path) -> None:
+        """Create and initialise a new SQLite database at ``private`` (an empty file nobody
+        else knows of) and close it; :func:`~evotuner.storage.start.publish_new` links it."""
+        StudyStore(self._url.set(database=str(private)).render_as_string(hide_password=False)).close()
+
     def _initialise(self) -> None:
         """The writes of opening (after every check passed); read-only: none of them."""
         if self.read_only:
