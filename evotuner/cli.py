@@ -415,9 +415,14 @@ class _SearchView:
                 self._log(f"failed {len(event.zombies)} trial(s) left running by a killed process "
                           f"({', '.join(map(str, event.zombies))}); their configs are queued again")
         elif isinstance(event, ev.Seeded):
-            where = ", ".join(f"{name} ({problem}, {n})" for name, problem, n in event.sources)
-            self._log(f"seeded from studies {where}: their {event.configs} best configs follow the "
-                      "recommended one (--no-transfer to start cold)")
+            if event.related:
+                where = ", ".join(f"{name} ({problem}, {m} measured)" for name, problem, _, m in event.sources)
+                self._log(f"seeded from studies {where}: the sampler weighs their measurements against its "
+                          "cost model (--no-transfer to start cold)")
+            else:
+                where = ", ".join(f"{name} ({problem}, {n})" for name, problem, n, _ in event.sources)
+                self._log(f"seeded from studies {where}: their {event.configs} best configs follow the "
+                          "recommended one (--no-transfer to start cold)")
         elif isinstance(event, ev.DeviceChanged):
             self._log(f"warning: this study was measured on another device before; now on "
                       f"{event.device} (both are recorded; compare its timings with care)")

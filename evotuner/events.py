@@ -37,11 +37,14 @@ class SearchStarted:
 
 @dataclass(frozen=True)
 class Seeded:
-    """A new study starts from the best configs of the nearest studies in its database
-    (:mod:`evotuner.transfer`): ``sources`` = (study, problem text, configs taken) each."""
+    """A new study starts from the nearest studies in its database (:mod:`evotuner.transfer`):
+    ``sources`` = (study, problem text, configs enqueued, measurements given to the sampler)
+    each; ``configs`` enqueued in all; ``related``: the sampler takes the measurements
+    (nothing enqueued) rather than their best configs."""
 
-    sources: tuple[tuple[str, str, int], ...]
+    sources: tuple[tuple[str, str, int, int], ...]
     configs: int
+    related: bool = False
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
+from typing import Any
 
 import optuna
 
@@ -44,7 +45,8 @@ from evotuner.vocabulary import (  # noqa: F401 (the encoding's names, re-export
 )
 
 _BASE_SAMPLERS = ("tpe", "nsga2", "cmaes", "random", "grid", "tpe-masked", "guided")
-#: Samplers that need the problem and the family's cost model (KernelFamily.estimate_us).
+#: Samplers that need the problem and the family's cost model (KernelFamily.estimate_us); they
+#: also take other studies' measurements as prior knowledge (transfer, evotuner/transfer.py).
 MODEL_SAMPLERS = ("guided",)
 
 
@@ -83,16 +85,18 @@ MASKED_STARTUP = 10
 
 
 def make_sampler(name: str, space: SearchSpace, seed: int | None, problem: Problem | None = None,
-                 *, fresh: bool = True) -> optuna.samplers.BaseSampler:
+                 *, fresh: bool = True, related: Any = ()) -> optuna.samplers.BaseSampler:
     """An Optuna sampler over ``space``'s index representation; ``seed`` makes it reproducible.
 
     With ``fresh`` (the default) random, GP and tpe-masked propose only configs new to
     the study and, given ``problem``, statically feasible (see :mod:`evotuner.fresh`;
     tpe-masked also screens TPE's candidates before its acquisition picks one);
-    ``fresh=False`` gives the samplers without the wrapper.
+    ``fresh=False`` gives the samplers without the wrapper. ``related`` (other studies'
+    measurements, or a callable returning them: :class:`evotuner.guided.Related`) is
+    taken by the samplers of :data:`MODEL_SAMPLERS` and ignored by the rest.
     """
     if name == "guided":
-        return _guided_sampler(space, seed, problem)
+        return _guided_sampler(space, seed, problem, related)
     if name == "tpe-masked":
         masked = MaskedTPESampler(space, problem, seed=seed, n_startup_trials=MASKED_STARTUP, multivariate=True,
                                   constant_liar=True, n_ei_candidates=MASKED_EI_CANDIDATES)
@@ -103,7 +107,7 @@ def make_sampler(name: str, space: SearchSpace, seed: int | None, problem: Probl
     return base
 
 
-def _guided_sampler(space: SearchSpace, seed: int | None, problem: Problem | None) -> GuidedSampler:
+def _guided_sampler(space: SearchSpace, seed: int | None, problem: Problem | None, related: Any) -> GuidedSampler:
     family = get_family(space.kernel)
     if problem is None:
         raise SpaceError("sampler 'guided' needs the problem (its cost model predicts a config's time at a shape)",
@@ -112,7 +116,7 @@ def _guided_sampler(space: SearchSpace, seed: int | None, problem: Problem | Non
     if family.estimate_us(probe, problem) is None:
         raise SpaceError(f"sampler 'guided' needs a cost model, and the {family.title or family.name} family has none"
                          f" for {problem}", "pick another --sampler (tpe, tpe-masked)")
-    return GuidedSampler(space, problem, lambda config: family.estimate_us(config, problem), seed)
+    return GuidedSampler(space, problem, lambda config: family.estimate_us(config, problem), seed, related=related)
 
 
 def _base_sampler(name: str, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -26,7 +26,7 @@ from evotuner.loop import SearchResult, run_search
 from evotuner.measure.base import MeasureStage
 from evotuner.measure.replay import ReplayMeasure
 from evotuner.problem import Problem, Shape
-from evotuner.propose import make_sampler
+from evotuner.propose import MODEL_SAMPLERS, make_sampler
 from evotuner.space import SearchSpace, parse_space
 from evotuner.storage import StudyStore
 from evotuner.storage.connect import resolve_url, sqlite_path
@@ -231,18 +231,23 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
               on_event: Callable[[object], None] | None = None, *, stale_after: float | None = None,
               mixed_gpus: bool = False, transfer: bool = True) -> SearchResult:
     """Run ``study`` to ``trials`` finished trials; a new study starts from its family's
-    recommended config, then the best configs of the nearest studies of its family and GPU
-    model in the database (``transfer``, :mod:`evotuner.transfer`). Other workers may run
-    the study at once (each worker samples with its own seed, derived from the study's);
-    ``measure`` a list: one measure stage per GPU (``--gpus``), run by one coordinator
-    (:mod:`evotuner.multigpu`)."""
+    recommended config and, with ``transfer``, from the nearest studies of its family and GPU
+    model in the database (:mod:`evotuner.transfer`: their measurements for a sampler of
+    MODEL_SAMPLERS, their best configs enqueued for the others; the study records which, and
+    its sampler reloads them whenever the study runs). Other workers may run the study at once
+    (each worker samples with its own seed, derived from the study's); ``measure`` a list: one
+    measure stage per GPU (``--gpus``), run by one coordinator (:mod:`evotuner.multigpu`)."""
+    first = measure[0] if isinstance(measure, list) else measure
+
     def sampler_for(worker_seed: int | None) -> Any:
-        return make_sampler(sampler, space, worker_seed, problem)
+        return make_sampler(sampler, space, worker_seed, problem,
+                            related=lambda: related_studies(store, study, problem, space, first))
 
     start: Any = recommended(problem, space.kernel)
     if transfer:                    # planned only if this worker starts a new study (loop._enqueue_start)
         recommended_start = start
-        start = lambda: seeded_start(store, study, problem, space, measure, recommended_start, on_event)  # noqa: E731
+        start = lambda: seeded_start(store, study, problem, space, first, recommended_start, on_event,  # noqa: E731
+                                     takes_related=sampler in MODEL_SAMPLERS)
     common: dict[str, Any] = dict(store=store, study_name=study, problem=problem, space=space, trials=trials,
                                   builder=builder, on_event=on_event, start=start)
     if isinstance(measure, list):
@@ -254,20 +259,39 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
                       allow_mixed_gpus=mixed_gpus, **common)
 
 
-def seeded_start(store: StudyStore, study: str, problem: Problem, space: SearchSpace, measure: Any,
-                 start: tuple[KernelConfig, ...], on_event: Callable[[object], None] | None
-                 ) -> tuple[KernelConfig, ...]:
-    """``start`` (the family's recommended configs) then the transfer plan's configs; says
-    where they came from through ``on_event`` (``Seeded``). The recommended configs stay
-    first: measured across shapes, they are within 2% of the optimum at most recorded
-    problems (one evaluation), and the seeds only add what they lack."""
+def seeded_start(store: StudyStore, study: str, problem: Problem, space: SearchSpace, measure: MeasureStage,
+                 start: tuple[KernelConfig, ...], on_event: Callable[[object], None] | None, *,
+                 takes_related: bool) -> tuple[KernelConfig, ...]:
+    """``start`` (the family's recommended configs), then -- for a sampler that cannot take
+    other studies' measurements -- the transfer plan's configs; records the plan's studies
+    with the study and says where they came from through ``on_event`` (``Seeded``). The
+    recommended configs stay first: measured across shapes, they are within 2% of the
+    optimum at most recorded problems (one evaluation). A sampler that takes measurements
+    (``takes_related``) gets nothing enqueued: its own first pick weighs the sources against
+    the cost model, where an enqueued seed that is not within 2% costs an evaluation
+    (README "Transfer")."""
     from evotuner.transfer import plan_transfer
 
-    first = measure[0] if isinstance(measure, list) else measure
-    plan = plan_transfer(store, study, problem, space, first.device())
-    if not plan.configs:
+    plan = plan_transfer(store, study, problem, space, measure.device(), observations=takes_related)
+    if not plan.sources:
         return start
+    store.record_transfer(study, plan.studies)
+    enqueued = () if takes_related else plan.configs
     if on_event is not None:
-        on_event(ev.Seeded(tuple((s.study, str(s.problem), len(s.configs)) for s in plan.sources
-                                 if s.configs), len(plan.configs)))
-    return tuple(dict.fromkeys(tuple(start) + plan.configs))
+        on_event(ev.Seeded(tuple((s.study, str(s.problem), 0 if takes_related else len(s.configs),
+                                  len(s.observations)) for s in plan.sources), len(enqueued), takes_related))
+    return tuple(dict.fromkeys(tuple(start) + enqueued))
+
+
+def related_studies(store: StudyStore, study: str, problem: Problem, space: SearchSpace,
+                    measure: MeasureStage) -> tuple[Any, ...]:
+    """The measurements of the studies that seeded ``study`` (recorded by :func:`seeded_start`),
+    as the guided sampler's related studies; none for a study started cold."""
+    from evotuner.family.registry import get_family
+    from evotuner.transfer import plan_transfer, related
+
+    names = store.transfer_sources(study)
+    if not names:
+        return ()
+    plan = plan_transfer(store, study, problem, space, measure.device(), studies=len(names), only=names)
+    return related(plan.sources, get_family(space.kernel).estimate_us)

@@ -1,12 +1,18 @@
-"""Transfer: a new study starts from the best configs of the nearest studies already in its database.
+"""Transfer: a new study starts from what the nearest studies in its database measured.
 
 Users tune many shapes. A new study of the hopper family at B4 H32 S4096 D128 causal
 should not start cold when the same database holds finished studies at B8 H16 S2048
-D128 and at B4 H16 S4096 D64 causal: the winners of the nearest problems are the
-best first guesses there are (Kernel Tuner and Triton's autotuner start every
-problem cold). :func:`plan_transfer` picks them; the session enqueues them right after
-the family's recommended config (``evotuner search`` says "seeded from studies A, B";
-``--no-transfer`` turns it off).
+D128 and at B16 H8 S1024 D128 causal (Kernel Tuner and Triton's autotuner start every
+problem cold). :func:`plan_transfer` picks the nearest studies; the session then uses
+them in one of two ways (``evotuner search`` says which: "seeded from studies A, B";
+``--no-transfer`` turns it off):
+
+* a sampler that takes prior knowledge (``guided``) gets every compiled trial of the
+  sources as observations of a correlated problem (:class:`evotuner.guided.Related`):
+  the GP learns from them where the cost model is wrong, and its own first pick already
+  weighs the model against the sources (nothing is enqueued ahead of it);
+* any other sampler gets the ``per_study`` best distinct configs of each source,
+  enqueued after the family's recommended config, nearest study first.
 
 Which studies may seed (every rule is a reason a study is left out, listed in the
 plan's ``skipped``):
@@ -15,16 +21,17 @@ plan's ``skipped``):
 * same device model, by the GPU's name in the studies' device fingerprints (a
   replayed study carries the fingerprint of the GPU its sweep was recorded on); a
   study never measured (no device) cannot seed;
+* same head dim (it changes which tiles fit and what each costs);
 * at least one COMPLETE trial.
 
-Nearness is lexicographic, as a kernel engineer would judge it: the head dim first
-(it changes the tile shapes that fit), then dtype, then causal, then the distance
-in sequence lengths and in batch x heads on a log2 scale (a 2x longer sequence is
-as far as a 2x shorter one). The ``studies`` nearest give their ``per_study`` best
-distinct configs, nearest study first, each config once; a config that is not in
-the new study's space or breaks one of its static constraints for the new problem
-is dropped (it would cost a trial and teach nothing). A study left with no config
-to give is skipped (with that reason) and the next nearest takes its place.
+Nearness is :func:`similarity`, the correlation the guided sampler assumes between the
+cost model's errors at two problems. The recorded hopper sweeps measured it
+(``scripts/transfer_benchmark.py --correlations``, README "Transfer"): between two
+problems of one head dim the model's log errors correlate 0.93-1.00 over every
+compiled config, 0.69-1.00 over the configs within 15% of the optimum; a dtype change
+alone leaves them at 0.99-1.00 (so dtype counts least), a causal change is the largest
+single step, sizes move them a little per doubling. The weights below are round
+figures set under those correlations, not fitted to the benchmark.
 """
 
 from __future__ import annotations
@@ -36,10 +43,30 @@ from typing import Any, Mapping, Sequence
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.problem import Problem
+from evotuner.vocabulary import is_interrupted
 
-#: How many of the nearest studies seed a new one, and how many configs each gives.
-DEFAULT_STUDIES = 2
+#: How many of the nearest studies seed a new one, and how many configs each gives to a
+#: sampler that cannot take observations.
+DEFAULT_STUDIES = 4
 DEFAULT_PER_STUDY = 4
+#: Log-similarity lost to a dtype change, a causal change, and each doubling of a sequence
+#: length or of batch x heads (see the module docstring).
+DTYPE_STEP = 0.02
+CAUSAL_STEP = 0.2
+SIZE_STEP = 0.05
+#: Observations one source gives at most: its best measured configs, then its compiled
+#: failures (the GP's cost grows with the cube of its points).
+MEASURED_PER_SOURCE = 64
+FAILED_PER_SOURCE = 32
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One compiled config of a source study: its median µs, or None when it failed past the
+    compiler (gate, launch, wrong result)."""
+
+    config: KernelConfig
+    median_us: float | None
 
 
 @dataclass(frozen=True)
@@ -48,13 +75,14 @@ class Source:
 
     study: str
     problem: Problem
-    distance: tuple[float, ...] = field(hash=False)
-    configs: tuple[KernelConfig, ...] = ()
+    similarity: float
+    configs: tuple[KernelConfig, ...] = ()              # its best admitted configs, to enqueue
+    observations: tuple[Observation, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
 class TransferPlan:
-    """The configs to enqueue first (nearest study's best first) and where they came from."""
+    """The nearest studies (nearest first), their configs to enqueue, and who was left out why."""
 
     configs: tuple[KernelConfig, ...] = ()
     sources: tuple[Source, ...] = ()
@@ -62,17 +90,20 @@ class TransferPlan:
 
     @property
     def studies(self) -> tuple[str, ...]:
-        return tuple(s.study for s in self.sources if s.configs)
+        return tuple(s.study for s in self.sources)
 
 
-def distance(target: Problem, other: Problem) -> tuple[float, ...]:
-    """How far ``other`` is from ``target``: (head dim differs, dtype differs, causal differs,
-    |log2| sequence-length ratio summed over q and k, |log2| batch*heads ratio)."""
+def similarity(target: Problem, other: Problem) -> float:
+    """How alike the cost model's errors are at ``other`` and ``target``, in (0, 1]; 0 for another
+    head dim: exp(-(DTYPE_STEP [dtype differs] + CAUSAL_STEP [causal differs] + SIZE_STEP x
+    (|log2| ratios of the query and key lengths and of batch x heads)))."""
     a, b = target.shape, other.shape
-    seq = abs(math.log2(a.seqlen_q / b.seqlen_q)) + abs(math.log2(a.seqlen_k / b.seqlen_k))
-    bh = abs(math.log2((a.batch * a.heads) / (b.batch * b.heads)))
-    return (float(a.head_dim != b.head_dim), float(target.dtype != other.dtype),
-            float(target.causal != other.causal), round(seq, 6), round(bh, 6))
+    if a.head_dim != b.head_dim:
+        return 0.0
+    doublings = (abs(math.log2(a.seqlen_q / b.seqlen_q)) + abs(math.log2(a.seqlen_k / b.seqlen_k))
+                 + abs(math.log2((a.batch * a.heads) / (b.batch * b.heads))))
+    return math.exp(-(DTYPE_STEP * (target.dtype != other.dtype) + CAUSAL_STEP * (target.causal != other.causal)
+                      + SIZE_STEP * doublings))
 
 
 def device_model(fingerprint: Mapping[str, Any] | None) -> str | None:
@@ -84,36 +115,46 @@ def device_model(fingerprint: Mapping[str, Any] | None) -> str | None:
 
 
 def plan_transfer(store: Any, study: str, problem: Problem, space: Any, device: Mapping[str, Any] | None, *,
-                  studies: int = DEFAULT_STUDIES, per_study: int = DEFAULT_PER_STUDY) -> TransferPlan:
-    """The transfer plan of new study ``study`` (see the module docstring). ``device`` is the
-    fingerprint of the GPU the new study measures on (``MeasureStage.device()``)."""
+                  studies: int = DEFAULT_STUDIES, per_study: int = DEFAULT_PER_STUDY,
+                  observations: bool = True, only: Sequence[str] | None = None) -> TransferPlan:
+    """The transfer plan of study ``study`` (see the module docstring). ``device`` is the
+    fingerprint of the GPU the new study measures on (``MeasureStage.device()``). With
+    ``observations`` (a sampler that takes them) the ``studies`` nearest are the sources;
+    without, a study with no config to give (none admitted here, or all given by a nearer
+    one) is skipped with that reason and the next nearest takes its place. ``only`` limits
+    the candidates to those studies (a study's sampler reloads the sources it recorded)."""
     model = device_model(device)
-    candidates: list[tuple[tuple[float, ...], str, Any]] = []
+    candidates: list[tuple[float, str, Any]] = []
     skipped: list[tuple[str, str]] = []
-    for info in store.list_studies():
-        if info.name == study:
+    names = [info.name for info in store.list_studies()] if only is None else list(only)
+    for name in names:
+        if name == study:
             continue
         try:
-            summary = store.summary(info.name)
+            summary = store.summary(name)
         except EvotunerError as exc:
-            skipped.append((info.name, f"unreadable: {exc}"))
+            skipped.append((name, f"unreadable: {exc}"))
             continue
         if summary.kernel_family != space.kernel:
-            skipped.append((info.name, f"family {summary.kernel_family}, not {space.kernel}"))
+            skipped.append((name, f"family {summary.kernel_family}, not {space.kernel}"))
             continue
         theirs = device_model(summary.device)
         if model is None or theirs is None or theirs != model:
-            skipped.append((info.name, f"device {theirs or 'unknown'}, not {model or 'unknown'}"))
+            skipped.append((name, f"device {theirs or 'unknown'}, not {model or 'unknown'}"))
+            continue
+        near = similarity(problem, summary.problem)
+        if near <= 0.0:
+            skipped.append((name, f"head dim {summary.problem.shape.head_dim}, not {problem.shape.head_dim}"))
             continue
         if summary.best is None:
-            skipped.append((info.name, "no COMPLETE trial"))
+            skipped.append((name, "no COMPLETE trial"))
             continue
-        candidates.append((distance(problem, summary.problem), info.name, summary))
-    candidates.sort(key=lambda c: (c[0], c[1]))
+        candidates.append((near, name, summary))
+    candidates.sort(key=lambda c: (-c[0], c[1]))
 
     chosen: list[KernelConfig] = []
     sources: list[Source] = []
-    for dist, name, summary in candidates:
+    for near, name, summary in candidates:
         if len(sources) >= max(0, studies):
             break
         mine: list[KernelConfig] = []
@@ -124,11 +165,27 @@ def plan_transfer(store: Any, study: str, problem: Problem, space: Any, device: 
                 continue
             mine.append(config)
             chosen.append(config)
-        if not mine:    # it would be named as a source and give nothing: the next one takes its place
+        if not mine and not observations:
             skipped.append((name, "no config of its best is new here and admitted by the space at this problem"))
             continue
-        sources.append(Source(name, summary.problem, dist, tuple(mine)))
+        sources.append(Source(name, summary.problem, near, tuple(mine),
+                              _observations(summary.trials) if observations else ()))
     return TransferPlan(tuple(chosen), tuple(sources), tuple(skipped))
+
+
+def related(sources: Sequence[Source], estimate: Any) -> tuple[Any, ...]:
+    """The sources as the guided sampler's related studies (:class:`evotuner.guided.Related`);
+    ``estimate(config, problem)`` is the family's cost model (µs; None or inf where it has none)."""
+    from evotuner.guided import Related
+
+    out = []
+    for source in sources:
+        points = []
+        for o in source.observations:
+            us = estimate(o.config, source.problem)
+            points.append((o.config, o.median_us, math.inf if us is None else float(us)))
+        out.append(Related(source.study, source.similarity, tuple(points)))
+    return tuple(out)
 
 
 def _best_configs(trials: Sequence[Any]) -> list[KernelConfig]:
@@ -141,3 +198,33 @@ def _best_configs(trials: Sequence[Any]) -> list[KernelConfig]:
         if config is not None and config not in out:
             out.append(config)
     return out
+
+
+def _observations(trials: Sequence[Any]) -> tuple[Observation, ...]:
+    """The study's compiled configs, each once: its MEASURED_PER_SOURCE fastest, then up to
+    FAILED_PER_SOURCE that failed past the compiler. Statically pruned trials (never compiled)
+    and interrupted ones say nothing about the kernel and are left out."""
+    measured = [Observation(c, t.value) for c, t in _first_of_each(trials, _measured)]
+    measured.sort(key=lambda o: o.median_us)
+    failed = [Observation(c, None) for c, t in _first_of_each(trials, _compiled_failure)]
+    taken = {o.config for o in measured}
+    return tuple(measured[:MEASURED_PER_SOURCE]) + tuple(o for o in failed if o.config not in taken)[:FAILED_PER_SOURCE]
+
+
+def _first_of_each(trials: Sequence[Any], keep: Any) -> list[tuple[KernelConfig, Any]]:
+    seen: dict[KernelConfig, Any] = {}
+    for t in trials:
+        config = t.kernel_config
+        if config is not None and t.duplicate_of is None and config not in seen and keep(t):
+            seen[config] = t
+    return list(seen.items())
+
+
+def _measured(t: Any) -> bool:
+    return t.state == "COMPLETE" and t.value is not None and t.value > 0
+
+
+def _compiled_failure(t: Any) -> bool:
+    if t.state == "FAIL":
+        return not is_interrupted(t.state, t.error)
+    return t.state == "PRUNED" and isinstance(t.gate, Mapping) and t.gate.get("passed") is False

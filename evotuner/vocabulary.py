@@ -86,6 +86,7 @@ REASON_ATTR = "reason"          # why a trial is PRUNED or FAIL (one line)
 GATE_ATTR = "gate"              # ptxas figures + gate verdict, see StudyStore.record_build
 TFLOPS_ATTR = "tflops"          # on COMPLETE trials
 DUPLICATE_ATTR = "duplicate_of" # trial number whose result this trial reuses
+TRANSFER_ATTR = "transfer_sources"  # study attr: the studies that seeded it (evotuner/transfer.py)
 #: The reason a zombie trial (left RUNNING by a dead process) is failed with.
 INTERRUPTED_REASON = "interrupted: the process running this trial died"
 #: A FAIL trial whose reason starts with this was cut short (zombie, Ctrl-C), not judged:

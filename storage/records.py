@@ -24,6 +24,7 @@ from evotuner.vocabulary import (  # noqa: E402,F401 (re-exported: the record st
     INTERRUPTED_REASON,
     REASON_ATTR,
     TFLOPS_ATTR,
+    TRANSFER_ATTR,
     is_interrupted,
 )
 

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import optuna
 from optuna.exceptions import DuplicatedStudyError, UpdateFinishedTrialError
@@ -53,6 +53,7 @@ from evotuner.storage.records import (
     INTERRUPTED_REASON,
     REASON_ATTR,
     TFLOPS_ATTR,
+    TRANSFER_ATTR,
     StudyInfo,
     StudyRecord,
     StudySummary,
@@ -864,6 +865,22 @@ class StudyStore:
             best=min(complete, key=lambda r: (r.value, r.number)) if complete else None,
             trials=records,
         )
+
+    def record_transfer(self, study_name: str, sources: Sequence[str]) -> None:
+        """Record the studies that seeded ``study_name`` (evotuner/transfer.py): its sampler
+        reloads their measurements whenever the study runs, resumed runs included."""
+        with self.session() as s:
+            study_id = self._require_row(s, study_name).optuna_study_id
+        with self._optuna_call("recording the studies that seeded it"):
+            self.optuna_storage.set_study_user_attr(study_id, TRANSFER_ATTR, list(sources))
+
+    def transfer_sources(self, study_name: str) -> tuple[str, ...]:
+        """The studies that seeded ``study_name`` (none for a study started cold)."""
+        with self.session() as s:
+            study_id = self._require_row(s, study_name).optuna_study_id
+        with self._optuna_call("reading the studies that seeded it"):
+            names = self.optuna_storage.get_study_user_attrs(study_id).get(TRANSFER_ATTR) or []
+        return tuple(str(n) for n in names)
 
     def space_text(self, study_name: str) -> str:
         """The space file text the study was created with (to rebuild its SearchSpace)."""

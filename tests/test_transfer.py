@@ -4,6 +4,7 @@ recorded hopper sweeps (tests/data/sweep_h100_hopper_*.csv) they are tested on."
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from contextlib import ExitStack
 from pathlib import Path
@@ -17,7 +18,7 @@ from evotuner.errors import SpaceError
 from evotuner.measure.replay import ReplayMeasure, read_sweep
 from evotuner.problem import Problem, Shape
 from evotuner.space import load_space, parse_space
-from evotuner.transfer import distance, plan_transfer
+from evotuner.transfer import plan_transfer, similarity
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -104,16 +105,21 @@ def test_hopper_sweeps_cover_the_grid_and_are_measurements(key):
 # --------------------------------------------------------------------------- transfer
 
 
-def test_distance_orders_head_dim_then_dtype_then_causal_then_sizes():
+def test_similarity_weighs_causal_most_then_sizes_then_dtype_and_needs_the_head_dim():
     target = Problem(Shape.parse("B=4,H=32,S=4096,D=128"), causal=True)
-    order = sorted([
+    near = {name: similarity(target, p) for name, p in [
+        ("same", Problem(Shape.parse("B=4,H=32,S=4096,D=128"), causal=True)),
         ("other D", Problem(Shape.parse("B=4,H=32,S=4096,D=64"), causal=True)),
         ("bf16", Problem(Shape.parse("B=4,H=32,S=4096,D=128"), "bf16", True)),
         ("not causal", Problem(Shape.parse("B=4,H=32,S=4096,D=128"))),
         ("2x seq", Problem(Shape.parse("B=4,H=32,S=2048,D=128"), causal=True)),
-        ("4x seq", Problem(Shape.parse("B=4,H=32,S=16384,D=128"), causal=True)),
-    ], key=lambda p: distance(target, p[1]))
-    assert [name for name, _ in order] == ["2x seq", "4x seq", "not causal", "bf16", "other D"]
+        ("8x seq", Problem(Shape.parse("B=4,H=32,S=32768,D=128"), causal=True)),
+        ("2x batch", Problem(Shape.parse("B=8,H=32,S=4096,D=128"), causal=True)),
+    ]}
+    assert near["same"] == 1.0 and near["other D"] == 0.0
+    assert near["bf16"] > near["2x batch"] > near["2x seq"] > near["not causal"] > near["8x seq"] > 0.5
+    assert near["2x seq"] == pytest.approx(math.exp(-0.1))     # query and key lengths both double
+    assert similarity(near_p := Problem(Shape.parse("B=8,H=32,S=4096,D=128")), target) == similarity(target, near_p)
 
 
 @pytest.fixture(scope="module")
@@ -140,52 +146,104 @@ def sources(tmp_path_factory):
     store.close()
 
 
-def test_plan_takes_the_nearest_studies_of_the_family_and_device(sources):
+def test_plan_takes_the_nearest_studies_of_the_family_device_and_head_dim(sources):
     _, store = sources
     path, problem = SWEEPS["d64_causal"]
     grid = load_space(GRID)
     device = read_sweep(path).header["device"]
     plan = plan_transfer(store, "new", problem, grid, device)
-    assert [s.study for s in plan.sources] == ["d64", "d128"]            # same D first, then the nearer dtype
-    assert 2 <= len(plan.configs) == len(set(plan.configs)) <= 8              # <= 4 each, never twice
-    assert all(1 <= len(s.configs) <= 4 for s in plan.sources)
-    best_d64 = store.summary("d64").best.kernel_config
-    assert plan.configs[0] == best_d64
-    assert all(grid.violated(c, problem) is None for c in plan.configs)
+    assert [s.study for s in plan.sources] == ["d64"]
     skipped = dict(plan.skipped)
     assert "family flashcore" in skipped["flashcore"]
-    assert plan_transfer(store, "new", problem, grid, {"name": "NVIDIA A100"}).configs == ()
-    assert plan_transfer(store, "new", problem, grid, None).configs == ()
+    assert "head dim 128, not 64" in skipped["d128"] and "head dim 128" in skipped["d128_bf16"]
+    source = plan.sources[0]
+    assert source.similarity == pytest.approx(similarity(problem, store.summary("d64").problem))
+    assert 1 <= len(source.configs) <= 4 and plan.configs == source.configs
+    assert plan.configs[0] == store.summary("d64").best.kernel_config
+    assert all(grid.violated(c, problem) is None for c in plan.configs)
+    # every compiled config once, the fastest first; statically pruned and repeated trials left out
+    trials = store.summary("d64").trials
+    measured = {t.kernel_config: t.value for t in trials if t.state == "COMPLETE" and t.duplicate_of is None}
+    times = [o.median_us for o in source.observations if o.median_us is not None]
+    assert times == sorted(times) and len(times) == len(measured) and times[0] == min(measured.values())
+    failed = [o.config for o in source.observations if o.median_us is None]
+    pruned = {t.kernel_config: t for t in trials if t.state == "PRUNED"}
+    assert all(pruned[c].gate is not None and pruned[c].gate["passed"] is False for c in failed if c in pruned)
+    assert len({o.config for o in source.observations}) == len(source.observations)
+    assert plan_transfer(store, "new", problem, grid, {"name": "NVIDIA A100"}).sources == ()
+    assert plan_transfer(store, "new", problem, grid, None).sources == ()
+    d128 = plan_transfer(store, "new", SWEEPS["d128_bf16"][1], grid, device)
+    assert [s.study for s in d128.sources] == ["d128_bf16", "d128"]       # same problem first, then the fp16 one
+    assert [s.study for s in plan_transfer(store, "new", SWEEPS["d128_bf16"][1], grid, device,
+                                           only=["d128_bf16"]).sources] == ["d128_bf16"]
 
 
-def test_search_seeds_a_new_study_and_says_so(sources, capsys, tmp_path, monkeypatch, build_cache_dir):
+def _search(capsys, url, study, trials, *extra):
+    path, _ = SWEEPS["d64_causal"]
+    return run(capsys, "search", "--study", study, "--trials", trials, "--shape", "B=4,H=16,S=4096,D=64", "--causal",
+               "--space", GRID, "--replay", path, "--storage", url, *extra)
+
+
+def _first(url, study, n):
+    store = session.open_store(url, read_only=True)
+    try:
+        return [t.kernel_config for t in store.summary(study).trials[:n]], store.transfer_sources(study)
+    finally:
+        store.close()
+
+
+def test_guided_search_takes_the_nearest_studies_measurements_and_keeps_them(sources, capsys, monkeypatch,
+                                                                             build_cache_dir):
+    url, _ = sources
+    monkeypatch.delenv(cli.STORAGE_ENV, raising=False)
+    monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(build_cache_dir))
+    _, problem = SWEEPS["d64_causal"]
+    code, out, err = _search(capsys, url, "seeded", 4)
+    assert code == 0, err
+    assert "seeded from studies d64 (B=16,H=16,S=2048,D=64 fp16 non-causal, " in out
+    assert "measured): the sampler weighs their measurements against its cost model" in out
+    first, recorded = _first(url, "seeded", 4)
+    assert recorded == ("d64",)
+    # nothing enqueued: after the recommended configs of the grid (none here at D=64), the sampler's picks
+    starts = [c for c in recommended(problem, "hopper") if load_space(GRID).admits(c, problem)]
+    assert first[:len(starts)] == starts
+    store = session.open_store(url, read_only=True)
+    try:
+        replay = ReplayMeasure(SWEEPS["d64_causal"][0], problem, load_space(GRID))
+        related = session.related_studies(store, "seeded", problem, load_space(GRID), replay)
+        assert [r.name for r in related] == ["d64"] and len(related[0].points) >= 10
+        assert all(math.isfinite(est) for _, us, est in related[0].points if us is not None)
+        assert session.related_studies(store, "d64", problem, load_space(GRID), replay) == ()   # started cold
+    finally:
+        store.close()
+    code, out, err = _search(capsys, url, "cold", 3, "--no-transfer")
+    assert code == 0, err
+    assert "seeded from" not in out and _first(url, "cold", 0)[1] == ()
+    code, out, err = _search(capsys, url, "seeded", 8)
+    assert code == 0, err
+    assert "seeded from" not in out                                       # only a new study is seeded ...
+    assert _first(url, "seeded", 0)[1] == ("d64",)                        # ... and it keeps its sources
+
+
+def test_a_sampler_without_a_model_gets_the_best_configs_enqueued(sources, capsys, monkeypatch, build_cache_dir):
     url, _ = sources
     monkeypatch.delenv(cli.STORAGE_ENV, raising=False)
     monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(build_cache_dir))
     path, problem = SWEEPS["d64_causal"]
-    common = ["--shape", "B=4,H=16,S=4096,D=64", "--causal", "--space", GRID, "--replay", path, "--storage", url]
     store = session.open_store(url, read_only=True)
     try:
-        plan = plan_transfer(store, "seeded", problem, load_space(GRID), read_sweep(path).header["device"])
+        plan = plan_transfer(store, "masked", problem, load_space(GRID), read_sweep(path).header["device"],
+                             observations=False)
     finally:
         store.close()
-    code, out, err = run(capsys, "search", "--study", "seeded", "--trials", 6, *common)
+    code, out, err = _search(capsys, url, "masked", 6, "--sampler", "tpe-masked")
     assert code == 0, err
-    assert "seeded from studies d64 (B=16,H=16,S=2048,D=64 fp16 non-causal, " in out
-    store = session.open_store(url, read_only=True)
-    try:
-        first = [t.kernel_config for t in store.summary("seeded").trials[:3]]
-    finally:
-        store.close()
-    # the recommended config stays first where the space has it (the D=64 one lies outside the grid)
+    assert "d64 (B=16,H=16,S=2048,D=64 fp16 non-causal, " in out and "seeded from studies" in out
+    assert f"their {len(plan.configs)} best configs follow the recommended one" in out
+    first, recorded = _first(url, "masked", 3)
     starts = [c for c in recommended(problem, "hopper") if load_space(GRID).admits(c, problem)]
     assert first == (starts + [c for c in plan.configs if c not in starts])[:3]
-    code, out, err = run(capsys, "search", "--study", "cold", "--trials", 3, "--no-transfer", *common)
-    assert code == 0, err
-    assert "seeded from" not in out
-    code, out, err = run(capsys, "search", "--study", "seeded", "--trials", 8, *common)
-    assert code == 0, err
-    assert "seeded from" not in out                                       # only a new study is seeded
+    assert "d64" in recorded and recorded == plan.studies
 
 
 def test_transfer_benchmark_script_runs_leave_one_out(tmp_path):
@@ -220,13 +278,16 @@ def test_a_study_with_nothing_to_give_is_skipped_and_the_next_takes_its_place():
     assert not grid.admits(outside, problem) and grid.admits(admitted, problem)
 
     def study(name, shape, config):
-        trial = NS(number=0, state="COMPLETE", value=100.0, kernel_config=config)
+        trial = NS(number=0, state="COMPLETE", value=100.0, kernel_config=config, duplicate_of=None)
         return NS(name=name, kernel_family="hopper", device=device, best=trial, trials=[trial],
                   problem=Problem(Shape.parse(shape), causal=True))
 
     studies = {s.name: s for s in (study("near", "B=4,H=16,S=4096,D=64", outside),
                                    study("far", "B=4,H=16,S=8192,D=64", admitted))}
     store = NS(list_studies=lambda: [NS(name=n) for n in studies], summary=studies.__getitem__)
-    plan = plan_transfer(store, "new", problem, grid, device, studies=1)
+    plan = plan_transfer(store, "new", problem, grid, device, studies=1, observations=False)
     assert [s.study for s in plan.sources] == ["far"] and plan.configs == (admitted,)
     assert "no config of its best" in dict(plan.skipped)["near"]
+    # a sampler that takes measurements learns from the nearest one all the same
+    plan = plan_transfer(store, "new", problem, grid, device, studies=1)
+    assert [s.study for s in plan.sources] == ["near"] and plan.sources[0].observations[0].config == outside
