@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification a landing's note quotes, in one script (run on the H100 machine from the
 # project root, after `source .device/setup.sh` there). Logs go to $OUT (default out/verify).
-#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|all]...
+#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|all]...
 set -uo pipefail
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
@@ -131,6 +131,30 @@ for what in "${@:-all}"; do
       done
       cp "${TUNED_DB:-out/tuned_h100.db}" "$out/tuned_h100.db"
       tar czf "$out/search128_logs_${TUNE_PREFIX:-m}.tgz" "$out"/search128_*.log && rm -f "$out"/search128_*.log ;;
+    transfer)
+      # Issue 14: real searches at shapes no study in the database has, seeded (transfer) and
+      # cold (--no-transfer), each on its own copy of the 2026-11-24 database (TRANSFER_DB), then
+      # bench_attention with each copy: recommended config, the study's best and SDPA in one run.
+      src=${TRANSFER_DB:-docs/measurements/hopper_tuning/guided_h100_1124.db}
+      for mode in seeded cold; do
+        cp "$src" "/tmp/transfer_$mode.db"; flag=""; [ $mode = cold ] && flag=--no-transfer
+        for sh in ${TRANSFER_RUNS:-1,16,4096,128,- 2,16,8192,64,causal}; do
+          IFS=, read b h s d c <<< "$sh"; cf=""; [ "$c" = causal ] && cf=--causal
+          st="x_${b}_${h}_${s}_${d}_${c}"; log="$out/transfer_${mode}_$st.log"
+          step "$mode search $st"
+          timeout 150 evotuner search --study "$st" --shape "B=$b,H=$h,S=$s,D=$d" $cf --space search_spaces/hopper.toml \
+            --trials ${TRANSFER_TRIALS:-32} --storage "sqlite:////tmp/transfer_$mode.db" $flag > "$log" 2>&1
+          echo "rc=$? $(grep -m1 'seeded from' "$log" | cut -c1-200)"
+          grep -E '^│ +[0-9]+ │' "$log" | head -3
+        done
+        shapes=""; for sh in ${TRANSFER_RUNS:-1,16,4096,128,- 2,16,8192,64,causal}; do
+          IFS=, read b h s d c <<< "$sh"; shapes="$shapes --shapes $b,$h,$s,$d,$([ "$c" = causal ] && echo 1 || echo 0)"; done
+        timeout 200 python3 scripts/bench_attention.py --family hopper --tuned "sqlite:////tmp/transfer_$mode.db" \
+          $shapes --dtypes fp16 --rounds 3 --output "$out/bench_transfer_$mode" 2>&1 | tail -12
+        cp "/tmp/transfer_$mode.db" "$out/transfer_$mode.db"
+      done
+      tar czf "$out/transfer_logs.tgz" "$out"/transfer_{seeded,cold}_*.log "$out"/bench_transfer_* && \
+        rm -f "$out"/transfer_{seeded,cold}_*.log "$out"/bench_transfer_* ;;
     workers|all)
       step "two search processes on one study (exact budget, nothing measured twice)"
       timeout 240 python3 scripts/two_workers.py --trials 24 --gpus 0 --workdir /tmp/evotuner-two 2>&1 | tee "$out/two_workers.log" | tail -12 ;;

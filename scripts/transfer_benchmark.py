@@ -8,9 +8,10 @@
 For every sweep P (the held-out problem):
 
 1. a fresh SQLite database gets one finished study per OTHER sweep: the default
-   search (``session.run_study``: TPE, the family's recommended start, no transfer),
-   ``--source-trials`` trials over that sweep's replay, seed 0 -- what a user who
-   tuned those problems before would have in the database;
+   search (``session.run_study``: the family's default sampler and recommended start,
+   no transfer), ``--source-trials`` trials over that sweep's replay, seed 0 -- what a
+   user who tuned those problems before would have in the database (the ten databases
+   are built in parallel, one per worker);
 2. for every seed, a copy of that database runs a new study of P twice through the
    real loop over P's replay: ``cold`` (``transfer=False``: the default search as
    it was) and ``transfer`` (``transfer=True``: seeded from the nearest studies);
@@ -20,6 +21,11 @@ Reported per problem: evaluations (configs compiled, as in sampler_benchmark.py)
 until within 2%, median over seeds, for both, and their ratio. The issue's bar:
 transfer <= 1/2 of cold on every held-out problem. A run that never gets there
 within ``--max-trials`` is censored at the feasible count + 1.
+
+``--correlations`` prints instead what transfer rests on: for every ordered pair of
+sweeps of one head dim, the correlation of the cost model's log errors
+(``log(measured) - log(estimate)``) over the configs both measured, and over those
+within 15% of the first sweep's optimum, with the similarity evotuner.transfer assigns.
 """
 
 from __future__ import annotations
@@ -55,11 +61,16 @@ def _stages(sweep: str, space_path: str, stack: ExitStack) -> tuple[Any, Any, An
     return space, problem, builder, measure
 
 
-def source_db(sweeps: list[str], space_path: str, trials: int, folder: Path) -> Path:
-    """A database holding one finished default study per sweep of ``sweeps``."""
+def source_db(args: tuple[list[str], str, int, str]) -> str:
+    """A database (in folder) holding one finished default study per sweep of ``sweeps``."""
+    import optuna
+
     from evotuner import session
 
-    db = folder / "sources.db"
+    sweeps, space_path, trials, folder = args
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    db = Path(folder) / "sources.db"
     store = session.open_store(f"sqlite:///{db}")
     try:
         for i, sweep in enumerate(sweeps):
@@ -70,7 +81,7 @@ def source_db(sweeps: list[str], space_path: str, trials: int, folder: Path) -> 
                 session.run_study(store, name, problem, space, sampler, 0, trials, builder, measure, transfer=False)
     finally:
         store.close()
-    return db
+    return str(db)
 
 
 def one_run(args: tuple[str, str, str, int, bool, int]) -> dict[str, Any]:
@@ -96,7 +107,7 @@ def one_run(args: tuple[str, str, str, int, bool, int]) -> dict[str, Any]:
         def on_event(event: object) -> None:
             nonlocal evals, best
             if isinstance(event, ev.Seeded):
-                seeded.extend(name for name, _, _ in event.sources)
+                seeded.extend(name for name, *_ in event.sources)
             if not isinstance(event, ev.TrialFinished) or event.duplicate_of is not None:
                 return
             if not measure.lookup(event.config).evaluated:
@@ -120,6 +131,43 @@ def one_run(args: tuple[str, str, str, int, bool, int]) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - started, 2)}
 
 
+def correlations(sweeps: list[str], space_path: str) -> int:
+    """The table ``--correlations`` prints (see the module docstring)."""
+    import numpy as np
+
+    from evotuner.family import get_family
+    from evotuner.measure.replay import read_sweep
+    from evotuner.space import load_space
+    from evotuner.transfer import similarity
+
+    space = load_space(space_path)
+    family = get_family(space.kernel)
+    tables = [read_sweep(s) for s in sweeps]
+    errors = []
+    for table in tables:
+        problem = table.problem
+        row = {}
+        for config, r in table.rows.items():
+            if r.status == "ok" and r.median_us and space.admits(config, problem):
+                estimate = family.estimate_us(config, problem)
+                if estimate is not None and math.isfinite(estimate) and estimate > 0:
+                    row[config] = (math.log(r.median_us) - math.log(estimate), r.median_us)
+        errors.append(row)
+    print(f"{'sweep':<44}{'other':<44}{'similarity':>11}{'configs':>9}{'corr':>7}{'near opt':>9}{'corr':>7}")
+    for a, (ta, ea) in enumerate(zip(tables, errors)):
+        best = min(us for _, us in ea.values())
+        for b, (tb, eb) in enumerate(zip(tables, errors)):
+            if a == b or ta.problem.shape.head_dim != tb.problem.shape.head_dim:
+                continue
+            both = [c for c in ea if c in eb]
+            near = [c for c in both if ea[c][1] <= 1.15 * best]
+            corr = [float(np.corrcoef([ea[c][0] for c in cs], [eb[c][0] for c in cs])[0, 1]) if len(cs) > 3
+                    else math.nan for cs in (both, near)]
+            print(f"{ta.path.name:<44}{tb.path.name:<44}{similarity(ta.problem, tb.problem):>11.3f}"
+                  f"{len(both):>9}{corr[0]:>7.2f}{len(near):>9}{corr[1]:>7.2f}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweeps", nargs="+", help="sweep CSVs of one space (at least 2)")
@@ -129,23 +177,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-trials", type=int, default=2000, help="trials before a run counts as censored")
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--output", type=Path, default=Path("transfer_benchmark.json"))
+    ap.add_argument("--correlations", action="store_true",
+                    help="print the cost model's error correlations between the sweeps and exit")
     args = ap.parse_args(argv)
     if len(args.sweeps) < 2:
         ap.error("leave-one-out needs at least two sweeps")
+    if args.correlations:
+        return correlations(args.sweeps, args.space)
 
     results: dict[str, Any] = {"space": args.space, "seeds": args.seeds, "source_trials": args.source_trials,
                                "target": TARGET, "problems": {}}
-    with tempfile.TemporaryDirectory(prefix="transfer-sources-") as tmp:
-        jobs = []
+    with tempfile.TemporaryDirectory(prefix="transfer-sources-") as tmp, \
+            ProcessPoolExecutor(max_workers=args.workers) as pool:
+        builds = []
         for held in args.sweeps:
             folder = Path(tmp) / Path(held).stem
             folder.mkdir()
-            db = source_db([s for s in args.sweeps if s != held], args.space, args.source_trials, folder)
-            for seed in range(args.seeds):
-                for transfer in (False, True):
-                    jobs.append((held, args.space, str(db), seed, transfer, args.max_trials))
-        with ProcessPoolExecutor(max_workers=args.workers) as pool:
-            runs = list(pool.map(one_run, jobs))
+            builds.append(([s for s in args.sweeps if s != held], args.space, args.source_trials, str(folder)))
+        dbs = list(pool.map(source_db, builds))
+        jobs = [(held, args.space, db, seed, transfer, args.max_trials)
+                for held, db in zip(args.sweeps, dbs) for seed in range(args.seeds) for transfer in (False, True)]
+        runs = list(pool.map(one_run, jobs))
     print(f"{'held-out sweep':<36}{'cold':>8}{'transfer':>10}{'ratio':>8}  seeded from")
     for held in args.sweeps:
         name = Path(held).name
