@@ -37,10 +37,14 @@ evotuner/transfer.py), nearest first, change two things:
 
 * once the study knows one config (the recommended one, or the model's best, proposed
   first as without related studies: where the model is right, transfer costs nothing),
-  the next proposal is the nearest related study's fastest config that is a candidate
-  here -- the winner of the nearest problem often carries over where the model is wrong
-  (on the ten recorded hopper sweeps it is within 2% at six of them; the model's first
-  pick is at three, and at three more depending on how its ties break);
+  the next proposal is the *lead*: of the LEAD_PER_STUDY fastest configs of each related
+  study that are candidates here, the one the model rates best here. The winners of
+  nearby problems often carry over where the model is wrong (the nearest study's best
+  is within 2% at six of the ten recorded hopper sweeps; the model's first pick at
+  three, and at three more depending on how its ties break), and the model, choosing
+  among them, knows this problem's size (on the H100, the nearest study's best at
+  2,16,1024,64 was a three-warpgroup config from a problem with 4x the query rows, 16%
+  slower than the two-warpgroup recommended one);
 * the GP takes their measurements as correlated tasks: the model's residual at problem
   *s* is ``a_s g + sqrt(1 - a_s^2) h_s``, with ``g`` the residual here and ``h_s``
   independent of it (a one-factor model: two problems' residuals correlate ``a_s a_t``,
@@ -93,6 +97,8 @@ NOISE_SD = 0.01
 FAILURE_PENALTY = 0.3
 #: Where an estimate of ``inf`` puts a config: this far (log) above the worst finite estimate.
 INFEASIBLE_PRIOR = math.log(2.0)
+#: The lead (second proposal with related studies) is chosen among this many fastest configs of each.
+LEAD_PER_STUDY = 4
 
 Estimate = Callable[[KernelConfig], float]
 
@@ -141,7 +147,7 @@ class GuidedSampler(BaseSampler):
         self._x: np.ndarray | None = None                       # candidate rows' scaled values
         self._prior: np.ndarray | None = None                   # candidate rows' log estimate
         self._tasks = _Tasks.none(len(self._keys))              # the related studies' points
-        self._lead: int | None = None                           # the nearest related study's best here
+        self._lead: int | None = None                           # the related studies' lead (second proposal)
 
     # -- Optuna's sampler interface ----------------------------------------------------------
 
@@ -196,24 +202,29 @@ class GuidedSampler(BaseSampler):
         source = self._related_source
         self.related = tuple(source() if callable(source) else source)
         self._tasks = _Tasks.of(self.related, self._scaled, len(self._keys))
-        self._lead = self._nearest_best()
+        self._lead = self._lead_row()
 
-    def _nearest_best(self) -> int | None:
-        """The candidate row of the fastest config of the nearest related study that is a
-        candidate here (None: no related study, or none of its configs is one)."""
-        assert self._rows is not None and self.related is not None
-        nearest = next((r for r in self.related if 0.0 < r.similarity <= 1.0), None)
-        if nearest is None:
-            return None
-        for config, us, _ in sorted((p for p in nearest.points if p[1] is not None), key=lambda p: p[1]):
-            values = config.as_dict()
-            try:
-                key = tuple(p.index(values[p.name]) for p in self.space.params)
-            except (KeyError, ValueError):
-                continue                  # not a config of this space
-            if key in self._rows:
-                return self._rows[key]
-        return None
+    def _lead_row(self) -> int | None:
+        """The lead's candidate row (see the module docstring; None: no related study, or none
+        of their configs is a candidate here). Ties go to the nearer study, then the faster config."""
+        assert self._rows is not None and self._prior is not None and self.related is not None
+        rows: list[int] = []
+        for study in self.related:
+            if not 0.0 < study.similarity <= 1.0:
+                continue
+            taken = 0
+            for config, _, _ in sorted((p for p in study.points if p[1] is not None), key=lambda p: p[1]):
+                values = config.as_dict()
+                try:
+                    row = self._rows.get(tuple(p.index(values[p.name]) for p in self.space.params))
+                except (KeyError, ValueError):
+                    row = None            # not a config of this space
+                if row is not None:
+                    rows.append(row)
+                    taken += 1
+                    if taken == LEAD_PER_STUDY:
+                        break
+        return min(rows, key=lambda r: self._prior[r]) if rows else None
 
     # -- the pick ------------------------------------------------------------------------------
 
@@ -253,7 +264,7 @@ class GuidedSampler(BaseSampler):
         if not known:
             return int(np.argmin(np.where(free, self._prior + jitter, np.inf)))
         if self._lead is not None and free[self._lead]:
-            return self._lead             # the nearest related study's best (see the module docstring)
+            return self._lead             # the related studies' lead (see the module docstring)
         try:
             mean, sd = self._predict(measured, failed, known)
         except np.linalg.LinAlgError:     # a covariance numerically singular: take the model's next best

@@ -135,8 +135,9 @@ for what in "${@:-all}"; do
       # Issue 14: real searches at shapes no study in the database has, seeded (transfer) and
       # cold (--no-transfer), each on its own copy of the 2026-11-24 database (TRANSFER_DB), then
       # bench_attention with each copy: recommended config, the study's best and SDPA in one run.
+      # TRANSFER_RUNS: "B,H,S,D,causal|- ..."; TRANSFER_MODES: "seeded cold" or either.
       src=${TRANSFER_DB:-docs/measurements/hopper_tuning/guided_h100_1124.db}
-      for mode in seeded cold; do
+      for mode in ${TRANSFER_MODES:-seeded cold}; do
         cp "$src" "/tmp/transfer_$mode.db"; flag=""; [ $mode = cold ] && flag=--no-transfer
         for sh in ${TRANSFER_RUNS:-1,16,4096,128,- 2,16,8192,64,causal}; do
           IFS=, read b h s d c <<< "$sh"; cf=""; [ "$c" = causal ] && cf=--causal
@@ -153,8 +154,8 @@ for what in "${@:-all}"; do
           $shapes --dtypes fp16 --rounds 3 --output "$out/bench_transfer_$mode" 2>&1 | tail -12
         cp "/tmp/transfer_$mode.db" "$out/transfer_$mode.db"
       done
-      tar czf "$out/transfer_logs.tgz" "$out"/transfer_{seeded,cold}_*.log "$out"/bench_transfer_* && \
-        rm -f "$out"/transfer_{seeded,cold}_*.log "$out"/bench_transfer_* ;;
+      tar czf "$out/transfer_logs.tgz" "$out"/transfer_*_x_*.log "$out"/bench_transfer_* && \
+        rm -f "$out"/transfer_*_x_*.log "$out"/bench_transfer_* ;;
     workers|all)
       step "two search processes on one study (exact budget, nothing measured twice)"
       timeout 240 python3 scripts/two_workers.py --trials 24 --gpus 0 --workdir /tmp/evotuner-two 2>&1 | tee "$out/two_workers.log" | tail -12 ;;
