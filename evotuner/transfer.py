@@ -7,10 +7,10 @@ problem cold). :func:`plan_transfer` picks the nearest studies; the session then
 them in one of two ways (``evotuner search`` says which: "seeded from studies A, B";
 ``--no-transfer`` turns it off):
 
-* a sampler that takes prior knowledge (``guided``) gets every compiled trial of the
-  sources as observations of a correlated problem (:class:`evotuner.guided.Related`):
-  the GP learns from them where the cost model is wrong, and its own first pick already
-  weighs the model against the sources (nothing is enqueued ahead of it);
+* a sampler that takes prior knowledge (``guided``) gets the sources' compiled trials
+  as observations of correlated problems (:class:`evotuner.guided.Related`; nothing is
+  enqueued): its first pick stays its own, its second is the model's choice among the
+  sources' fastest configs, and its GP learns from them where the cost model is wrong;
 * any other sampler gets the ``per_study`` best distinct configs of each source,
   enqueued after the family's recommended config, nearest study first.
 
