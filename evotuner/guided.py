@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -328,7 +329,7 @@ class GuidedSampler(BaseSampler):
     def _cholesky(self, points: "_Points", scales: np.ndarray) -> np.ndarray:
         """Cholesky factor of the points' covariance (kernel times task correlation, plus measurement noise)."""
         noise = self.settings.noise_sd ** 2 * np.eye(len(points.y))
-        return np.linalg.cholesky(self._kernel(points.x, points.x, scales) * points.correlation() + noise)
+        return np.linalg.cholesky(self._kernel(points.x, points.x, scales) * points.correlation + noise)
 
     def _kernel(self, a: np.ndarray, b: np.ndarray, scales: np.ndarray) -> np.ndarray:
         a, b = a / scales, b / scales
@@ -349,8 +350,10 @@ class _Points:
     def subset(self, keep: np.ndarray) -> "_Points":
         return _Points(self.x[keep], self.y[keep], self.task[keep], self.weight[keep])
 
+    @cached_property
     def correlation(self) -> np.ndarray:
-        """Task correlation of every pair: 1 within a task, the product of their weights across two."""
+        """Task correlation of every pair: 1 within a task, the product of their weights across two
+        (computed once: the length-scale fit factorises the same points some 60 times)."""
         same = self.task[:, None] == self.task[None, :]
         return np.where(same, 1.0, self.weight[:, None] * self.weight[None, :])
 

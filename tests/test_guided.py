@@ -311,6 +311,6 @@ def test_related_points_are_centred_per_study_and_failures_sit_above_their_worst
     assert list(tasks.points.y) == pytest.approx([-spread / 2, spread / 2, spread / 2 + FAILURE_PENALTY, 0.0])
     assert list(tasks.points.task) == [1, 1, 1, 2] and list(tasks.points.weight) == [0.8, 0.8, 0.8, 0.5]
     points = tasks.after(np.zeros((1, 1)), np.array([0.1]))
-    corr = points.correlation()
+    corr = points.correlation
     assert corr[0, 1] == pytest.approx(0.8) and corr[1, 2] == 1.0 and corr[1, 4] == pytest.approx(0.4)
     assert corr[0, 0] == corr[4, 4] == 1.0
