@@ -348,30 +348,49 @@ def load_space(path: str | Path | None = None, *, family: str | None = None) -> 
     return parse_space(text, where)
 
 
+#: The line that joins a sub-grid file's text to its base's in the text a study stores
+#: (``text + BASE_MARK + base name + "\n" + base text``): :func:`parse_space` splits it there.
+BASE_MARK = "\n# ---- base: "
+
+
 def _narrow(data: dict[str, Any], text: str, path: Path, depth: int = 0) -> tuple[dict[str, Any], str]:
     """A sub-grid space file (``[space] base = "other.toml"``): the base file's tables with
-    the ``[params.NAME] values`` this file narrows. It may set only [space] (name, doc) and
-    [params]; every value it lists must be one of the base's, so each config of the sub-grid
-    is a config of the base space (same kernel, derived values, constraints, device, gate)
-    and studies, sweeps and exports of either can be compared config for config."""
+    the ``[params.NAME] values`` this file narrows (:func:`_merge`), and the text to store:
+    this file's, BASE_MARK, the base's name and the base's text, which :func:`parse_space`
+    reads back without the files."""
     where = str(path)
-    for k in data:
-        if k not in _NARROWING_KEYS:
-            raise SpaceError(f"{where}: [{k}]: a sub-grid space (with [space] base) takes its [{k}] from the base",
-                             "set only [space] name/doc/base and [params.NAME] values here")
-    space = data["space"]
-    base_name = space["base"]
-    if not isinstance(base_name, str) or not base_name:
-        raise SpaceError(f"{where}: [space] base: must be a space file name", 'e.g. base = "hopper.toml"')
+    base_name = _base_name(data, where)
     base_path = (path.parent / base_name).resolve()
     if depth > 4:
         raise SpaceError(f"{where}: [space] base: more than 4 bases deep (a cycle?)", "point base at a full space file")
     if not base_path.is_file():
         raise SpaceError(f"{where}: [space] base: {base_path} not found", "name a space file beside this one")
     base_text = base_path.read_text(encoding="utf-8")
-    merged = _parse_toml(base_text, str(base_path))
-    if isinstance(merged.get("space"), dict) and "base" in merged["space"]:
-        merged, base_text = _narrow(merged, base_text, base_path, depth + 1)
+    base = _parse_toml(base_text, str(base_path))
+    if isinstance(base.get("space"), dict) and "base" in base["space"]:
+        base, base_text = _narrow(base, base_text, base_path, depth + 1)
+    return _merge(data, base, where, base_path.name), f"{text}{BASE_MARK}{base_path.name}\n{base_text}"
+
+
+def _base_name(data: dict[str, Any], where: str) -> str:
+    for k in data:
+        if k not in _NARROWING_KEYS:
+            raise SpaceError(f"{where}: [{k}]: a sub-grid space (with [space] base) takes its [{k}] from the base",
+                             "set only [space] name/doc/base and [params.NAME] values here")
+    base_name = data["space"]["base"]
+    if not isinstance(base_name, str) or not base_name:
+        raise SpaceError(f"{where}: [space] base: must be a space file name", 'e.g. base = "hopper.toml"')
+    return base_name
+
+
+def _merge(data: dict[str, Any], base: dict[str, Any], where: str, base_name: str) -> dict[str, Any]:
+    """The sub-grid ``data`` applied to its base's tables. It may set only [space] (name, doc)
+    and [params]; every value it lists must be one of the base's, so each config of the sub-grid
+    is a config of the base space (same kernel, derived values, constraints, device, gate)
+    and studies, sweeps and exports of either can be compared config for config."""
+    _base_name(data, where)
+    space = data["space"]
+    merged = dict(base)
     merged_space = dict(merged.get("space") or {})
     for k in ("kernel", "arch"):
         if k in space and space[k] != merged_space.get(k):
@@ -383,7 +402,7 @@ def _narrow(data: dict[str, Any], text: str, path: Path, depth: int = 0) -> tupl
     for name, body in (data.get("params") or {}).items():
         key = f"[params.{name}]"
         if name not in params:
-            raise SpaceError(f"{where}: {key}: the base {base_path.name} has no parameter {name}",
+            raise SpaceError(f"{where}: {key}: the base {base_name} has no parameter {name}",
                              f"narrow one of {', '.join(params)}")
         values = body.get("values") if isinstance(body, dict) else None
         allowed = params[name].get("values", [])
@@ -395,7 +414,20 @@ def _narrow(data: dict[str, Any], text: str, path: Path, depth: int = 0) -> tupl
                              "a sub-grid may only drop values of its base")
         params[name] = {**params[name], **body}
     merged["params"] = params
-    return merged, f"{text}\n# ---- base: {base_path.name}\n{base_text}"
+    return merged
+
+
+def _stored(text: str, where: str, depth: int = 0) -> dict[str, Any] | None:
+    """The merged tables of a sub-grid's stored text (see BASE_MARK); None if ``text`` is not one."""
+    head, mark, rest = text.partition(BASE_MARK)
+    if not mark or depth > 4:
+        return None
+    base_name, _, base_text = rest.partition("\n")
+    data = _parse_toml(head, where)
+    if not (isinstance(data.get("space"), dict) and data["space"].get("base") == base_name):
+        return None
+    base = _stored(base_text, where, depth + 1)
+    return _merge(data, _parse_toml(base_text, where) if base is None else base, where, base_name)
 
 
 def _parse_toml(text: str, where: str) -> dict[str, Any]:
@@ -408,7 +440,11 @@ def _parse_toml(text: str, where: str) -> dict[str, Any]:
 
 
 def parse_space(text: str, where: str = "<string>") -> SearchSpace:
-    """Parse space-file ``text``; ``where`` names it in error messages."""
+    """Parse space-file ``text``, or the text a study stored for a sub-grid space (the file's,
+    BASE_MARK, its base's: :func:`load_space`); ``where`` names it in error messages."""
+    merged = _stored(text, where)          # a sub-grid's text as a study stores it, with its base's
+    if merged is not None:
+        return _Loader(where).load(merged, text)
     data = _parse_toml(text, where)
     if isinstance(data.get("space"), dict) and "base" in data["space"]:
         raise SpaceError(f"{where}: [space] base: a sub-grid space must be read from its file",

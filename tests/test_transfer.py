@@ -73,6 +73,24 @@ def test_a_sub_grid_names_a_missing_base_and_needs_its_file(tmp_path):
         parse_space(path.read_text())
 
 
+def test_a_sub_grid_reads_back_from_the_text_a_study_stores(tmp_path):
+    """A study stores its space's text: a sub-grid's is its file's, then its base's, so it is
+    read back without the files (evotuner show, resume, bench, check ran it through parse_space,
+    which refused the joined text as TOML with two [space] tables until 2026-11-25); sub-grids
+    of sub-grids too."""
+    sub = _write(tmp_path, "[params.BLOCK_N]\nvalues = [64, 96, 128]\n")
+    (tmp_path / "subsub.toml").write_text('[space]\nname = "subsub"\nbase = "sub.toml"\n'
+                                          "[params.BLOCK_N]\nvalues = [96, 128]\n")
+    for path in (GRID, sub, tmp_path / "subsub.toml"):
+        space = load_space(path)
+        again = parse_space(space.text, "stored")
+        assert again.fingerprint() == space.fingerprint() and again.params == space.params
+        assert again.constraints == space.constraints and again.gate == space.gate
+    assert parse_space(load_space(tmp_path / "subsub.toml").text).param("BLOCK_N").values == (96, 128)
+    with pytest.raises(SpaceError, match="not among the base's"):   # a stored text is checked as a file is
+        parse_space(load_space(sub).text.replace("values = [64, 96, 128]", "values = [64, 72]", 1))
+
+
 # --------------------------------------------------------------------------- the recorded sweeps
 
 
@@ -144,6 +162,13 @@ def sources(tmp_path_factory):
         session.run_study(store, "flashcore", fc_problem, flash, "tpe", 0, 8, builder, measure, transfer=False)
     yield url, store
     store.close()
+
+
+def test_show_reads_a_study_of_the_grid(sources, capsys):
+    url, _ = sources
+    code, out, err = run(capsys, "show", "--study", "d64", "--storage", url)
+    assert code == 0, err
+    assert "hopper_grid" in out and "B=16,H=16,S=2048,D=64" in out
 
 
 def test_plan_takes_the_nearest_studies_of_the_family_device_and_head_dim(sources):
