@@ -25,13 +25,17 @@ plan's ``skipped``):
 * at least one COMPLETE trial.
 
 Nearness is :func:`similarity`, the correlation the guided sampler assumes between the
-cost model's errors at two problems. The recorded hopper sweeps measured it
+cost model's errors at two problems. The twelve recorded hopper sweeps measured it
 (``scripts/transfer_benchmark.py --correlations``, README "Transfer"): between two
-problems of one head dim the model's log errors correlate 0.93-1.00 over every
-compiled config, 0.69-1.00 over the configs within 15% of the optimum; a dtype change
+problems of one head dim the model's log errors correlate 0.88-1.00 over every
+compiled config, 0.65-1.00 over the configs within 15% of the optimum; a dtype change
 alone leaves them at 0.99-1.00 (so dtype counts least), a causal change is the largest
-single step, sizes move them a little per doubling. The weights below are round
-figures set under those correlations, not fitted to the benchmark.
+single step, and sizes move them per doubling of the query rows B x H x Sq (how many
+tiles, how many waves on the SMs) and of the key length (each tile's loop), not of Sq and
+B x H apart: 2,16,1024 and 1,8,4096 have one tile count. Those two sizes order the 60
+pairs' correlations better than the three did (``--correlations`` prints it: rank
+correlation 0.74 against 0.65 over all configs, 0.51 against 0.48 near the optimum). The
+weights below are round figures set under those correlations, not fitted to the benchmark.
 """
 
 from __future__ import annotations
@@ -49,11 +53,12 @@ from evotuner.vocabulary import is_interrupted
 #: sampler that cannot take observations.
 DEFAULT_STUDIES = 4
 DEFAULT_PER_STUDY = 4
-#: Log-similarity lost to a dtype change, a causal change, and each doubling of a sequence
-#: length or of batch x heads (see the module docstring).
+#: Log-similarity lost to a dtype change, a causal change, each doubling of the query rows
+#: B x H x Sq and each doubling of the key length (see the module docstring).
 DTYPE_STEP = 0.02
 CAUSAL_STEP = 0.2
-SIZE_STEP = 0.05
+ROWS_STEP = 0.05
+KEYS_STEP = 0.05
 #: Observations one source gives at most: its best measured configs, then its compiled
 #: failures (the GP's cost grows with the cube of its points).
 MEASURED_PER_SOURCE = 64
@@ -95,15 +100,21 @@ class TransferPlan:
 
 def similarity(target: Problem, other: Problem) -> float:
     """How alike the cost model's errors are at ``other`` and ``target``, in (0, 1]; 0 for another
-    head dim: exp(-(DTYPE_STEP [dtype differs] + CAUSAL_STEP [causal differs] + SIZE_STEP x
-    (|log2| ratios of the query and key lengths and of batch x heads)))."""
+    head dim: exp(-(DTYPE_STEP [dtype differs] + CAUSAL_STEP [causal differs] + ROWS_STEP x
+    |log2 ratio of the query rows B x H x Sq| + KEYS_STEP x |log2 ratio of the key lengths|))."""
     a, b = target.shape, other.shape
     if a.head_dim != b.head_dim:
         return 0.0
-    doublings = (abs(math.log2(a.seqlen_q / b.seqlen_q)) + abs(math.log2(a.seqlen_k / b.seqlen_k))
-                 + abs(math.log2((a.batch * a.heads) / (b.batch * b.heads))))
+    rows = abs(math.log2(query_rows(target) / query_rows(other)))
+    keys = abs(math.log2(a.seqlen_k / b.seqlen_k))
     return math.exp(-(DTYPE_STEP * (target.dtype != other.dtype) + CAUSAL_STEP * (target.causal != other.causal)
-                      + SIZE_STEP * doublings))
+                      + ROWS_STEP * rows + KEYS_STEP * keys))
+
+
+def query_rows(problem: Problem) -> int:
+    """B x H x Sq: the rows the kernel's CTAs split among them (how many tiles, how many waves)."""
+    s = problem.shape
+    return s.batch * s.heads * s.seqlen_q
 
 
 def device_model(fingerprint: Mapping[str, Any] | None) -> str | None:

@@ -153,6 +153,7 @@ def correlations(sweeps: list[str], space_path: str) -> int:
                 if estimate is not None and math.isfinite(estimate) and estimate > 0:
                     row[config] = (math.log(r.median_us) - math.log(estimate), r.median_us)
         errors.append(row)
+    pairs: list[tuple[float, float, float]] = []           # (similarity, corr over all, corr near the optimum)
     print(f"{'sweep':<44}{'other':<44}{'similarity':>11}{'configs':>9}{'corr':>7}{'near opt':>9}{'corr':>7}")
     for a, (ta, ea) in enumerate(zip(tables, errors)):
         best = min(us for _, us in ea.values())
@@ -163,9 +164,23 @@ def correlations(sweeps: list[str], space_path: str) -> int:
             near = [c for c in both if ea[c][1] <= 1.15 * best]
             corr = [float(np.corrcoef([ea[c][0] for c in cs], [eb[c][0] for c in cs])[0, 1]) if len(cs) > 3
                     else math.nan for cs in (both, near)]
-            print(f"{ta.path.name:<44}{tb.path.name:<44}{similarity(ta.problem, tb.problem):>11.3f}"
+            near_s = similarity(ta.problem, tb.problem)
+            pairs.append((near_s, *corr))
+            print(f"{ta.path.name:<44}{tb.path.name:<44}{near_s:>11.3f}"
                   f"{len(both):>9}{corr[0]:>7.2f}{len(near):>9}{corr[1]:>7.2f}")
+    ranks = [_rank_correlation([p[0] for p in pairs if not math.isnan(p[i])], [p[i] for p in pairs if not math.isnan(p[i])])
+             for i in (1, 2)]
+    print(f"similarity orders the {len(pairs)} pairs' correlations with rank correlation {ranks[0]:.3f} "
+          f"(all configs), {ranks[1]:.3f} (near the optimum)")
     return 0
+
+
+def _rank_correlation(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (ties ranked by their order: the similarities tie often)."""
+    import numpy as np
+
+    ranks = [np.argsort(np.argsort(np.asarray(v), kind="stable")) for v in (a, b)]
+    return float(np.corrcoef(*ranks)[0, 1]) if len(a) > 2 else math.nan
 
 
 def main(argv: list[str] | None = None) -> int:

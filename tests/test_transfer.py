@@ -123,7 +123,7 @@ def test_hopper_sweeps_cover_the_grid_and_are_measurements(key):
 # --------------------------------------------------------------------------- transfer
 
 
-def test_similarity_weighs_causal_most_then_sizes_then_dtype_and_needs_the_head_dim():
+def test_similarity_weighs_causal_most_then_rows_and_keys_then_dtype_and_needs_the_head_dim():
     target = Problem(Shape.parse("B=4,H=32,S=4096,D=128"), causal=True)
     near = {name: similarity(target, p) for name, p in [
         ("same", Problem(Shape.parse("B=4,H=32,S=4096,D=128"), causal=True)),
@@ -136,8 +136,17 @@ def test_similarity_weighs_causal_most_then_sizes_then_dtype_and_needs_the_head_
     ]}
     assert near["same"] == 1.0 and near["other D"] == 0.0
     assert near["bf16"] > near["2x batch"] > near["2x seq"] > near["not causal"] > near["8x seq"] > 0.5
-    assert near["2x seq"] == pytest.approx(math.exp(-0.1))     # query and key lengths both double
+    assert near["2x seq"] == pytest.approx(math.exp(-0.1))     # query rows and key length both double
+    assert near["2x batch"] == pytest.approx(math.exp(-0.05))  # query rows double
     assert similarity(near_p := Problem(Shape.parse("B=8,H=32,S=4096,D=128")), target) == similarity(target, near_p)
+    # the sizes are the query rows B x H x Sq (how many tiles) and the key length (each tile's loop):
+    # how the rows split into batches and heads does not matter, and Sq counts through the rows only
+    split = Problem(Shape.parse("B=8,H=16,S=4096,D=128"), causal=True)
+    assert similarity(target, split) == 1.0
+    longer_q = Problem(Shape(batch=2, heads=32, seqlen_q=8192, seqlen_k=4096, head_dim=128), causal=True)
+    assert similarity(target, longer_q) == 1.0
+    assert similarity(target, Problem(Shape(batch=4, heads=32, seqlen_q=4096, seqlen_k=8192, head_dim=128),
+                                      causal=True)) == pytest.approx(math.exp(-0.05))
 
 
 @pytest.fixture(scope="module")
