@@ -44,7 +44,11 @@ evotuner/transfer.py), nearest first, change two things:
   three, and at three more depending on how its ties break), and the model, choosing
   among them, knows this problem's size (on the H100, the nearest study's best at
   2,16,1024,64 was a three-warpgroup config from a problem with 4x the query rows, 16%
-  slower than the two-warpgroup recommended one);
+  slower than the two-warpgroup recommended one). Where the model rates even the best of
+  them more than LEAD_WITHIN_SD residual SDs slower than its own best, there is no lead:
+  the sources' winners do not fit this problem (their tiles, its waves), and the model's
+  error is not that large (the recorded sweep at 2,16,1024,64: rated 41% slower by the
+  model, measured 17-20% slower);
 * the GP takes their measurements as correlated tasks: the model's residual at problem
   *s* is ``a_s g + sqrt(1 - a_s^2) h_s``, with ``g`` the residual here and ``h_s``
   independent of it (a one-factor model: two problems' residuals correlate ``a_s a_t``,
@@ -100,6 +104,9 @@ FAILURE_PENALTY = 0.3
 INFEASIBLE_PRIOR = math.log(2.0)
 #: The lead (second proposal with related studies) is chosen among this many fastest configs of each.
 LEAD_PER_STUDY = 4
+#: ... and proposed only when the model rates it at most this many residual standard deviations
+#: (SIGNAL_SD, in log time) above its best estimate here (2: 22% slower).
+LEAD_WITHIN_SD = 2.0
 
 Estimate = Callable[[KernelConfig], float]
 
@@ -206,8 +213,10 @@ class GuidedSampler(BaseSampler):
         self._lead = self._lead_row()
 
     def _lead_row(self) -> int | None:
-        """The lead's candidate row (see the module docstring; None: no related study, or none
-        of their configs is a candidate here). Ties go to the nearer study, then the faster config."""
+        """The lead's candidate row (see the module docstring; None: no related study, none of
+        their configs is a candidate here, or the best of them is more than LEAD_WITHIN_SD
+        residual SDs slower than the model's best here). Ties go to the nearer study, then the
+        faster config."""
         assert self._rows is not None and self._prior is not None and self.related is not None
         rows: list[int] = []
         for study in self.related:
@@ -225,7 +234,12 @@ class GuidedSampler(BaseSampler):
                     taken += 1
                     if taken == LEAD_PER_STUDY:
                         break
-        return min(rows, key=lambda r: self._prior[r]) if rows else None
+        if not rows:
+            return None
+        lead = min(rows, key=lambda r: self._prior[r])
+        if self._prior[lead] - float(self._prior.min()) > LEAD_WITHIN_SD * self.settings.signal_sd:
+            return None                   # the model sees why the sources' winners lose here
+        return lead
 
     # -- the pick ------------------------------------------------------------------------------
 
