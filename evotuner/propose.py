@@ -73,7 +73,8 @@ def startup_trials(space: SearchSpace) -> int:
 #: keep TPE on feasible configs; it lost to plain TPE on FlashCore too (15-23.5 and 12-15
 #: evaluations, 30 seeds) and was the Hopper family's default until ``guided``
 #: (evotuner/guided.py: the family's cost model as the prior, new feasible configs only)
-#: needed 0.01-0.23 of random search's evaluations on the ten recorded sweeps where it needed 0.23-2.4.
+#: needed 0.01-0.23 of random search's evaluations on the ten recorded sweeps where it needed 0.23-2.4
+#: (and 0.02-0.06 on the two few-row sweeps recorded later).
 FRESH_SAMPLERS = ("random", "gp")
 #: tpe-masked: candidates TPE draws per proposal before the screen (Optuna's default is 24),
 #: enough that one survives when 4 in 5 break a constraint (hopper_grid.toml) ...
