@@ -536,26 +536,32 @@ def _decoded_json(summary: Any, space: Any) -> dict[str, Any]:
     return data
 
 
-def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space: Any = None) -> Table:
+def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space: Any = None) -> Group:
     done = sorted((t for t in summary.trials
                    if t.state == "COMPLETE" and t.value is not None and t.duplicate_of is None),
                   key=lambda t: t.value)[:top]
     configs = [_config_values(t, space) for t in done]
     names = columns.param_names(configs, tuple(space.names) if space is not None else ())
-    short = columns.short_names(names)
+    fastest = min((v for v in baselines.values() if v), default=None)
+    heads = ("#", "µs", "TFLOPS", "vs SDPA")
+    figures = [(str(t.number), f"{t.value:.1f}", f"{t.tflops:.1f}" if t.tflops else "-",
+                f"{fastest / t.value:.2f}x" if fastest else "-") for t in done]
+    # Fit the console (a log is 80 columns) with every value whole: no vertical rules (two
+    # columns of gap each), and shorter parameter headers where the full ones do not fit.
+    values = {n: max((len(c) for config in configs for c in columns.cells(config, [n])), default=1) for n in names}
+    others = sum(max([len(h), *(len(row[i]) for row in figures)]) for i, h in enumerate(heads)) + 2 * (len(heads) - 1)
+    short = columns.fitting_names(names, values, others, 2, _io.out.width - 1)
     table = Table(title=f"best {len(done)} of {len(summary.trials)} trials", title_justify="left",
-                  caption=columns.legend(short) or None, caption_justify="left")
+                  box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     table.add_column("#", justify="right", no_wrap=True)
     for name in names:
         table.add_column(Text(for_terminal(short[name])), justify="right", no_wrap=True)
-    for col in ("µs", "TFLOPS", "vs SDPA"):
+    for col in heads[1:]:
         table.add_column(col, justify="right", no_wrap=True)
-    fastest = min((v for v in baselines.values() if v), default=None)
-    for t, config in zip(done, configs):
-        table.add_row(str(t.number), *columns.cells(config, names), f"{t.value:.1f}",
-                      f"{t.tflops:.1f}" if t.tflops else "-",
-                      f"{fastest / t.value:.2f}x" if fastest else "-")
-    return table
+    for (number, *rest), config in zip(figures, configs):
+        table.add_row(number, *columns.cells(config, names), *rest)
+    # The legend below at the console's width (as the table's caption it wrapped at the table's)
+    return Group(table, *(Text(line) for line in columns.legend_lines(short, _io.out.width)))
 
 
 def _config_values(record: Any, space: Any) -> dict[str, int]:

@@ -73,7 +73,7 @@ for what in "${@:-all}"; do
         timeout 90 evotuner search --study "t_${b}_${h}_${s}_${d}_${c}_${dt}" --shape "B=$b,H=$h,S=$s,D=$d" --dtype $dt $cf \
           --space search_spaces/hopper.toml --trials 32 --storage "$tdb" > "$out/search_${b}_${h}_${s}_${d}_${c}_${dt}.log" 2>&1
         echo "rc=$? $sh $dt: $(grep -m1 'seeded from' "$out/search_${b}_${h}_${s}_${d}_${c}_${dt}.log" | cut -c1-150)"
-        grep -E "^│ +[0-9]+…? +│" "$out/search_${b}_${h}_${s}_${d}_${c}_${dt}.log" | head -2
+        grep -E '^ *[0-9]+ +[0-9]+ ' "$out/search_${b}_${h}_${s}_${d}_${c}_${dt}.log" | head -2
       done; done
       tar czf "$out/search_logs.tgz" "$out"/search_*.log && rm -f "$out"/search_*.log ;;
     tunebench)
@@ -127,7 +127,7 @@ for what in "${@:-all}"; do
         timeout $left evotuner search --study "$st" --shape "B=$b,H=$h,S=$s,D=$d" --dtype $dt $cf \
           --space search_spaces/hopper.toml --trials ${TUNE_TRIALS:-128} --storage "$tdb" > "$out/search128_$st.log" 2>&1
         echo "rc=$? $st ($((SECONDS - t0)) s): $(grep -m1 'seeded from' "$out/search128_$st.log" | cut -c1-120)"
-        grep -E '^│ +[0-9]+…? +│' "$out/search128_$st.log" | head -3
+        grep -E '^ *[0-9]+ +[0-9]+ ' "$out/search128_$st.log" | head -3
       done
       cp "${TUNED_DB:-out/tuned_h100.db}" "$out/tuned_h100.db"
       tar czf "$out/search128_logs_${TUNE_PREFIX:-m}.tgz" "$out"/search128_*.log && rm -f "$out"/search128_*.log ;;
@@ -155,7 +155,7 @@ for what in "${@:-all}"; do
           timeout 150 evotuner search --study "$st" --shape "B=$b,H=$h,S=$s,D=$d" $cf --space search_spaces/hopper.toml \
             --trials ${TRANSFER_TRIALS:-32} --storage "sqlite:////tmp/transfer_$mode.db" $flag > "$log" 2>&1
           echo "rc=$? $(grep -m1 'seeded from' "$log" | cut -c1-200)"
-          grep -E '^│ +[0-9]+…? +│' "$log" | head -3
+          grep -E '^ *[0-9]+ +[0-9]+ ' "$log" | head -3
         done
         shapes=""; for sh in ${TRANSFER_RUNS:-1,16,4096,128,- 2,16,8192,64,causal}; do
           IFS=, read b h s d c <<< "$sh"; shapes="$shapes --shapes $b,$h,$s,$d,$([ "$c" = causal ] && echo 1 || echo 0)"; done

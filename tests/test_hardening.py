@@ -181,9 +181,9 @@ def test_search_and_show_on_an_80_column_terminal_show_every_value(tmp_path, bui
     assert all(len(line) <= 80 for line in lines), lines
     assert "BM = BLOCK_M" in shown and "MB = MIN_BLOCKS" in shown
     # every top row shows all five values, so no two rows read the same
-    rows = [line for line in lines if line.startswith("│")]
-    values = [tuple(c.strip() for c in row.strip("│").split("│")[1:6]) for row in rows]
-    assert len(values) == 10 and all(all(v.isdigit() for v in vs) for vs in values), values
+    rule = next(i for i, line in enumerate(lines) if line.startswith("───"))
+    values = [tuple(line.split()[1:6]) for line in lines[rule + 1:rule + 11]]
+    assert len(values) == 10 and all(len(vs) == 5 and all(v.isdigit() for v in vs) for vs in values), values
     assert len(set(values)) == len(values)
 
 
@@ -666,3 +666,21 @@ def test_a_database_behind_a_closed_folder_is_one_line(capsys, cli_env):
         assert "cannot be reached" in lines[0] and "unexpected" not in lines[0]
     finally:
         shutil.rmtree(closed, ignore_errors=True)
+
+
+def test_legend_lines_keep_each_pair_whole_and_headers_shorten_until_the_table_fits():
+    from evotuner import columns
+
+    names = ["BLOCK_N", "CONSUMER_WGS", "STAGES", "REG_PROD", "PINGPONG", "SCHED", "RESCALE_LOG2"]
+    short = columns.short_names(names)
+    lines = columns.legend_lines(short, 30)
+    assert all(len(line) <= 30 for line in lines), lines
+    pairs = [p.strip() for p in " ".join(lines).split(",")]
+    assert pairs == [f"{s} = {n}" for n, s in short.items() if s != n]     # no pair split across lines
+    assert columns.legend_lines(short, 5)[0] == "BN = BLOCK_N,"          # a pair too long gets a line alone
+    widths = {n: 3 for n in names}
+    assert columns.fitting_names(names, widths, 0, 2, 200) == short      # wide: the usual headers
+    narrow = columns.fitting_names(names, widths, 0, 2, 40)
+    assert narrow["STAGES"] == "STAG" and narrow["PINGPONG"] == "PING" and narrow["BLOCK_N"] == "BN"
+    assert sum(max(len(narrow[n]), 3) + 2 for n in names) <= 40
+    assert columns.fitting_names(names, widths, 0, 2, 10)["STAGES"] == "ST"   # nothing fits: the shortest

@@ -173,11 +173,24 @@ def sources(tmp_path_factory):
     store.close()
 
 
-def test_show_reads_a_study_of_the_grid(sources, capsys):
+def test_show_reads_a_study_of_the_grid_and_its_ten_parameters_fit_80_columns(sources, capsys, monkeypatch):
+    """The hopper family's ten parameters, the trial number and three figures in 80 columns,
+    every value whole (the boxed table of before cut trial numbers to "…" and left some
+    parameter columns empty there): the one-word headers shorten (STAGES -> STAG)."""
     url, _ = sources
-    code, out, err = run(capsys, "show", "--study", "d64", "--storage", url)
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run(capsys, "show", "--study", "d64", "--storage", url, "--top", "10")
     assert code == 0, err
     assert "hopper_grid" in out and "B=16,H=16,S=2048,D=64" in out
+    lines = out.splitlines()
+    assert all(len(line.rstrip()) <= 80 for line in lines), out
+    assert "…" not in out and "STAG = STAGES" in out and "CW = CONSUMER_WGS" in out
+    rule = next(i for i, line in enumerate(lines) if line.startswith("───"))
+    header, rows = lines[rule - 1].split(), [line.split() for line in lines[rule + 1:rule + 11]]
+    assert header[:3] == ["#", "BN", "CW"] and header[-4:] == ["µs", "TFLOPS", "vs", "SDPA"]
+    assert len(rows) == 10 and all(len(r) == 1 + 10 + 3 for r in rows), rows
+    assert all(all(v.isdigit() for v in r[:11]) and r[-1].endswith("x") for r in rows), rows
+    assert len({tuple(r[1:11]) for r in rows}) == 10                  # ten distinct configs, all visible
 
 
 def test_plan_takes_the_nearest_studies_of_the_family_device_and_head_dim(sources):
