@@ -3,7 +3,7 @@
 A config such as ``TILE_M=128,TILE_N=64,MIN_CTAS=2,WARP_COUNT=4,DEPTH=3`` in one
 cell is cut on an 80-column terminal right where configs differ, so the top rows of
 a table look identical. Tables instead give every parameter its own column under a
-short header (``TM`` for ``TILE_M``) and say once, in the caption, what each header
+short header (``TM`` for ``TILE_M``) and say once, in a legend, what each header
 stands for; every value stays visible. Where even those headers are too wide (a family
 with ten parameters), :func:`fitting_names` shortens the one-word ones further
 (``DEPTH`` -> ``DEPT`` -> ``DE``) until the table fits.
