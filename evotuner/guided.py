@@ -183,6 +183,14 @@ class GuidedSampler(BaseSampler):
 
     # -- the candidates ------------------------------------------------------------------------
 
+    def _key(self, config: KernelConfig) -> tuple[int, ...] | None:
+        """The config's value indices (None: not a config of this space)."""
+        values = config.as_dict()
+        try:
+            return tuple(p.index(values[p.name]) for p in self.space.params)
+        except (KeyError, ValueError):
+            return None
+
     def _scaled(self, config: KernelConfig) -> list[float] | None:
         """The config's values scaled by the space's value ranges (None: it lacks a parameter)."""
         values = config.as_dict()
@@ -196,8 +204,7 @@ class GuidedSampler(BaseSampler):
             return
         index, x, prior = [], [], []
         for config in self.space.feasible(self.problem):
-            values = config.as_dict()
-            index.append(tuple(p.index(values[p.name]) for p in self.space.params))
+            index.append(self._key(config))
             x.append(self._scaled(config))
             prior.append(float(self.estimate(config)))
         self._index = np.array(index, dtype=int).reshape(len(index), len(self._keys))
@@ -208,7 +215,8 @@ class GuidedSampler(BaseSampler):
                                 for p in prior])
         self._rows = {tuple(int(i) for i in key): row for row, key in enumerate(self._index)}
         source = self._related_source
-        self.related = tuple(source() if callable(source) else source)
+        self.related = tuple(r for r in (source() if callable(source) else source)   # similarity 0: unrelated
+                             if 0.0 < r.similarity <= 1.0)
         self._tasks = _Tasks.of(self.related, self._scaled, len(self._keys))
         self._lead = self._lead_row()
 
@@ -220,15 +228,10 @@ class GuidedSampler(BaseSampler):
         assert self._rows is not None and self._prior is not None and self.related is not None
         rows: list[int] = []
         for study in self.related:
-            if not 0.0 < study.similarity <= 1.0:
-                continue
             taken = 0
             for config, _, _ in sorted((p for p in study.points if p[1] is not None), key=lambda p: p[1]):
-                values = config.as_dict()
-                try:
-                    row = self._rows.get(tuple(p.index(values[p.name]) for p in self.space.params))
-                except (KeyError, ValueError):
-                    row = None            # not a config of this space
+                key = self._key(config)
+                row = None if key is None else self._rows.get(key)
                 if row is not None:
                     rows.append(row)
                     taken += 1
@@ -379,10 +382,6 @@ class _Tasks:
     points: _Points
     measured: int                    # how many of them are measurements (the rest failures)
 
-    @property
-    def size(self) -> int:
-        return len(self.points.y)
-
     @staticmethod
     def none(dims: int) -> "_Tasks":
         empty = np.zeros(0)
@@ -399,8 +398,6 @@ class _Tasks:
         weight: list[float] = []
         measured = 0
         for number, study in enumerate(related, start=1):
-            if not 0.0 < study.similarity <= 1.0:
-                continue
             ok = [(v, math.log(us) - math.log(est)) for c, us, est in study.points
                   if us is not None and us > 0 and math.isfinite(est) and est > 0 and (v := scaled(c)) is not None]
             if not ok:

@@ -169,7 +169,7 @@ def plan_transfer(store: Any, study: str, problem: Problem, space: Any, device: 
         if len(sources) >= max(0, studies):
             break
         mine: list[KernelConfig] = []
-        for config in _best_configs(summary.trials):
+        for config, _ in _fastest(summary.trials):
             if len(mine) >= per_study:
                 break
             if config in chosen or not space.admits(config, problem):
@@ -199,36 +199,35 @@ def related(sources: Sequence[Source], estimate: Any) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def _best_configs(trials: Sequence[Any]) -> list[KernelConfig]:
-    """The study's distinct COMPLETE configs, fastest first."""
-    done = sorted((t for t in trials if t.state == "COMPLETE" and t.value is not None),
-                  key=lambda t: (t.value, t.number))
-    out: list[KernelConfig] = []
-    for t in done:
+def _fastest(trials: Sequence[Any]) -> list[tuple[KernelConfig, float]]:
+    """The study's measured configs, each once with its fastest time, fastest first (the
+    configs to enqueue, and the observations' measured part)."""
+    best: dict[KernelConfig, float] = {}
+    for t in sorted((t for t in trials if _measured(t)), key=lambda t: (t.value, t.number)):
         config = t.kernel_config
-        if config is not None and config not in out:
-            out.append(config)
-    return out
+        if config is not None and config not in best:
+            best[config] = t.value
+    return list(best.items())
 
 
 def _observations(trials: Sequence[Any]) -> tuple[Observation, ...]:
     """The study's compiled configs, each once: its MEASURED_PER_SOURCE fastest, then up to
     FAILED_PER_SOURCE that failed past the compiler. Statically pruned trials (never compiled)
     and interrupted ones say nothing about the kernel and are left out."""
-    measured = [Observation(c, t.value) for c, t in _first_of_each(trials, _measured)]
-    measured.sort(key=lambda o: o.median_us)
-    failed = [Observation(c, None) for c, t in _first_of_each(trials, _compiled_failure)]
-    taken = {o.config for o in measured}
-    return tuple(measured[:MEASURED_PER_SOURCE]) + tuple(o for o in failed if o.config not in taken)[:FAILED_PER_SOURCE]
+    fastest = _fastest(trials)
+    taken = {c for c, _ in fastest}
+    failed = [Observation(c, None) for c in _failed(trials) if c not in taken]
+    return tuple(Observation(c, us) for c, us in fastest[:MEASURED_PER_SOURCE]) + tuple(failed[:FAILED_PER_SOURCE])
 
 
-def _first_of_each(trials: Sequence[Any], keep: Any) -> list[tuple[KernelConfig, Any]]:
-    seen: dict[KernelConfig, Any] = {}
+def _failed(trials: Sequence[Any]) -> list[KernelConfig]:
+    """The configs that failed past the compiler, each once, in trial order."""
+    out: dict[KernelConfig, None] = {}
     for t in trials:
         config = t.kernel_config
-        if config is not None and t.duplicate_of is None and config not in seen and keep(t):
-            seen[config] = t
-    return list(seen.items())
+        if config is not None and t.duplicate_of is None and _compiled_failure(t):
+            out.setdefault(config)
+    return list(out)
 
 
 def _measured(t: Any) -> bool:

@@ -136,19 +136,22 @@ for what in "${@:-all}"; do
       # cold (--no-transfer), each on its own copy of the 2026-11-24 database (TRANSFER_DB), then
       # bench_attention with each copy: recommended config, the study's best and SDPA in one run.
       # TRANSFER_RUNS: "B,H,S,D,causal|- ..."; TRANSFER_MODES: "seeded cold" or either.
-      # TRANSFER_REPLAY: "study,B,H,S,D,causal|-,sweep ..." adds to each copy first a 64-trial
-      # default study of hopper_grid replaying tests/data/sweep_h100_hopper_<sweep>.csv (what a
-      # user who tuned that shape has; no GPU needed).
-      src=${TRANSFER_DB:-docs/measurements/hopper_tuning/guided_h100_1124.db}
+      # TRANSFER_REPLAY: "study,B,H,S,D,causal|-,sweep ..." first adds to the database (before
+      # the copies) a 64-trial default study of hopper_grid replaying
+      # tests/data/sweep_h100_hopper_<sweep>.csv (what a user who tuned that shape has; no GPU needed).
+      cp "${TRANSFER_DB:-docs/measurements/hopper_tuning/guided_h100_1124.db}" /tmp/transfer_src.db
+      for rep in ${TRANSFER_REPLAY:-}; do
+        IFS=, read st b h s d c f <<< "$rep"; cf=""; [ "$c" = causal ] && cf=--causal
+        timeout 120 evotuner search --study "$st" --shape "B=$b,H=$h,S=$s,D=$d" $cf --space search_spaces/hopper_grid.toml \
+          --replay "tests/data/sweep_h100_hopper_$f.csv" --trials 64 --no-transfer --storage "sqlite:////tmp/transfer_src.db" \
+          > /dev/null 2>&1; echo "rc=$? replayed study $st ($f)"
+      done
+      runs=${TRANSFER_RUNS:-1,16,4096,128,- 2,16,8192,64,causal}; shapes=""
+      for sh in $runs; do
+        IFS=, read b h s d c <<< "$sh"; shapes="$shapes --shapes $b,$h,$s,$d,$([ "$c" = causal ] && echo 1 || echo 0)"; done
       for mode in ${TRANSFER_MODES:-seeded cold}; do
-        cp "$src" "/tmp/transfer_$mode.db"; flag=""; [ $mode = cold ] && flag=--no-transfer
-        for rep in ${TRANSFER_REPLAY:-}; do
-          IFS=, read st b h s d c f <<< "$rep"; cf=""; [ "$c" = causal ] && cf=--causal
-          timeout 120 evotuner search --study "$st" --shape "B=$b,H=$h,S=$s,D=$d" $cf --space search_spaces/hopper_grid.toml \
-            --replay "tests/data/sweep_h100_hopper_$f.csv" --trials 64 --no-transfer --storage "sqlite:////tmp/transfer_$mode.db" \
-            > /dev/null 2>&1; echo "rc=$? replayed study $st ($f)"
-        done
-        for sh in ${TRANSFER_RUNS:-1,16,4096,128,- 2,16,8192,64,causal}; do
+        cp /tmp/transfer_src.db "/tmp/transfer_$mode.db"; flag=""; [ $mode = cold ] && flag=--no-transfer
+        for sh in $runs; do
           IFS=, read b h s d c <<< "$sh"; cf=""; [ "$c" = causal ] && cf=--causal
           st="x_${b}_${h}_${s}_${d}_${c}"; log="$out/transfer_${mode}_$st.log"
           step "$mode search $st"
@@ -157,8 +160,6 @@ for what in "${@:-all}"; do
           echo "rc=$? $(grep -m1 'seeded from' "$log" | cut -c1-200)"
           grep -E '^ *[0-9]+ +[0-9]+ ' "$log" | head -3
         done
-        shapes=""; for sh in ${TRANSFER_RUNS:-1,16,4096,128,- 2,16,8192,64,causal}; do
-          IFS=, read b h s d c <<< "$sh"; shapes="$shapes --shapes $b,$h,$s,$d,$([ "$c" = causal ] && echo 1 || echo 0)"; done
         timeout 200 python3 scripts/bench_attention.py --family hopper --tuned "sqlite:////tmp/transfer_$mode.db" \
           $shapes --dtypes fp16 --rounds 3 --output "$out/bench_transfer_$mode" 2>&1 | tail -12
         cp "/tmp/transfer_$mode.db" "$out/transfer_$mode.db"

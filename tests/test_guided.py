@@ -266,8 +266,9 @@ def test_related_studies_leave_the_first_pick_and_put_their_lead_second(grid):
     assert warm[0] == cold[0] and warm[1] == _lead([related], problem, grid)
     assert truth(warm[1]) <= 1.02 * optimum and len(set(warm)) == 4
     unrelated = Related("other", 0.0, related.points)
-    assert _walk(GuidedSampler(grid, problem, estimate, 0, related=lambda: [unrelated]), grid, problem, truth,
-                 4) == cold
+    sampler = GuidedSampler(grid, problem, estimate, 0, related=lambda: [unrelated])
+    assert _walk(sampler, grid, problem, truth, 4) == cold
+    assert sampler.related == ()                                     # similarity 0: not related at all
 
 
 def test_the_lead_is_the_models_pick_among_every_related_studys_fastest(grid):
@@ -323,9 +324,9 @@ def test_related_points_are_centred_per_study_and_failures_sit_above_their_worst
     one = Related("one", 0.8, ((cfg(1), 2.0, 1.0), (cfg(2), 8.0, 1.0), (cfg(3), None, 1.0),
                                (cfg(4), 5.0, math.inf), (KernelConfig.of({"B": 1}), 3.0, 1.0)))
     two = Related("two", 0.5, ((cfg(5), 1.0, 1.0),))
-    tasks = _Tasks.of([one, two, Related("none", 0.0, ((cfg(6), 1.0, 1.0),))], scaled, 1)
+    tasks = _Tasks.of([one, two], scaled, 1)
     spread = math.log(8.0) - math.log(2.0)
-    assert tasks.measured == 3 and tasks.size == 4          # no finite estimate, no such parameter, similarity 0: out
+    assert tasks.measured == 3 and len(tasks.points.y) == 4  # no finite estimate, no such parameter: out
     assert list(tasks.points.y) == pytest.approx([-spread / 2, spread / 2, spread / 2 + FAILURE_PENALTY, 0.0])
     assert list(tasks.points.task) == [1, 1, 1, 2] and list(tasks.points.weight) == [0.8, 0.8, 0.8, 0.5]
     points = tasks.after(np.zeros((1, 1)), np.array([0.1]))
