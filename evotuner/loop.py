@@ -304,18 +304,10 @@ class _Search:
     # -- several workers ---------------------------------------------------------------
 
     def _take_over(self, every: float | None = None) -> list[int]:
-        """Reap dead workers (and trials nobody owns); their configs are queued again while the
-        study's budget is not done (a WAITING trial in a done study would never run)."""
-        numbers = []
-        open_budget: bool | None = None
-        for zombie in self.worker.reap(every=every):
-            numbers.append(zombie.number)
-            if zombie.requeue:
-                if open_budget is None:
-                    open_budget = self.worker.slots()[0] < self.target
-                if open_budget:
-                    self.study.enqueue_trial(zombie.params)
-        return numbers
+        """Reap dead workers (and trials nobody owns): the storage layer fails their trials
+        and queues their configs again, each with a budget slot the dead worker held or one
+        of this run's target (liveness.reap); returns the failed trials' numbers."""
+        return [zombie.number for zombie in self.worker.reap(every=every, target=self.target)]
 
     def _wait(self) -> None:
         time.sleep(POLL_S)
@@ -386,9 +378,9 @@ class _Search:
 
     def _enqueue_start(self) -> None:
         start = self.start() if callable(self.start) else self.start
-        for config in dict.fromkeys(start):
-            if self.space.admits(config, self.problem):
-                self.study.enqueue_trial(params_for(config, self.space))
+        admitted = [c for c in dict.fromkeys(start) if self.space.admits(c, self.problem)]
+        for config in admitted[:self.target]:       # past the budget a WAITING trial would never run
+            self.study.enqueue_trial(params_for(config, self.space))
 
     def _result(self, outcome: str, zombies: tuple[int, ...]) -> SearchResult:
         feasible = untried = None
@@ -706,7 +698,7 @@ class _Search:
             try:
                 trial.set_user_attr("reason", INTERRUPTED)
                 self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-            except Exception:  # noqa: BLE001 -- best effort; fail_zombies() catches the rest next run
+            except Exception:  # noqa: BLE001 -- best effort; the next run's reap fails the rest
                 pass
         self.current = None
 

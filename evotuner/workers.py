@@ -136,13 +136,15 @@ class StudyWorker:
 
     # -- reaping ---------------------------------------------------------------------------
 
-    def reap(self, *, every: float | None = None) -> list[Zombie]:
-        """Take over dead workers' trials (at most once per ``every`` seconds when given)."""
+    def reap(self, *, every: float | None = None, target: int | None = None) -> list[Zombie]:
+        """Take over dead workers' trials (at most once per ``every`` seconds when given);
+        ``target``: the study's trials, within which a trial nobody's slot held may be queued
+        again (liveness.reap)."""
         now = time.monotonic()
         if every is not None and now - self._last_reap < every:
             return []
         self._last_reap = now
-        return _live.reap(self.store, self.study, exclude=self.id)
+        return _live.reap(self.store, self.study, exclude=self.id, target=target)
 
     @property
     def reap_every(self) -> float:

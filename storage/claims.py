@@ -8,7 +8,9 @@ Kinds and keys:
   marks it ``done`` once the trial is told. Slots are claimed under a lock on the study's
   ``evotuner_studies`` row (``SELECT ... FOR UPDATE``; SQLite's ``BEGIN IMMEDIATE``
   serialises every writer anyway), so held + done slots never exceed the target: the
-  budget is global, however many workers run.
+  budget is global, however many workers run. A slot whose worker died or left before
+  its trial was told is not deleted but passed on (:func:`hand_on`): held by nobody (the
+  *pool*), the next slot claimed is that one.
 * ``config:<config>`` -- who builds and measures a config. The first worker to insert the
   row owns it; any other that proposes the config copies the owner's result
   (``duplicate_of``) once the claim is ``done``.
@@ -17,8 +19,9 @@ Kinds and keys:
 * once-keys (``start``, ``baselines:<device identity>``) -- done at most once per study.
 
 A held claim belongs to a worker (``evotuner_workers``); when that worker is found dead
-its held claims are deleted (or, for a trial it managed to tell, marked done) by
-:func:`evotuner.storage.liveness.reap`. Claims never touch Optuna's tables.
+(:func:`evotuner.storage.liveness.reap`) or leaves, its slots are passed on, marked done
+for a trial it managed to tell, and its other held claims deleted. Claims never touch
+Optuna's tables.
 """
 
 from __future__ import annotations
@@ -153,14 +156,28 @@ def _slot_key() -> str:
     return f"slot:{uuid.uuid4().hex}"
 
 
-def claim_slot(store: Any, study: str, worker_id: int, target: int) -> str | None:
-    """Claim one of the study's ``target`` slots (held by this worker); returns its key, or
-    None when held + done slots already reach the target."""
+def _pooled(sid: int) -> Any:
+    """A slot a worker gave up before filling it (it died or left): held by nobody."""
+    return and_(C.c.study_id == sid, C.c.kind == SLOT, C.c.state == HELD, C.c.worker_id.is_(None))
+
+
+def claim_slot(store: Any, study: str, worker_id: int, target: int, *, pooled: bool = True) -> str | None:
+    """Claim one of the study's ``target`` slots for this worker -- a pooled one first (see
+    :func:`hand_on`), else a new one; returns its key, or None when the slots that are done
+    or held by workers already reach the target. ``pooled=False``: a new slot only, None
+    when the pool fills the rest of the target (a slot to queue a trial in must not be one a
+    queued trial already waits for)."""
     with store.session() as s:
         sid = study_id(s, study, lock=True)       # serialises slot claims on this study
         _require_live(s, worker_id)
-        if _slot_count(s, sid) >= target:
+        pool = s.execute(select(C.c.key).where(_pooled(sid)).order_by(C.c.id)).scalars().all()
+        total = _slot_count(s, sid)
+        if total - len(pool) >= target or (not pooled and total >= target):
             return None
+        if pooled and pool:
+            s.execute(update(C).where(C.c.study_id == sid, C.c.key == pool[0])
+                      .values(worker_id=worker_id, trial_number=None, created=db_now(s)))
+            return str(pool[0])
         key = _slot_key()
         s.execute(insert(C).values(study_id=sid, kind=SLOT, key=key, worker_id=worker_id,
                                    trial_number=None, state=HELD, created=db_now(s)))
@@ -222,11 +239,36 @@ def held_by(s: Session, worker_id: int) -> list[Any]:
     return s.execute(select(C).where(C.c.worker_id == worker_id, C.c.state == HELD)).all()
 
 
-def drop_held(s: Session, worker_id: int, keep_done: Iterable[int] = ()) -> None:
-    """Delete a worker's held claims, except those bound to ``keep_done`` trial numbers,
-    which become done (the worker told them before it died)."""
+def hand_on(s: Session, worker_id: int, *, heir: int | None = None, keep_done: Iterable[int] = ()) -> list[str]:
+    """A worker's held claims end (it died or left): those bound to ``keep_done`` trial
+    numbers become done (it told them); its other slots pass, unbound, to worker ``heir``
+    (None: to the pool, where the next :func:`claim_slot` takes them); every other claim it
+    holds is deleted. Returns the keys of the slots passed on.
+
+    Slots are passed on rather than deleted so that a trial queued again for a dead worker's
+    config (:func:`evotuner.storage.liveness.reap`) always has a slot to be asked in: deleted,
+    another worker could claim the freed budget and ask fresh trials first, and the queued
+    trial would stay WAITING in a study whose budget is done."""
     keep = set(keep_done)
     if keep:
         s.execute(update(C).where(C.c.worker_id == worker_id, C.c.state == HELD,
                                   C.c.trial_number.in_(keep)).values(state=DONE))
+    slots = list(s.execute(select(C.c.key).where(C.c.worker_id == worker_id, C.c.state == HELD,
+                                                  C.c.kind == SLOT).order_by(C.c.id)).scalars())
+    if slots:
+        s.execute(update(C).where(C.c.worker_id == worker_id, C.c.state == HELD, C.c.kind == SLOT)
+                  .values(worker_id=heir, trial_number=None))
     s.execute(delete(C).where(and_(C.c.worker_id == worker_id, C.c.state == HELD)))
+    return slots
+
+
+def pool(store: Any, study: str, keys: Iterable[str], worker_id: int) -> None:
+    """Put this worker's unbound held slots ``keys`` in the pool (after it queued the trials
+    they were passed on for)."""
+    keys = list(keys)
+    if not keys:
+        return
+    with store.session() as s:
+        sid = study_id(s, study)
+        s.execute(update(C).where(C.c.study_id == sid, C.c.key.in_(keys), C.c.worker_id == worker_id,
+                                  C.c.state == HELD, C.c.trial_number.is_(None)).values(worker_id=None))

@@ -14,8 +14,9 @@ Reaping is a conditional update (``state = 'dead' WHERE state = 'live' AND <stil
 stale>``): of several reapers exactly one wins, and a worker that heartbeats in time
 is never reaped. The winner fails the dead worker's RUNNING trials (Optuna's own
 conditional update: a trial told meanwhile stays as told), marks claims of trials the
-worker did tell as done and deletes its other claims, so its slots and configs go to
-the living. A RUNNING trial bound to no slot (its process died between the ask and
+worker did tell as done, queues the failed configs again and passes the worker's other
+slots on (claims.hand_on), and deletes its other claims, so its slots and configs go
+to the living. A RUNNING trial bound to no slot (its process died between the ask and
 the bind, or an evotuner before claims left it) is failed once no live worker is in
 the middle of an ask.
 """
@@ -25,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
@@ -128,11 +129,12 @@ def heartbeat(store: Any, worker_id: int) -> bool:
 
 
 def leave(store: Any, worker_id: int, reason: str = "done") -> None:
-    """This worker ends: its held claims go back, its row says why."""
-    from evotuner.storage.claims import drop_held
+    """This worker ends: its unfilled slots go to the pool, its other held claims back, its
+    row says why."""
+    from evotuner.storage.claims import hand_on
 
     with store.session() as s:
-        drop_held(s, worker_id)
+        hand_on(s, worker_id)
         s.execute(update(W).where(W.c.id == worker_id, W.c.state == LIVE)
                   .values(state=DONE, ended=db_now(s), reason=reason))
 
@@ -162,9 +164,17 @@ def _mark_dead(store: Any, w: WorkerRow, why: str, *, by_heartbeat: bool) -> boo
     return result.rowcount == 1
 
 
-def reap(store: Any, study: str, *, exclude: int | None = None) -> list[Zombie]:
+def reap(store: Any, study: str, *, exclude: int | None = None, target: int | None = None) -> list[Zombie]:
     """Reap every dead worker of ``study`` and the RUNNING trials nobody owns; returns the
-    trials failed, oldest first (``requeue``: enqueue its config again)."""
+    trials failed, oldest first.
+
+    ``exclude`` is the reaping worker: the dead workers' unfilled slots pass to it, it queues
+    the failed trials' configs again (``requeue``: a WAITING trial each) and only then puts
+    those slots in the pool. Each queued trial takes one slot passed on, or -- for a trial
+    nobody's slot held (its asker died before binding it) -- a new slot of the study's
+    ``target`` claimed for it, and is not queued when neither is left: a queued trial thus
+    always has a slot to be asked in, whoever asks first (claims.hand_on). Without
+    ``exclude`` the slots go to the pool and nothing is queued."""
     from evotuner.storage import claims
 
     dead: list[int] = []
@@ -181,12 +191,13 @@ def reap(store: Any, study: str, *, exclude: int | None = None) -> list[Zombie]:
             dead.append(w.id)
 
     failed: list[Any] = []
+    told: dict[int, set[int]] = {}
     oid, trials = store._trials(study) if dead else (None, [])
     by_number = {t.number: t for t in trials}
     for worker_id in dead:
         with store.session() as s:
             held = claims.held_by(s, worker_id)
-        told = set()
+        told[worker_id] = set()
         for c in held:
             t = by_number.get(c.trial_number) if c.trial_number is not None else None
             if t is None or c.kind != claims.SLOT:
@@ -194,9 +205,7 @@ def reap(store: Any, study: str, *, exclude: int | None = None) -> list[Zombie]:
             if t.state == TrialState.RUNNING and _fail(store, t):
                 failed.append(t)
             elif _told(store, oid, t.number):
-                told.add(t.number)
-        with store.session() as s:
-            claims.drop_held(s, worker_id, keep_done=told)
+                told[worker_id].add(t.number)
 
     # RUNNING trials bound to no slot: their asker died before binding (or predates claims).
     with store.session() as s:
@@ -215,7 +224,41 @@ def reap(store: Any, study: str, *, exclude: int | None = None) -> list[Zombie]:
         asking = any(number is None and state == claims.HELD and holder == LIVE for number, state, holder in slots)
         if not asking:
             failed.extend(t for t in running if t.number not in bound and _fail(store, t))
-    return _zombies(store, study, sorted(failed, key=lambda t: t.number))
+    handed: list[str] = []          # after the orphans: the dead's unbound slots, passed on, are not "asking"
+    for worker_id, numbers in told.items():
+        with store.session() as s:
+            handed += claims.hand_on(s, worker_id, heir=exclude, keep_done=numbers)
+    zombies = _zombies(store, study, sorted(failed, key=lambda t: t.number))
+    if exclude is None:
+        return [replace(z, requeue=False) for z in zombies]
+    slots, out = list(handed), []
+    for z in zombies:
+        if z.requeue and sum(q.requeue for q in out) == len(slots):    # every slot in hand has its trial
+            extra = _new_slot(store, study, exclude, target)
+            if extra is None:
+                z = replace(z, requeue=False)
+            else:
+                slots.append(extra)
+        out.append(z)
+    queued = [z.params for z in out if z.requeue]
+    if queued:
+        optuna_study = store.optuna_study(study)
+        for params in queued:
+            optuna_study.enqueue_trial(params)
+    claims.pool(store, study, slots, exclude)
+    return out
+
+
+def _new_slot(store: Any, study: str, worker_id: int, target: int | None) -> str | None:
+    """A new slot of the study's ``target`` for the reaper to queue a trial in, or None."""
+    from evotuner.storage import claims
+
+    if target is None:
+        return None
+    try:
+        return claims.claim_slot(store, study, worker_id, target, pooled=False)
+    except claims.WorkerGone:
+        return None
 
 
 def _told(store: Any, oid: int, number: int) -> bool:
@@ -238,6 +281,7 @@ def _fail(store: Any, t: Any) -> bool:
 
 
 def _zombies(store: Any, study: str, failed: list[Any]) -> list[Zombie]:
+    """The failed trials as zombies; ``requeue`` where their config may be queued again."""
     from evotuner.storage.store import _is_finished, config_str
 
     if not failed:
@@ -250,7 +294,7 @@ def _zombies(store: Any, study: str, failed: list[Any]) -> list[Zombie]:
     for t in failed:
         params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
         cfg = config_str(params)
-        out.append(Zombie(number=t.number, params=params,
-                          requeue=bool(params) and cfg not in done and cfg not in waiting and cfg not in seen))
+        requeue = bool(params) and cfg not in done and cfg not in waiting and cfg not in seen
+        out.append(Zombie(number=t.number, params=params, requeue=requeue))
         seen.add(cfg)
     return out

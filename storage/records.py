@@ -88,9 +88,10 @@ class TrialRecord:
 class Zombie:
     """A trial a dead process left RUNNING, now FAIL with :data:`INTERRUPTED_REASON`.
 
-    ``requeue`` is True when the loop should ``study.enqueue_trial(params)``:
-    the trial had params and its config has not finished elsewhere in the study
-    (nor is it already waiting in the queue, nor another zombie's).
+    ``requeue`` is True when its config is queued again (a WAITING trial): the trial
+    had params, its config has not finished elsewhere in the study (nor is it already
+    waiting in the queue, nor another zombie's), and a budget slot was there for it
+    (:func:`evotuner.storage.liveness.reap`, which queues it).
     """
 
     number: int

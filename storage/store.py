@@ -50,7 +50,6 @@ from evotuner.storage.records import (
     DUPLICATE_ATTR,
     FINISHED_STATES,
     GATE_ATTR,
-    INTERRUPTED_REASON,
     REASON_ATTR,
     TFLOPS_ATTR,
     TRANSFER_ATTR,
@@ -58,7 +57,6 @@ from evotuner.storage.records import (
     StudyRecord,
     StudySummary,
     TrialRecord,
-    Zombie,
     is_interrupted,
 )
 
@@ -531,43 +529,6 @@ class StudyStore:
             row = self._require_row(s, name)
         with self._optuna_call("reading trials"):
             return row.optuna_study_id, self.optuna_storage.get_all_trials(row.optuna_study_id, deepcopy=False)
-
-    def fail_zombies(self, name: str) -> list[Zombie]:
-        """Fail every RUNNING trial of study ``name`` (left by a killed process) with the user
-        attribute ``reason`` = :data:`INTERRUPTED_REASON` (system attr ``fail_reason`` too).
-
-        Call it when a run starts, before the loop asks for trials: it assumes no other live
-        process is working on this study. Returns one Zombie per trial failed, oldest first;
-        ``requeue`` tells the loop to ``study.enqueue_trial(zombie.params)``: False for a trial
-        that never got params, or whose config already finished in the study (COMPLETE,
-        PRUNED or FAIL other than interrupted), is already WAITING, or repeats an earlier zombie.
-        """
-        _, trials = self._trials(name)
-        storage = self.optuna_storage
-        done = {config_str(t.params) for t in trials if _is_finished(t)}
-        waiting = {
-            config_str(t.params or t.system_attrs.get("fixed_params") or {})
-            for t in trials
-            if t.state == TrialState.WAITING
-        }
-        out: list[Zombie] = []
-        seen: set[str] = set()
-        with self._optuna_call("failing interrupted trials"):
-            for t in trials:
-                if t.state != TrialState.RUNNING:
-                    continue
-                params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
-                try:
-                    storage.set_trial_user_attr(t._trial_id, REASON_ATTR, INTERRUPTED_REASON)
-                    storage.set_trial_system_attr(t._trial_id, "fail_reason", INTERRUPTED_REASON)
-                    storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-                except UpdateFinishedTrialError:
-                    continue  # finished meanwhile by whoever was running it: not a zombie
-                cfg = config_str(params)
-                requeue = bool(params) and cfg not in done and cfg not in waiting and cfg not in seen
-                seen.add(cfg)
-                out.append(Zombie(number=t.number, params=params, requeue=requeue))
-        return out
 
     def finished_trials(self, name: str) -> list[TrialRecord]:
         """Every finished trial (COMPLETE, PRUNED, FAIL other than interrupted), by number."""

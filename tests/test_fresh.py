@@ -101,6 +101,26 @@ def test_a_new_study_tries_the_recommended_config_first_and_only_once(space, tmp
     assert len({t.kernel_config for t in own}) == len(own)
 
 
+def test_start_configs_past_the_budget_are_not_queued(space, tmp_path):
+    """More start configs (recommended + a transfer plan's) than --trials: only the first
+    ``trials`` are enqueued; the rest would stay WAITING in a finished study."""
+    problem = read_sweep(D64).problem
+    replay = ReplayMeasure(D64, problem, space)
+    ok = [c for c, row in replay.table.rows.items() if row.status == "ok" and space.admits(c, problem)]
+    start = tuple(ok[:5])
+    with StudyStore(f"sqlite:///{tmp_path / 'w.db'}") as store:
+        store.create_study("w", problem, space, sampler="tpe", seed=0, source_hash="replay",
+                           nvcc_version="replay")
+        result = run_search(store=store, study_name="w", problem=problem, space=space,
+                            sampler=make_sampler("tpe", space, 0, problem), seed=0, trials=2,
+                            builder=replay.builder(), measure=replay, start=start)
+        states = [t.state.name for t in store.optuna_study("w").get_trials(deepcopy=False)]
+        configs = [t.kernel_config for t in store.summary("w").trials]
+    assert result.finished == 2
+    assert states == ["COMPLETE", "COMPLETE"]
+    assert configs == list(start[:2])
+
+
 def test_masked_tpe_screens_its_candidates_where_plain_tpe_proposes_infeasible_configs():
     """On the Hopper grid about 4 in 5 configs break a static constraint (the register pool):
     after its random startup, plain TPE keeps proposing them; MaskedTPESampler (unwrapped
