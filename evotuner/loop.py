@@ -63,6 +63,7 @@ from evotuner.gate import apply_gate
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
 from evotuner.problem import Problem
 from evotuner.propose import params_for, suggest
+from evotuner.vocabulary import CONFIG_ATTR, DEVICE_ATTR, MEASURED_ATTRS, measure_failure_reason
 from evotuner.vocabulary import config_of  # noqa: F401 (re-exported)
 from evotuner.workers import POLL_S, StudyWorker
 
@@ -614,15 +615,12 @@ class _Search:
         self.store.record_measurement(self.name, number, flight.config, outcome)
         self._tally("record", t)
         if isinstance(outcome, MeasureFailure):
-            return "FAIL", None, f"{outcome.kind}: {outcome.reason}", {}
+            return "FAIL", None, measure_failure_reason(outcome.kind, outcome.reason), {}
         if not isinstance(outcome, Measurement):
             raise TypeError(f"measure stage returned {type(outcome).__name__}, not a Measurement")
-        attrs = {
-            "tflops": outcome.tflops, "max_error": outcome.max_error,
-            "p20_us": outcome.p20_us, "p80_us": outcome.p80_us,
-        }
+        attrs: dict[str, Any] = {k: getattr(outcome, k) for k in MEASURED_ATTRS}
         if self.device_tag:
-            attrs["device"] = dict(self.device_tag)   # which GPU measured it (several workers, --gpus)
+            attrs[DEVICE_ATTR] = dict(self.device_tag)   # which GPU measured it (several workers, --gpus)
         return "COMPLETE", outcome.median_us, None, attrs
 
     # -- telling -------------------------------------------------------------------------
@@ -630,7 +628,7 @@ class _Search:
     def _finish(self, trial, config, state, value, reason, attrs, duplicate_of=None) -> None:
         attrs = dict(attrs)
         if config is not None:
-            attrs["config"] = config.as_dict()     # the values; Optuna's params are the sampler's encoding
+            attrs[CONFIG_ATTR] = config.as_dict()  # the values; Optuna's params are the sampler's encoding
         if reason is not None:
             attrs["reason"] = reason
         if duplicate_of is not None:

@@ -87,6 +87,11 @@ GATE_ATTR = "gate"              # ptxas figures + gate verdict, see StudyStore.r
 TFLOPS_ATTR = "tflops"          # on COMPLETE trials
 DUPLICATE_ATTR = "duplicate_of" # trial number whose result this trial reuses
 TRANSFER_ATTR = "transfer_sources"  # study attr: the studies that seeded it (evotuner/transfer.py)
+CONFIG_ATTR = "config"          # the config's values (Optuna's params are the sampler's encoding)
+DEVICE_ATTR = "device"          # which GPU measured it (name, index)
+RECOVERED_ATTR = "recovered"    # told by the worker that reaped its dead measurer (why, in words)
+#: A Measurement's figures a COMPLETE trial keeps as user attrs (its value is the median).
+MEASURED_ATTRS = ("tflops", "max_error", "p20_us", "p80_us")
 #: The reason a zombie trial (left RUNNING by a dead process) is failed with.
 INTERRUPTED_REASON = "interrupted: the process running this trial died"
 #: A FAIL trial whose reason starts with this was cut short (zombie, Ctrl-C), not judged:
@@ -100,3 +105,8 @@ def is_interrupted(state: Any, reason: Any) -> bool:
     """True for a FAIL trial cut short (its reason starts with :data:`INTERRUPTED_PREFIX`)."""
     name = str(getattr(state, "name", state)).upper()
     return name == "FAIL" and isinstance(reason, str) and reason.startswith(INTERRUPTED_PREFIX)
+
+
+def measure_failure_reason(kind: str, reason: str) -> str:
+    """The ``reason`` of a trial whose measurement failed (a MeasureFailure's kind and text)."""
+    return f"{kind}: {reason}"

@@ -12,9 +12,10 @@ when
 
 Reaping is a conditional update (``state = 'dead' WHERE state = 'live' AND <still
 stale>``): of several reapers exactly one wins, and a worker that heartbeats in time
-is never reaped. The winner fails the dead worker's RUNNING trials (Optuna's own
-conditional update: a trial told meanwhile stays as told), marks claims of trials the
-worker did tell as done, queues the failed configs again and passes the worker's other
+is never reaped. The winner tells the dead worker's RUNNING trials whose measurement it
+recorded (it died before the tell) from that record, fails its other RUNNING trials
+(Optuna's own conditional update: a trial told meanwhile stays as told), marks claims of
+trials now told as done, queues the failed configs again and passes the worker's other
 slots on (claims.hand_on), and deletes its other claims, so its slots and configs go
 to the living. A RUNNING trial bound to no slot (its process died between the ask and
 the bind, or an evotuner before claims left it) is failed once no live worker is in
@@ -38,6 +39,7 @@ from sqlalchemy.orm import Session
 from evotuner.storage import schema
 from evotuner.storage.dbclock import db_now, epoch_sql as _epoch_sql  # noqa: F401 (db_now re-exported)
 from evotuner.storage.records import INTERRUPTED_REASON, REASON_ATTR, Zombie
+from evotuner.vocabulary import CONFIG_ATTR, DEVICE_ATTR, RECOVERED_ATTR
 
 W = schema.workers
 LIVE, DONE, DEAD = "live", "done", "dead"
@@ -166,7 +168,8 @@ def _mark_dead(store: Any, w: WorkerRow, why: str, *, by_heartbeat: bool) -> boo
 
 def reap(store: Any, study: str, *, exclude: int | None = None, target: int | None = None) -> list[Zombie]:
     """Reap every dead worker of ``study`` and the RUNNING trials nobody owns; returns the
-    trials failed, oldest first.
+    trials failed, oldest first (a dead worker's trial whose measurement it recorded is
+    told from that record instead: :func:`_tell_recorded`).
 
     ``exclude`` is the reaping worker: the dead workers' unfilled slots pass to it, it queues
     the failed trials' configs again (``requeue``: a WAITING trial each) and only then puts
@@ -177,7 +180,7 @@ def reap(store: Any, study: str, *, exclude: int | None = None, target: int | No
     ``exclude`` the slots go to the pool and nothing is queued."""
     from evotuner.storage import claims
 
-    dead: list[int] = []
+    dead: dict[int, str | None] = {}      # worker id -> the device it measured on
     for w in workers(store, study):
         if w.id == exclude:
             continue
@@ -188,7 +191,7 @@ def reap(store: Any, study: str, *, exclude: int | None = None, target: int | No
         else:
             continue
         if _mark_dead(store, w, why, by_heartbeat=by_heartbeat):
-            dead.append(w.id)
+            dead[w.id] = w.device
 
     failed: list[Any] = []
     told: dict[int, set[int]] = {}
@@ -198,13 +201,18 @@ def reap(store: Any, study: str, *, exclude: int | None = None, target: int | No
         with store.session() as s:
             held = claims.held_by(s, worker_id)
         told[worker_id] = set()
-        for c in held:
-            t = by_number.get(c.trial_number) if c.trial_number is not None else None
-            if t is None or c.kind != claims.SLOT:
-                continue
-            if t.state == TrialState.RUNNING and _fail(store, t):
-                failed.append(t)
-            elif _told(store, oid, t.number):
+        bound = [by_number[c.trial_number] for c in held
+                 if c.kind == claims.SLOT and c.trial_number in by_number]
+        recorded = store.recorded_outcomes(study, [t.number for t in bound if t.state == TrialState.RUNNING])
+        for t in bound:
+            if t.state == TrialState.RUNNING:
+                if t.number in recorded and _tell_recorded(store, t, recorded[t.number], dead[worker_id], exclude):
+                    told[worker_id].add(t.number)
+                    continue
+                if _fail(store, t):
+                    failed.append(t)
+                    continue
+            if _told(store, oid, t.number):
                 told[worker_id].add(t.number)
 
     # RUNNING trials bound to no slot: their asker died before binding (or predates claims).
@@ -267,6 +275,39 @@ def _told(store: Any, oid: int, number: int) -> bool:
     storage = store.optuna_storage
     t = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(oid, number))
     return _is_finished(t)
+
+
+def _tell_recorded(store: Any, t: Any, outcome: Any, device: str | None, reaper: int | None) -> bool:
+    """Tell a dead worker's RUNNING trial the outcome it recorded before it died (between the
+    record and the tell): the measurement is neither lost nor taken again. False when the
+    trial was told meanwhile."""
+    from evotuner.config import KernelConfig
+
+    attrs: dict[str, Any] = {CONFIG_ATTR: KernelConfig.parse(outcome.config).as_dict(), **outcome.attrs,
+                             RECOVERED_ATTR: f"measured by a worker that died before telling it; told by worker {reaper}"}
+    if outcome.reason is not None:
+        attrs[REASON_ATTR] = outcome.reason
+    tag = _device_tag(device)
+    if tag:
+        attrs[DEVICE_ATTR] = tag
+    storage = store.optuna_storage
+    try:
+        for key, value in attrs.items():
+            storage.set_trial_user_attr(t._trial_id, key, value)
+        if outcome.state == "COMPLETE":
+            return bool(storage.set_trial_state_values(t._trial_id, TrialState.COMPLETE, [outcome.value]))
+        return bool(storage.set_trial_state_values(t._trial_id, TrialState.FAIL))
+    except UpdateFinishedTrialError:
+        return False
+
+
+def _device_tag(device: str | None) -> dict[str, Any]:
+    """The ``device`` attr the loop writes (name, index) from a worker row's device JSON."""
+    try:
+        found = json.loads(device) if device else {}
+    except ValueError:
+        return {}
+    return {k: found[k] for k in ("name", "device_index") if isinstance(found, dict) and found.get(k) is not None}
 
 
 def _fail(store: Any, t: Any) -> bool:

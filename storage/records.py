@@ -85,6 +85,21 @@ class TrialRecord:
 
 
 @dataclass(frozen=True)
+class RecordedOutcome:
+    """A trial's row in ``evotuner_measurements``: what its measurer would have told it.
+
+    :func:`evotuner.storage.liveness.reap` tells a dead worker's RUNNING trial from it, so
+    a measurement that was recorded is never lost nor taken again."""
+
+    number: int
+    config: str
+    state: str                          # COMPLETE (measured) or FAIL (the measurement failed)
+    value: float | None                 # the median (µs) of a COMPLETE one
+    attrs: dict[str, Any] = field(hash=False)   # MEASURED_ATTRS of a COMPLETE one
+    reason: str | None = None           # why a FAIL one failed
+
+
+@dataclass(frozen=True)
 class Zombie:
     """A trial a dead process left RUNNING, now FAIL with :data:`INTERRUPTED_REASON`.
 

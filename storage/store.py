@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import optuna
 from optuna.exceptions import DuplicatedStudyError, UpdateFinishedTrialError
@@ -53,12 +53,14 @@ from evotuner.storage.records import (
     REASON_ATTR,
     TFLOPS_ATTR,
     TRANSFER_ATTR,
+    RecordedOutcome,
     StudyInfo,
     StudyRecord,
     StudySummary,
     TrialRecord,
     is_interrupted,
 )
+from evotuner.vocabulary import MEASURED_ATTRS, measure_failure_reason
 
 #: The ptxas figures recorded per build (columns of evotuner_builds, keys of the ``gate`` attr),
 #: with the attribute names a PtxasReport may spell them with.
@@ -650,6 +652,25 @@ class StudyStore:
             s.execute(insert(schema.measurements).values(study_id=row.id, trial_number=trial_number, **values))
         if ok:
             self._set_trial_attr(row.optuna_study_id, trial_number, TFLOPS_ATTR, float(outcome.tflops))
+
+    def recorded_outcomes(self, study_name: str, numbers: Iterable[int]) -> dict[int, RecordedOutcome]:
+        """The ``evotuner_measurements`` rows of trials ``numbers`` that have one, by number."""
+        numbers = list(numbers)
+        if not numbers:
+            return {}
+        m = schema.measurements
+        with self.session() as s:
+            row = self._require_row(s, study_name)
+            rows = s.execute(select(m).where(m.c.study_id == row.id, m.c.trial_number.in_(numbers))).all()
+        out = {}
+        for r in rows:
+            if r.ok:
+                out[r.trial_number] = RecordedOutcome(r.trial_number, r.config, "COMPLETE", float(r.median_us),
+                                                      {k: getattr(r, k) for k in MEASURED_ATTRS})
+            else:
+                out[r.trial_number] = RecordedOutcome(r.trial_number, r.config, "FAIL", None, {},
+                                                      measure_failure_reason(r.failure_kind, r.failure_reason))
+        return out
 
     def _trial_config(self, study_name: str, trial_number: int) -> str:
         oid, trials = self._trials(study_name)

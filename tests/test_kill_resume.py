@@ -5,8 +5,9 @@ ReplayMeasure + ReplayBuilder on a real SQLite file, PATH without nvcc). The tes
 kills it with SIGKILL a random (seeded) time after the loop has started, 20 times,
 then lets a last run finish. At the end the study must hold exactly N finished
 trials and no RUNNING one, and no config may have been measured twice -- except
-that a kill landing between a measurement and its trial's tell loses that trial
-(it becomes an interrupted zombie and its config is measured again on resume):
+that a kill landing between a measurement and its record loses that trial (it
+becomes an interrupted zombie and its config is measured again on resume; once
+recorded, the resume's reap tells the trial from the record):
 such a repeat must come from a *killed* process, at most one per kill, and never
 two measurements of one config in the same process.
 """
