@@ -60,9 +60,9 @@ def config_key(config: object) -> str:
 
 def baselines_key(fingerprint: Any) -> str:
     """The once-key of the SDPA baselines on a device (its identity, as record_device's)."""
-    from evotuner.storage.store import _device_identity
+    from evotuner.storage.store import device_identity
 
-    return f"baselines:{_device_identity(fingerprint) if fingerprint is not None else 'none'}"
+    return f"baselines:{device_identity(fingerprint) if fingerprint is not None else 'none'}"
 
 
 def study_id(s: Session, name: str, *, lock: bool = False) -> int:

@@ -151,7 +151,9 @@ def _stable(value: Any) -> Any:
     return value
 
 
-def _device_identity(fingerprint: Mapping[str, Any]) -> str:
+def device_identity(fingerprint: Mapping[str, Any]) -> str:
+    """One GPU model and setup's key (a hash of its fingerprint): a study's devices rows and
+    the once-claim of its baselines (claims.baselines_key) are per identity."""
     blob = json.dumps(_stable(fingerprint), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -681,7 +683,7 @@ class StudyStore:
 
     def _device_id(self, s: Session, study_id: int, fingerprint: Mapping[str, Any]) -> tuple[int, bool]:
         """(device row id, changed) for this fingerprint, inserting or touching its row."""
-        identity = _device_identity(fingerprint)
+        identity = device_identity(fingerprint)
         latest = s.execute(
             select(schema.devices.c.identity)
             .where(schema.devices.c.study_id == study_id)
@@ -774,7 +776,7 @@ class StudyStore:
                 device = s.execute(
                     select(schema.devices.c.id).where(
                         schema.devices.c.study_id == row.id,
-                        schema.devices.c.identity == _device_identity(fingerprint),
+                        schema.devices.c.identity == device_identity(fingerprint),
                     )
                 ).scalar()
                 if device is None:
