@@ -63,7 +63,8 @@ from evotuner.gate import apply_gate
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
 from evotuner.problem import Problem
 from evotuner.propose import params_for, suggest
-from evotuner.vocabulary import CONFIG_ATTR, DEVICE_ATTR, MEASURED_ATTRS, measure_failure_reason
+from evotuner.vocabulary import (CONFIG_ATTR, DEVICE_ATTR, DUPLICATE_ATTR, MEASURED_ATTRS, REASON_ATTR, TFLOPS_ATTR,
+                                 measure_failure_reason)
 from evotuner.vocabulary import config_of  # noqa: F401 (re-exported)
 from evotuner.workers import POLL_S, StudyWorker
 
@@ -348,7 +349,7 @@ class _Search:
             if rec is None:
                 continue
             self.remote.remove(r)
-            attrs = {"tflops": rec.tflops} if rec.tflops is not None else {}
+            attrs = {TFLOPS_ATTR: rec.tflops} if rec.tflops is not None else {}
             self._finish(r.trial, r.config, rec.state, rec.value, rec.error, attrs, duplicate_of=rec.number)
 
     def _start_once(self) -> None:
@@ -415,7 +416,7 @@ class _Search:
             if config is None:
                 continue
             if rec.duplicate_of is None and config not in self.known:
-                attrs = {"tflops": rec.tflops} if rec.tflops is not None else {}
+                attrs = {TFLOPS_ATTR: rec.tflops} if rec.tflops is not None else {}
                 self.known[config] = _Result(rec.number, rec.state, rec.value, rec.error, attrs)
             if rec.state == "COMPLETE" and rec.value is not None:
                 self._offer_best(rec.number, config, rec.value, rec.tflops)
@@ -630,9 +631,9 @@ class _Search:
         if config is not None:
             attrs[CONFIG_ATTR] = config.as_dict()  # the values; Optuna's params are the sampler's encoding
         if reason is not None:
-            attrs["reason"] = reason
+            attrs[REASON_ATTR] = reason
         if duplicate_of is not None:
-            attrs["duplicate_of"] = duplicate_of
+            attrs[DUPLICATE_ATTR] = duplicate_of
         started = time.perf_counter()
         try:
             for key, val in attrs.items():
@@ -656,9 +657,9 @@ class _Search:
         self.new_trials += 1
         self.counts[state] = self.counts.get(state, 0) + 1
         if config is not None and duplicate_of is None and config not in self.known:
-            copied = {"tflops": attrs["tflops"]} if "tflops" in attrs else {}
+            copied = {TFLOPS_ATTR: attrs[TFLOPS_ATTR]} if TFLOPS_ATTR in attrs else {}
             self.known[config] = _Result(trial.number, state, value, reason, copied)
-        tflops = attrs.get("tflops")
+        tflops = attrs.get(TFLOPS_ATTR)
         self.emit(ev.TrialFinished(trial.number, config, state, value, reason, tflops, duplicate_of))
         if state == "COMPLETE" and value is not None:
             self._offer_best(trial.number, config, value, tflops)
@@ -694,7 +695,7 @@ class _Search:
         self.by_config.clear()
         for trial, _config in stranded:
             try:
-                trial.set_user_attr("reason", INTERRUPTED)
+                trial.set_user_attr(REASON_ATTR, INTERRUPTED)
                 self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             except Exception:  # noqa: BLE001 -- best effort; the next run's reap fails the rest
                 pass
