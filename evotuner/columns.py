@@ -38,7 +38,12 @@ def short_names(names: Iterable[str], longest: int = _SHORT_ENOUGH) -> dict[str,
 
 def legend(short: Mapping[str, str]) -> str:
     """``TM = TILE_M, TN = TILE_N, ...`` for the headers that abbreviate."""
-    return ", ".join(f"{s} = {n}" for n, s in short.items() if s != n)
+    return ", ".join(_pairs(short))
+
+
+def _pairs(short: Mapping[str, str]) -> list[str]:
+    """``X = NAME`` for every header that is not the name itself."""
+    return [f"{s} = {n}" for n, s in short.items() if s != n]
 
 
 def legend_lines(short: Mapping[str, str], width: int) -> list[str]:
@@ -46,10 +51,7 @@ def legend_lines(short: Mapping[str, str], width: int) -> list[str]:
     (a pair longer than ``width`` gets a line of its own)."""
     lines: list[str] = []
     line = ""
-    for n, s in short.items():
-        if s == n:
-            continue
-        pair = f"{s} = {n}"
+    for pair in _pairs(short):
         if line and len(line) + 2 + len(pair) + 1 > width:
             lines.append(line + ",")
             line = pair

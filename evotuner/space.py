@@ -387,8 +387,8 @@ def _merge(data: dict[str, Any], base: dict[str, Any], where: str, base_name: st
     """The sub-grid ``data`` applied to its base's tables. It may set only [space] (name, doc)
     and [params]; every value it lists must be one of the base's, so each config of the sub-grid
     is a config of the base space (same kernel, derived values, constraints, device, gate)
-    and studies, sweeps and exports of either can be compared config for config."""
-    _base_name(data, where)
+    and studies, sweeps and exports of either can be compared config for config (the
+    caller checked the keys it sets: :func:`_base_name`)."""
     space = data["space"]
     merged = dict(base)
     merged_space = dict(merged.get("space") or {})
@@ -426,6 +426,7 @@ def _stored(text: str, where: str, depth: int = 0) -> dict[str, Any] | None:
     data = _parse_toml(head, where)
     if not (isinstance(data.get("space"), dict) and data["space"].get("base") == base_name):
         return None
+    _base_name(data, where)
     base = _stored(base_text, where, depth + 1)
     return _merge(data, _parse_toml(base_text, where) if base is None else base, where, base_name)
 

@@ -36,6 +36,7 @@ from optuna.trial import TrialState
 from sqlalchemy import insert, literal_column, select, update
 from sqlalchemy.orm import Session
 
+from evotuner.config import KernelConfig
 from evotuner.storage import schema
 from evotuner.storage.dbclock import db_now, epoch_sql as _epoch_sql  # noqa: F401 (db_now re-exported)
 from evotuner.storage.records import INTERRUPTED_REASON, REASON_ATTR, Zombie
@@ -239,16 +240,17 @@ def reap(store: Any, study: str, *, exclude: int | None = None, target: int | No
     zombies = _zombies(store, study, sorted(failed, key=lambda t: t.number))
     if exclude is None:
         return [replace(z, requeue=False) for z in zombies]
-    slots, out = list(handed), []
+    slots, out, queued = list(handed), [], []
     for z in zombies:
-        if z.requeue and sum(q.requeue for q in out) == len(slots):    # every slot in hand has its trial
+        if z.requeue and len(queued) == len(slots):      # every slot in hand has its trial: one more
             extra = _new_slot(store, study, exclude, target)
             if extra is None:
                 z = replace(z, requeue=False)
             else:
                 slots.append(extra)
+        if z.requeue:
+            queued.append(z.params)
         out.append(z)
-    queued = [z.params for z in out if z.requeue]
     if queued:
         optuna_study = store.optuna_study(study)
         for params in queued:
@@ -281,8 +283,6 @@ def _tell_recorded(store: Any, t: Any, outcome: Any, device: str | None, reaper:
     """Tell a dead worker's RUNNING trial the outcome it recorded before it died (between the
     record and the tell): the measurement is neither lost nor taken again. False when the
     trial was told meanwhile."""
-    from evotuner.config import KernelConfig
-
     attrs: dict[str, Any] = {CONFIG_ATTR: KernelConfig.parse(outcome.config).as_dict(), **outcome.attrs,
                              RECOVERED_ATTR: f"measured by a worker that died before telling it; told by worker {reaper}"}
     if outcome.reason is not None:
