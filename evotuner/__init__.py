@@ -1,7 +1,7 @@
 """evotuner: an Optuna-driven autotuner for the FlashCore attention kernel.
 
-``import evotuner`` stays cheap and works without CUDA: ``flash_attention``
-(which pulls in torch and the driver binding) is imported on first access.
+``import evotuner`` stays cheap and works without CUDA: ``flash_attention`` and
+``use_tuned`` (which pull in torch and the driver binding) are imported on first access.
 """
 
 from __future__ import annotations
@@ -9,17 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["flash_attention", "__version__"]
+__all__ = ["flash_attention", "use_tuned", "__version__"]
+_LAZY = ("flash_attention", "use_tuned")
 
 
 def __getattr__(name: str) -> Any:
-    if name == "flash_attention":
-        from evotuner.runtime.attention import flash_attention
+    if name in _LAZY:
+        from evotuner.runtime import attention
 
-        globals()["flash_attention"] = flash_attention
-        return flash_attention
+        value = getattr(attention, name)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'evotuner' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | {"flash_attention"})
+    return sorted(set(globals()) | set(_LAZY))

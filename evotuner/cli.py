@@ -40,6 +40,7 @@ from evotuner import columns
 from evotuner import events as ev
 from evotuner import session
 from evotuner.config import KernelConfig
+from evotuner.defaults import config_family
 from evotuner.bench import BASELINE_NAMES, bench_study
 from evotuner.errors import EvotunerError, InterruptedByUser, SpaceError
 from evotuner.export import export_header
@@ -54,7 +55,7 @@ from evotuner.cli_options import DEFAULT_STORAGE, STORAGE_ENV  # noqa: F401 -- p
 from evotuner.cli_options import (
     app, StudyOpt, StudiesOpt, StorageOpt, ShapeOpt, ResumeShapeOpt,
     DtypeOpt, CausalOpt, TrialsOpt, ResumeTrialsOpt, SamplerOpt, SeedOpt,
-    JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
+    FamilyOpt, JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
     CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, TransferOpt, GATE_REJECTED_EXIT,
     _io, _one_line, _open_store,
@@ -87,6 +88,7 @@ def search(
     seed: SeedOpt = 0,
     jobs: JobsOpt = None,
     space: SpaceOpt = None,
+    family: FamilyOpt = None,
     storage: StorageOpt = None,
     replay: ReplayOpt = None,
     gpus: GpusOpt = None,
@@ -105,13 +107,20 @@ def search(
     together they finish exactly --trials trials and never measure a config twice.
     """
     problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
-    search_space = load_space(space)
-    sampler = session.sampler_name(sampler, search_space)
-    make_sampler(sampler, search_space, seed, problem)   # an unknown or unusable sampler is refused here
+    named = space is not None or family is not None
+    search_space, note = session.pick_space(space, family=family) if named else (None, None)
+    if search_space is not None:
+        make_sampler(session.sampler_name(sampler, search_space), search_space, seed, problem)
     stages = _stages(replay, "search", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
     store = _open_store(storage)
     with ExitStack() as stack:
         stack.callback(store.close)
+        if search_space is None:   # the study's own space, else the replayed sweep's, else flash_attention's family
+            search_space, note = session.pick_space(problem=problem, replay=replay, store=store, study=study)
+        if note:
+            _io.out.print(Text(for_terminal(note), style="dim"), soft_wrap=True)
+        sampler = session.sampler_name(sampler, search_space)
+        make_sampler(sampler, search_space, seed, problem)   # an unknown or unusable sampler is refused here
         exists = session.check_exists(store, study, sampler, seed, problem, search_space)
         builder, measure = stages.stages(problem, search_space, jobs, stack)
         if not exists:
@@ -136,7 +145,7 @@ def resume(
 ) -> None:
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
     wanted_shape = Shape.parse(shape) if shape is not None else None
-    wanted_space = load_space(space) if space is not None else None
+    wanted_space = session.pick_space(space)[0] if space is not None else None
     stages = _stages(replay, "resume", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
     store = _open_store(storage, must_exist=True)
     with ExitStack() as stack:
@@ -250,7 +259,8 @@ def compile_cmd(
 
     kernel_config = KernelConfig.parse(config)
     problem = Problem(Shape.parse(shape, require=("D",)), dtype=dtype, causal=causal)
-    search_space = load_space(space)
+    # no --space: the packaged space of the family whose parameters the config names
+    search_space = session.pick_space(space, family=None if space is not None else config_family(kernel_config).name)[0]
     search_space.validate(kernel_config)
     constraint = search_space.violated(kernel_config, problem)
     if constraint is not None:

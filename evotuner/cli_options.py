@@ -57,7 +57,12 @@ SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1,
 JobsOpt = Annotated[
     Optional[int], typer.Option("--jobs", min=1, help="Parallel nvcc builds [default: the number of CPUs].")
 ]
-SpaceOpt = Annotated[Optional[Path], typer.Option("--space", help="Search-space TOML [default: the packaged default.toml].")]
+SpaceOpt = Annotated[Optional[Path], typer.Option(
+    "--space", help="Search-space TOML file, or a packaged space by name: hopper, hopper_grid, flashcore (= default) "
+                    "[default: the space of the family evotuner.flash_attention runs for the problem].")]
+FamilyOpt = Annotated[Optional[str], typer.Option(
+    "--family", help="Kernel family to tune (its packaged space): hopper or flashcore [default: the family "
+                     "evotuner.flash_attention runs for the problem].")]
 ReplayOpt = Annotated[
     Optional[Path],
     typer.Option("--replay", help="Answer builds and measurements from a recorded sweep CSV (scripts/sweep.py); needs no GPU or nvcc."),

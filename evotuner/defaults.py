@@ -19,11 +19,13 @@ match a problem, the one with the smallest limit wins.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any, Mapping
 
 from evotuner.config import KernelConfig
-from evotuner.errors import EvotunerError, ShapeError
-from evotuner.family.registry import DEFAULT_FAMILY, get_family
+from evotuner.errors import EvotunerError, ShapeError, SpaceError
+from evotuner.family.base import KernelFamily
+from evotuner.family.registry import DEFAULT_FAMILY, families, get_family
 from evotuner.problem import DTYPES, HEAD_DIMS, Problem, Shape
 
 
@@ -180,3 +182,77 @@ def recommended(problem: Problem, family: str | None = None) -> tuple[KernelConf
         return get_family(family or DEFAULT_FAMILY).recommended_configs(problem)
     except EvotunerError:
         return ()
+
+
+def fastest_recommended(problem: Problem, exclude: Mapping[str, str] | None = None
+                        ) -> tuple[KernelFamily, KernelConfig, str]:
+    """(family, its recommended config, why) of the registered family whose recommended
+    config for ``problem`` is fastest by the family's own measured figure
+    (:meth:`KernelFamily.expected_speed`; the default family on ties); ``exclude``:
+    {family: why} families to pass over. ShapeError when no family has one."""
+    candidates: list[tuple[float, int, KernelFamily, KernelConfig]] = []
+    skipped: list[str] = []
+    for fam in families():
+        why_not = (exclude or {}).get(fam.name) or fam.unsupported(problem)
+        found = () if why_not else fam.recommended_configs(problem)
+        if not found:
+            skipped.append(f"{fam.name}: {why_not or 'no recommended config'}")
+            continue
+        candidates.append((fam.expected_speed(problem), fam.name == DEFAULT_FAMILY, fam, found[0]))
+    if not candidates:
+        fam = get_family(DEFAULT_FAMILY)
+        dims = [d for d in HEAD_DIMS if d in supported_head_dims(family=fam.name)]
+        raise ShapeError(f"q: head dim D={problem.shape.head_dim} is not supported ({'; '.join(skipped)})",
+                         f"use one of {', '.join(map(str, dims))}")
+    candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
+    speed, _, fam, cfg = candidates[0]
+    why = (f"recommended config of the fastest family ({speed:g} TFLOP/s measured by its family)"
+           if len(candidates) > 1 else "recommended config of the only family supporting the problem")
+    if skipped:
+        why += f"; not: {'; '.join(skipped)}"
+    return fam, cfg, why
+
+
+@lru_cache(maxsize=None)
+def family_parameters(name: str) -> frozenset[str]:
+    """The kernel parameter names of family ``name`` (the keys of its recommended configs)."""
+    fam = get_family(name)
+    names: set[str] = set()
+    for d in fam.head_dims:
+        for causal in (False, True):
+            try:
+                names.update(default_config(d, fam.dtypes[0], causal, family=name).as_dict())
+            except EvotunerError:
+                continue
+    return frozenset(names)
+
+
+def config_family(config: Mapping[str, int] | KernelConfig | str) -> KernelFamily:
+    """The registered family whose parameters ``config`` names: the one family that takes all
+    of its keys; where several do (a partial config of shared names such as a tile size),
+    the default family if it is one of them. SpaceError naming the families and their
+    parameters otherwise."""
+    if isinstance(config, str):
+        keys = set(KernelConfig.parse(config).as_dict())
+    elif isinstance(config, KernelConfig):
+        keys = set(config.as_dict())
+    elif isinstance(config, Mapping):
+        keys = set(KernelConfig.of({str(k).upper(): v for k, v in config.items()}).as_dict())
+    else:
+        raise SpaceError(f"config: expected a mapping of kernel parameters, got {type(config).__name__}",
+                         "give {'NAME': value, ...} or 'NAME=value,...' with the family's parameter names")
+    registered = families()
+    fits = [f for f in registered if keys <= family_parameters(f.name)]
+    if len(fits) == 1:
+        return fits[0]
+    if any(f.name == DEFAULT_FAMILY for f in fits):
+        return get_family(DEFAULT_FAMILY)
+    listing = "; ".join(f"{f.name}: {', '.join(sorted(family_parameters(f.name)))}" for f in registered)
+    given = ", ".join(sorted(keys))
+    if not fits:
+        raise SpaceError(f"config: no kernel family takes all of {given} ({listing})",
+                         "use the parameters of one family, or pass family=NAME")
+    raise SpaceError(f"config: {given} name parameters of several families "
+                     f"({', '.join(f.name for f in fits)}; {listing})",
+                     f"pass family={fits[0].name!r} (--space {fits[0].name} on the command line), "
+                     "or give a parameter only one family has")

@@ -501,6 +501,10 @@ class HeaderInfo:
     arch: str
     rows: tuple[tuple[str, ...], ...]   # row i -> names N of <T>_<i>_<N>, in header order
     family: str = DEFAULT_FAMILY
+    #: row i -> (N, value) of each <T>_<i>_<N> macro, in header order
+    values: tuple[tuple[tuple[str, int], ...], ...] = ()
+    #: the family's export macro prefix <T>
+    export_prefix: str = ""
 
 
 def _family(family: KernelFamily | str | None) -> KernelFamily:
@@ -535,19 +539,22 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
                           "give the header written by `evotuner export`")
     n = int(count.group(1))
     rows: list[list[str]] = [[] for _ in range(n)]
+    values: list[list[tuple[str, int]]] = [[] for _ in range(n)]
     for m in row_macro.finditer(text):
         i = int(m.group(1))
         if i >= n:
             raise ExportError(f"header {path}: row macro {T}_{i}_{m.group(2)} but only {n} rows",
                               "re-export the header; do not edit it by hand")
         rows[i].append(m.group(2))
+        values[i].append((m.group(2), int(m.group(3))))
     for i, names in enumerate(rows):
         missing = [p for p in ROW_PROBLEM_MACROS if p not in names]
         if missing or len(names) == len(ROW_PROBLEM_MACROS):
             raise ExportError(f"header {path}: row {i} lacks macros "
                               f"{', '.join(f'{T}_{i}_{p}' for p in missing) or '(kernel parameters)'}",
                               "re-export the header; do not edit it by hand")
-    return HeaderInfo(arch=arch.group(1), rows=tuple(tuple(r) for r in rows), family=fam.name)
+    return HeaderInfo(arch=arch.group(1), rows=tuple(tuple(r) for r in rows), family=fam.name,
+                      values=tuple(tuple(v) for v in values), export_prefix=T)
 
 
 def row_instantiation(header: str, index: int, names: Iterable[str], family: KernelFamily | str, *,

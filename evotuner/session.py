@@ -155,6 +155,73 @@ class StageFactory:
         return self
 
 
+def packaged_spaces() -> dict[str, Path]:
+    """The space files a command may name instead of a path: the packaged ones by file stem
+    (``hopper``, ``hopper_grid``, ``default``) and each family's default space by the
+    family's name (``flashcore``)."""
+    from evotuner.family import families
+    from evotuner.family.base import packaged
+
+    folder = packaged("evotuner.search_spaces")
+    names = {p.stem: p for p in sorted(folder.glob("*.toml"))} if folder.is_dir() else {}
+    for fam in families():
+        names.setdefault(fam.name, fam.default_space())
+    return names
+
+
+def pick_space(space: str | Path | None = None, *, family: str | None = None, problem: Problem | None = None,
+               replay: Path | None = None, store: StudyStore | None = None,
+               study: str | None = None) -> tuple[SearchSpace, str | None]:
+    """The space a command works on, and a note saying why when the user did not name it:
+
+    ``space`` (a file, or a packaged name: :func:`packaged_spaces`), else ``family``'s
+    default space, else the space of the existing ``study``, else the packaged space the
+    ``replay`` sweep was recorded with, else the default space of the family
+    ``evotuner.flash_attention`` runs for ``problem`` (its recommended config is fastest)."""
+    from evotuner.defaults import fastest_recommended
+    from evotuner.space import load_space
+
+    if space is not None:
+        chosen = load_space(_space_path(space))
+        if family is not None and chosen.kernel != family:
+            raise EvotunerError(f"--space {space} tunes the {chosen.kernel} family, not --family {family}",
+                                "drop one of the two options")
+        return chosen, None
+    if family is not None:
+        return load_space(family=family), None
+    if store is not None and study is not None and store.study_exists(study):
+        return study_space(store, study), None
+    if replay is not None:
+        from evotuner.measure.replay import read_sweep
+
+        recorded = read_sweep(replay).header.get("space_fingerprint")
+        for name, path in packaged_spaces().items():
+            candidate = load_space(path)
+            if candidate.fingerprint() == recorded:
+                return candidate, f"space {name}: the packaged space {replay.name} was recorded with"
+    if problem is None:
+        return load_space(None), None
+    fam = fastest_recommended(problem)[0]
+    chosen = load_space(family=fam.name)
+    return chosen, (f"tuning the {fam.name} family (space {Path(str(chosen.path)).stem}): the kernel "
+                    f"evotuner.flash_attention runs for {problem}; --family or --space picks another")
+
+
+def _space_path(space: str | Path) -> Path:
+    """A space file's path from a path or a packaged space's name."""
+    path = Path(space)
+    if path.is_file():
+        return path
+    named = packaged_spaces()
+    text = str(space)
+    if text in named:
+        return named[text]
+    if path.suffix or "/" in text or os.sep in text:
+        return path        # load_space says the file is not found
+    raise EvotunerError(f"--space {text}: no such file and no packaged space of that name",
+                        f"give a space file, or one of {', '.join(sorted(named))}")
+
+
 def sampler_name(given: str | None, space: SearchSpace) -> str:
     """``--sampler`` as given, else the default of the space's kernel family."""
     from evotuner.family.registry import get_family

@@ -1,34 +1,48 @@
 """``evotuner.flash_attention``: the tuned attention kernels as a function on torch tensors.
 
-Which kernel runs: :func:`choose` -- an explicit ``family``; else, with a
-``config``, the default family (its parameter names); else, of the registered
-families that support the problem and recommend a config for it, the one whose
-recommended config is fastest by its own measured figure
-(:meth:`KernelFamily.expected_speed`), FlashCore on ties; the returned
-:class:`Choice` says which and why (``flash_attention(..., return_choice=True)``).
+Which kernel runs (:func:`choose`): with a ``config``, the family its parameter names
+belong to (or ``family``); else the tuned table's row for the problem on this GPU model
+(:func:`use_tuned`, ``$EVOTUNER_TUNED``, then the tables the package ships: see
+:mod:`evotuner.tuned`); else, of the registered families that support the problem and
+recommend a config for it, the one whose recommended config is fastest by its own
+measured figure (:meth:`KernelFamily.expected_speed`). The returned :class:`Choice` says
+which and why (``flash_attention(..., return_choice=True)``).
 
-The first call for a (device, family, head dim, dtype, causal, config) builds the cubin
-through :class:`evotuner.compiler.Builder` (cached on disk by content) and loads it
-through the driver (cached in the process); later calls only validate,
-allocate and launch on torch's current stream.
+The first call for a plan key (shapes, strides, dtypes, devices, causal, scale, config,
+layout, lse, family) validates, chooses, builds the cubin through
+:class:`evotuner.compiler.Builder` (cached on disk by content), loads it through the
+driver and derives a :class:`_Plan`: the launch geometry and the kernel's argument bytes
+with the places of the pointers in them. A later call with the same key allocates the
+output, checks the pointers' alignment, writes them into the bytes and launches on torch's
+current stream: a few µs of host time. Under ``torch.compile`` the call is the custom op
+``evotuner::flash_attention`` (registered at the end of this module).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from evotuner.compiler import Builder
 from evotuner.config import KernelConfig
-from evotuner.defaults import default_config, parse_defaults, supported_head_dims  # noqa: F401 (public names)
-from evotuner.errors import BuildError, ShapeError, SpaceError
+from evotuner.defaults import (config_family, default_config, fastest_recommended, family_parameters,  # noqa: F401
+                               parse_defaults, supported_head_dims)  # (public names)
+from evotuner.errors import BuildError, EvotunerError, ShapeError, SpaceError
 from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
 from evotuner.problem import HEAD_DIMS, Problem, Shape
+from evotuner.runtime import cuda
+from evotuner.runtime.binder import POINTER_LIMIT, ArgBinder
 from evotuner.runtime.loader import KernelModule, tensor_view as _view
+from evotuner.tuned import ENV_VAR as TUNED_ENV_VAR
+from evotuner.tuned import TunedTable, shipped_tables
+from evotuner.tuned import from_environment as tuned_from_environment
+from evotuner.tuned import load as load_tuned
 
 LAYOUTS = ("bhsd", "bshd")
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -50,36 +64,50 @@ class Choice:
 
 
 def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | None = None,
-           family: str | None = None, exclude: Mapping[str, str] | None = None) -> Choice:
+           family: str | None = None, exclude: Mapping[str, str] | None = None, *,
+           device: str | None = None, tables: Sequence[TunedTable] | None = None) -> Choice:
     """The family and config :func:`flash_attention` runs for ``problem`` (see the module docstring);
-    ``exclude``: {family: why} families the automatic choice must pass over."""
-    if family is not None or config is not None:
-        fam = get_family(family or DEFAULT_FAMILY)
+    ``exclude``: {family: why} families the automatic choice must pass over; ``device``: the GPU
+    model whose tuned rows apply; ``tables``: the tuned tables to serve from (default: the
+    ones :func:`use_tuned` and ``$EVOTUNER_TUNED`` set, then the shipped ones)."""
+    if config is not None:
+        fam = get_family(family) if family is not None else config_family(config)
         why_not = fam.unsupported(problem)
         if why_not:
             raise ShapeError(f"q: {why_not}", f"use one of {', '.join(map(str, fam.head_dims))}")
         cfg = resolve_config(config, problem.shape.head_dim, problem.dtype, problem.causal, family=fam.name)
-        return Choice(fam.name, cfg, "asked for" if family is not None else "the default family (config given)")
-    candidates: list[tuple[float, int, KernelFamily, KernelConfig]] = []
-    skipped: list[str] = []
-    for fam in families():
-        why_not = (exclude or {}).get(fam.name) or fam.unsupported(problem)
-        recommended = () if why_not else fam.recommended_configs(problem)
-        if not recommended:
-            skipped.append(f"{fam.name}: {why_not or 'no recommended config'}")
-            continue
-        candidates.append((fam.expected_speed(problem), fam.name == DEFAULT_FAMILY, fam, recommended[0]))
-    if not candidates:
-        fam = get_family(DEFAULT_FAMILY)
-        dims = [d for d in HEAD_DIMS if d in supported_head_dims(family=fam.name)]
-        raise ShapeError(f"q: head dim D={problem.shape.head_dim} is not supported ({'; '.join(skipped)})",
-                         f"use one of {', '.join(map(str, dims))}")
-    candidates.sort(key=lambda c: (c[0], c[1]), reverse=True)
-    speed, _, fam, cfg = candidates[0]
-    why = f"fastest recommended config ({speed:g} by its family's figure)" if len(candidates) > 1 else \
-        "the only family supporting the problem"
-    if skipped:
-        why += f"; not: {'; '.join(skipped)}"
+        return Choice(fam.name, cfg, "asked for" if family is not None else
+                      f"config given (its parameters are the {fam.name} family's)")
+    if family is not None:
+        fam = get_family(family)
+        why_not = fam.unsupported(problem)
+        if why_not:
+            raise ShapeError(f"q: {why_not}", f"use one of {', '.join(map(str, fam.head_dims))}")
+    usable = [f for f in families() if (family is None or f.name == family)
+              and not (exclude or {}).get(f.name) and not f.unsupported(problem)]
+    active = served_tables() if tables is None else tuple(tables)
+    if device is not None:
+        for table in active:
+            for fam in usable:
+                pick = table.pick(problem, device, fam.name)
+                if pick is not None:
+                    return Choice(fam.name, pick.row.config, pick.why)
+    base = _recommended(problem, family, exclude)
+    user = [t for t in active if not t.shipped]
+    if device is not None and user:
+        return Choice(base.family, base.config, f"{base.why}; {user[0].nearest_note(problem, device, family)}")
+    return base
+
+
+def _recommended(problem: Problem, family: str | None, exclude: Mapping[str, str] | None) -> Choice:
+    """The recommended config of ``family``, else of the fastest family by its own figure."""
+    if family is not None:
+        fam = get_family(family)
+        picked = fam.recommended_configs(problem)
+        cfg = picked[0] if picked else resolve_config(None, problem.shape.head_dim, problem.dtype, problem.causal,
+                                                      family=fam.name)
+        return Choice(fam.name, cfg, "asked for (its recommended config)")
+    fam, cfg, why = fastest_recommended(problem, exclude)
     return Choice(fam.name, cfg, why)
 
 
@@ -222,7 +250,256 @@ def kernel_module(config: KernelConfig, problem: Problem, device: int, family: s
     return mod
 
 
-# --------------------------------------------------------------------------- the function
+# --------------------------------------------------------------------------- tuned tables
+
+_tables_lock = threading.Lock()
+_tables: tuple[TunedTable, ...] | None = None   # None: not read yet
+
+
+def use_tuned(source: str | Path | None = None, *, shipped: bool = True) -> TunedTable | None:
+    """Serve tuned configs from ``source``: a study database (``"sqlite:///studies.db"``, a
+    PostgreSQL URL, or a SQLite file's path) or a header written by ``evotuner export``.
+
+    The table is read once, here; later calls of :func:`flash_attention` look problems up in
+    it (:meth:`evotuner.tuned.TunedTable.pick`): the row of the same GPU model, family, head
+    dim, dtype and causal flag in the problem's size bucket, else the nearest tuned size,
+    else the shipped table's row (``shipped``), else the recommended config.
+    ``return_choice=True`` says which and why. ``source=None`` goes back to the default:
+    ``$EVOTUNER_TUNED`` when set, and the shipped tables. Returns the table read (None for
+    the default)."""
+    global _tables
+    table = load_tuned(source) if source is not None else None
+    defaults = _shipped() if shipped else ()
+    with _tables_lock:
+        _tables = ((table,) + defaults) if table is not None else None
+        _plans.clear()
+    return table
+
+
+def served_tables() -> tuple[TunedTable, ...]:
+    """The tuned tables :func:`flash_attention` serves from, in order (read on first use)."""
+    global _tables
+    tables = _tables
+    if tables is None:
+        with _tables_lock:
+            if _tables is None:
+                env = tuned_from_environment()
+                try:
+                    user = (load_tuned(env),) if env else ()
+                except EvotunerError as exc:
+                    raise type(exc)(f"${TUNED_ENV_VAR}: {exc.message}",
+                                    exc.remedy or f"fix or unset {TUNED_ENV_VAR}") from None
+                _tables = user + _shipped()
+            tables = _tables
+    return tables
+
+
+def _shipped() -> tuple[TunedTable, ...]:
+    return tuple(load_tuned(path) for path in shipped_tables(families()))
+
+
+# --------------------------------------------------------------------------- the hot path
+
+#: Plans kept in the process (each a few KB); past this the oldest go first.
+MAX_PLANS = 1024
+_plans: dict[tuple, "_Plan"] = {}
+_device_names: dict[int, str] = {}
+
+
+def _device_name(index: int) -> str:
+    name = _device_names.get(index)
+    if name is None:
+        name = _device_names[index] = torch.cuda.get_device_name(index)
+    return name
+
+
+class _Plan:
+    """Everything one call needs that depends only on the plan key (shapes, strides, dtypes,
+    devices, causal, scale, layout, lse, family, config): the resolved choice, the loaded
+    kernel, the launch geometry and the argument bytes with their pointer fields
+    (:class:`~evotuner.runtime.binder.ArgBinder`). A call through a plan allocates the
+    output, checks the pointers' alignment, writes them into the bytes and launches."""
+
+    __slots__ = ("choice", "module", "device", "torch_device", "dtype", "out_shape", "out_strides", "lse_shape",
+                 "layout", "scale", "binder", "args", "params", "grid", "block", "smem", "workspace", "lock",
+                 "launch", "context")
+
+    def __init__(self, choice: Choice, module: KernelModule, q: torch.Tensor, layout: str, scale: float,
+                 return_lse: bool, views: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+        self.choice = choice
+        self.module = module
+        self.device = module.device
+        self.torch_device = q.device
+        self.dtype = q.dtype
+        self.out_shape = tuple(q.shape)
+        self.layout = layout
+        self.scale = scale
+        B, H, Sq, _ = views[0].shape
+        self.lse_shape = (B, H, Sq) if return_lse else None
+        self.lock = threading.Lock()
+        self.context = cuda.ensure_context(self.device)
+        self.workspace = module.family.workspace_bytes(module.meta) > 0
+        self.launch = cuda.driver().cuLaunchKernel
+        # Derive the pointer fields on scratch tensors of the call's own shapes and strides.
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=q.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
+        ov = out.transpose(1, 2) if layout == "bshd" else out
+        qv, kv, vv = views
+
+        def make(ptrs: Mapping[str, int]) -> bytes:
+            spec = module.launch_spec(_at(qv, ptrs["q"]), _at(kv, ptrs["k"]), _at(vv, ptrs["v"]), _at(ov, ptrs["o"]),
+                                      _at(lse, ptrs["lse"]) if lse is not None else None, scale,
+                                      ptrs.get("workspace", 0))
+            if len(spec.args) != 1:
+                raise _NoBinder()
+            return spec.args[0]
+
+        ptrs = {"q": qv.data_ptr(), "k": kv.data_ptr(), "v": vv.data_ptr(), "o": ov.data_ptr()}
+        if lse is not None:
+            ptrs["lse"] = lse.data_ptr()
+        if self.workspace:
+            ptrs["workspace"] = 1 << 40
+        spec = module.launch_spec(qv, kv, vv, ov, lse, scale, ptrs.get("workspace", 0))
+        self.grid, self.block, self.smem = spec.grid, spec.block, spec.smem_bytes
+        try:
+            self.binder = ArgBinder.derive(make, ptrs) if len(spec.args) == 1 else None
+        except (_NoBinder, EvotunerError):
+            self.binder = None
+        if self.binder is not None:
+            self.args = ctypes.create_string_buffer(self.binder.template, len(self.binder.template))
+            self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.args))
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.torch_device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.torch_device) \
+            if self.lse_shape is not None else None
+        if self.binder is None:
+            return self._run_slow(q, k, v, out, lse)
+        pq, pk, pv, po = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+        if (pq | pk | pv | po) & 15 or max(pq, pk, pv, po) >= POINTER_LIMIT or not (pq and pk and pv):
+            return self._run_slow(q, k, v, out, lse)
+        ptrs = (pq, pk, pv, po) if lse is None else (pq, pk, pv, po, lse.data_ptr())
+        stream = _current_stream(self.device)
+        if cuda.current_context() != self.context:
+            return self._run_slow(q, k, v, out, lse)
+        with self.lock:
+            if self.workspace:
+                ptrs = (*ptrs, self.module.zeroed_workspace(stream))
+            self.binder.bind_into(self.args, ptrs)
+            g, b = self.grid, self.block
+            code = self.launch(self.module.function, g[0], g[1], g[2], b[0], b[1], b[2], self.smem, stream,
+                               self.params, None)
+        if code:
+            cuda.check(code, f"cuLaunchKernel({self.module.entry} from {self.module.source})")
+        return out, lse
+
+    def _run_slow(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The same launch with the argument bytes built by the family (no binder, odd pointers,
+        or another current context)."""
+        t = (lambda x: x.transpose(1, 2)) if self.layout == "bshd" else (lambda x: x)
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if x.data_ptr() % ALIGN_BYTES:
+                raise ShapeError(f"{name}: data pointer is not {ALIGN_BYTES}-byte aligned", f"pass {name}.clone()")
+        with torch.cuda.device(self.device):
+            self.module.launch(t(q), t(k), t(v), t(out), lse, self.scale)
+        return out, lse
+
+
+class _NoBinder(Exception):
+    """The family's launch has more than one argument: no binder, bytes built per call."""
+
+
+def _at(t: torch.Tensor, ptr: int) -> torch.Tensor:
+    """A stand-in with ``t``'s shape and strides at device address ``ptr`` (for deriving the
+    binder: only its pointer, shape and strides are read, never its memory)."""
+    return _PointerView(ptr, tuple(t.shape), tuple(t.stride()), t)
+
+
+class _PointerView:
+    """Duck-types the few tensor methods KernelModule.launch_spec reads."""
+
+    __slots__ = ("_ptr", "shape", "_strides", "_t")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], t: torch.Tensor) -> None:
+        self._ptr, self.shape, self._strides, self._t = ptr, shape, strides, t
+
+    def data_ptr(self) -> int:
+        return self._ptr
+
+    def stride(self) -> tuple[int, ...]:
+        return self._strides
+
+
+def _current_stream(device: int) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):
+    def _current_stream(device: int) -> int:  # noqa: F811 - the fast form where torch has it
+        return torch._C._cuda_getCurrentRawStream(device)
+
+
+def _plan_key(q: Any, k: Any, v: Any, causal: Any, scale: Any, config: Any, layout: Any, return_lse: Any,
+              family: Any) -> tuple | None:
+    """The plan key of a call, or None where the call must take the full path (not tensors,
+    a config given as a mapping, a causal flag that is not a bool)."""
+    if causal is not True and causal is not False:
+        return None
+    if config is not None and not isinstance(config, (str, KernelConfig)):
+        return None
+    try:
+        return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+                q.device, k.device, v.device, causal, scale, config, layout, return_lse, family)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _resolve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None,
+             config: Any, layout: str, return_lse: bool, family: str | None) -> _Plan:
+    """The full path: validate, choose, build and load, derive the plan."""
+    if not isinstance(causal, bool):
+        raise ShapeError(f"causal: expected a bool, got {type(causal).__name__}")
+    qv, kv, vv, dtype = validate(q, k, v, layout=layout, scale=scale)
+    B, H, Sq, D = qv.shape
+    Sk = kv.shape[2]
+    scale_value = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    problem = Problem(Shape(B, H, Sq, Sk, D), dtype, causal)
+    name = _device_name(device)
+    choice = choose(problem, config, family, device=name)
+    ov = qv  # the output has q's shape; its strides are contiguous in q's layout
+    views = {"q": _view(qv), "k": _view(kv), "v": _view(vv), "o": _view(ov)}
+    why_not = get_family(choice.family).unsupported_views(views)
+    if why_not:
+        if family is not None or config is not None:
+            raise ShapeError(why_not, "make the tensors contiguous, or leave family and config unset to fall back")
+        choice = choose(problem, None, None, exclude={choice.family: why_not}, device=name)
+    module = kernel_module(choice.config, problem, device, choice.family)
+    with torch.cuda.device(device):
+        return _Plan(choice, module, q, layout, scale_value, return_lse, (qv, kv, vv))
+
+
+def _remember(key: tuple | None, plan: _Plan) -> None:
+    if key is None:
+        return
+    if len(_plans) >= MAX_PLANS:
+        _plans.pop(next(iter(_plans)), None)
+    _plans[key] = plan
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None, config: Any,
+             layout: str, return_lse: bool, family: str | None) -> tuple[torch.Tensor, torch.Tensor | None, Choice]:
+    key = _plan_key(q, k, v, causal, scale, config, layout, return_lse, family)
+    plan = _plans.get(key) if key is not None else None
+    if plan is None:
+        plan = _resolve(q, k, v, causal, scale, config, layout, return_lse, family)
+        _remember(key, plan)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ShapeError("q/k/v: requires grad, but evotuner.flash_attention is forward-only (no backward kernel)",
+                         "call it under torch.no_grad() / torch.inference_mode(), or detach() the inputs")
+    out, lse = plan.run(q, k, v)
+    return out, lse, plan.choice
 
 
 def flash_attention(
@@ -245,34 +522,63 @@ def flash_attention(
     on one device, last dim contiguous. ``causal`` masks top-left like SDPA's
     ``is_causal`` (query i sees keys 0..i). ``scale`` defaults to 1/sqrt(D).
     ``config`` picks kernel parameters (a mapping, a KernelConfig or
-    "NAME=value,..."); None or missing keys take the kernel's recommended
-    values for the head dim. ``family`` picks the kernel family (default:
-    :func:`choose`). Returns the output in q's layout, with ``return_lse`` also
-    the fp32 logsumexp [B, H, Sq] (natural log), and with ``return_choice`` the
-    :class:`Choice` last.
+    "NAME=value,..."; its parameter names pick the family); None serves the tuned
+    table's config (:func:`use_tuned`), else the recommended one. ``family`` picks the
+    kernel family. Returns the output in q's layout, with ``return_lse`` also the fp32
+    logsumexp [B, H, Sq] (natural log), and with ``return_choice`` the :class:`Choice` last.
+
+    Forward only: inputs that require grad (with grad mode on) are refused. The first call
+    of a (shapes, strides, dtypes, devices, causal, scale, config, layout, family) resolves
+    everything once; later calls only allocate the output and launch. Under
+    ``torch.compile`` the call is the custom op ``evotuner::flash_attention``.
     """
-    if not isinstance(causal, bool):
-        raise ShapeError(f"causal: expected a bool, got {type(causal).__name__}")
-    qv, kv, vv, dtype = validate(q, k, v, layout=layout, scale=scale)
-    B, H, Sq, D = qv.shape
-    Sk = kv.shape[2]
-    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    problem = Problem(Shape(B, H, Sq, Sk, D), dtype, causal)
-    choice = choose(problem, config, family)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    ov = out.transpose(1, 2) if layout == "bshd" else out
-    views = {"q": _view(qv), "k": _view(kv), "v": _view(vv), "o": _view(ov)}
-    why_not = get_family(choice.family).unsupported_views(views)
-    if why_not:
-        if family is not None:
-            raise ShapeError(why_not, "make the tensors contiguous, or leave family=None to fall back")
-        choice = choose(problem, config, None, exclude={choice.family: why_not})
-    module = kernel_module(choice.config, problem, device, choice.family)
-    lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device) if return_lse else None
-    with torch.cuda.device(device):
-        module.launch(qv, kv, vv, ov, lse, scale)
-    result = (out, lse) if return_lse else (out,)
+    if torch.compiler.is_compiling():
+        return _compiled(q, k, v, causal, scale, config, layout, return_lse, family, return_choice)
+    out, lse, choice = _forward(q, k, v, causal, scale, config, layout, return_lse, family)
     if return_choice:
-        result = (*result, choice)
-    return result if len(result) > 1 else result[0]
+        return (out, lse, choice) if return_lse else (out, choice)
+    return (out, lse) if return_lse else out
+
+
+def _compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None, config: Any,
+              layout: str, return_lse: bool, family: str | None, return_choice: bool) -> Any:
+    """What :func:`flash_attention` is under torch.compile: one node, the custom op."""
+    if return_choice:
+        raise ShapeError("return_choice: not available under torch.compile",
+                         "call evotuner.flash_attention(..., return_choice=True) eagerly to see the choice")
+    if config is not None and not isinstance(config, str):
+        raise ShapeError("config: under torch.compile give it as a 'NAME=value,...' string",
+                         "e.g. config=str(kernel_config)")
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        raise ShapeError("q/k/v: requires grad, but evotuner.flash_attention is forward-only (no backward kernel)",
+                         "call it under torch.no_grad() / torch.inference_mode(), or detach() the inputs")
+    out, lse = torch.ops.evotuner.flash_attention(q, k, v, causal, scale, config, layout, return_lse, family)
+    return (out, lse) if return_lse else out
+
+
+# --------------------------------------------------------------------------- torch.library
+#
+# torch.compile sees flash_attention as this one op (the public function calls it while it
+# is being compiled), so a model that calls it compiles with no graph break; the fake
+# implementation gives the outputs' shapes without running anything. Eager calls skip the
+# dispatcher and run _forward directly, which keeps them at a few µs of host time. The op
+# returns (out, lse); lse is an empty fp32 tensor when return_lse is false (an op's outputs
+# are tensors, never None). The schema is given, not inferred from the annotations.
+
+OP_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str? config, str layout, bool return_lse, "
+             "str? family) -> (Tensor, Tensor)")
+
+
+@torch.library.custom_op("evotuner::flash_attention", mutates_args=(), device_types="cuda", schema=OP_SCHEMA)
+def _op(q, k, v, causal, scale, config, layout, return_lse, family):  # type: ignore[no-untyped-def]
+    out, lse, _ = _forward(q, k, v, causal, scale, config, layout, return_lse, family)
+    return out, (lse if lse is not None else out.new_empty((0,), dtype=torch.float32))
+
+
+@_op.register_fake
+def _op_fake(q, k, v, causal, scale, config, layout, return_lse, family):  # type: ignore[no-untyped-def]
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if not return_lse:
+        return out, q.new_empty((0,), dtype=torch.float32)
+    B, H, Sq = (q.shape[0], q.shape[2], q.shape[1]) if layout == "bshd" else (q.shape[0], q.shape[1], q.shape[2])
+    return out, q.new_empty((B, H, Sq), dtype=torch.float32)

@@ -198,6 +198,22 @@ def ensure_context(device: int) -> int:
     return ctx
 
 
+_current = threading.local()
+
+
+def current_context() -> int:
+    """The handle of the context current on this thread (0: none); one driver call."""
+    holder = getattr(_current, "ctx", None)
+    if holder is None:
+        holder = _current.ctx = CUcontext()
+        _current.ref = byref(holder)
+        _current.fn = driver().cuCtxGetCurrent
+    code = _current.fn(_current.ref)
+    if code:
+        check(code, "cuCtxGetCurrent")
+    return holder.value or 0
+
+
 def device_attribute(device: int, attribute: int) -> int:
     lib = driver()
     dev = CUdevice()

@@ -179,13 +179,13 @@ class KernelModule:
         else:
             handle = int(stream)
         cuda.ensure_context(self.device)
-        spec = self.launch_spec(q, k, v, o, lse, scale, self._zeroed_workspace(handle))
+        spec = self.launch_spec(q, k, v, o, lse, scale, self.zeroed_workspace(handle))
         cuda.launch_kernel(self.function, spec.grid, spec.block, spec.smem_bytes,
                            handle, spec.args, what=f"cuLaunchKernel({self.entry} from {self.source})")
 
     __call__ = launch
 
-    def _zeroed_workspace(self, stream: int) -> int:
+    def zeroed_workspace(self, stream: int) -> int:
         """The family's workspace for a launch on ``stream``, zeroed on that stream (stream
         order makes the previous launch's use finish first); 0 when the family needs none."""
         nbytes = self.family.workspace_bytes(self.meta)

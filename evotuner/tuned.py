@@ -1,0 +1,283 @@
+"""Serve: the tuned configs ``evotuner.flash_attention`` runs, read from where a search put them.
+
+A :class:`TunedTable` is a frozen list of :class:`TunedRow` s, one per tuned problem:
+the family, the GPU model it was measured on, the static problem (head dim, dtype,
+causal), its size and the best config. It is read once from
+
+* a study database (``sqlite:///studies.db``, a PostgreSQL URL, or a path to a SQLite
+  file): each study's best COMPLETE trial, with the study's problem and device; or
+* an exported header (``evotuner export``): each row of each family's section, sized
+  by its seqlen bucket, with the device its provenance comment names; or
+* the table the package ships for a GPU model (``kernels/<family>/tuned_*.toml``,
+  written by ``scripts/make_tuned_table.py`` from recorded sweeps).
+
+:meth:`TunedTable.pick` answers for one problem on one GPU model: of the rows of the
+same GPU model (or of none named), family, head dim, dtype and causal flag, the row in
+the problem's size bucket (the power-of-two bucket of its query rows B*H*Sq and of its
+key length Sk; a header row: the header's own ``select()`` rule on Sk), else the nearest
+tuned size within :data:`NEAREST_DOUBLINGS` doublings, else nothing (the caller then runs
+the recommended config). The answer carries the row and a one-line reason.
+
+Torch-free; storage is read through :mod:`evotuner.session` only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from evotuner.config import KernelConfig
+from evotuner.errors import EvotunerError
+from evotuner.problem import Problem
+
+#: The environment variable naming the tuned table ``flash_attention`` serves by default.
+ENV_VAR = "EVOTUNER_TUNED"
+#: How far (in doublings of query rows plus doublings of key length) a tuned size may lie
+#: from the problem and still be served; farther, the recommended config runs.
+NEAREST_DOUBLINGS = 4.0
+_HEADER_SUFFIXES = (".h", ".hpp", ".hh", ".cuh", ".hxx")
+
+
+class TunedError(EvotunerError):
+    """A tuned table cannot be read."""
+
+
+@dataclass(frozen=True)
+class TunedRow:
+    """One tuned problem and its best config."""
+
+    family: str
+    device: str            # GPU model name ("NVIDIA H100 80GB HBM3"); "" = not recorded (any GPU)
+    head_dim: int
+    dtype: str
+    causal: bool
+    seqlen_k: int          # the tuned problem's key length (a header row: its bucket's max_seqlen)
+    query_rows: int | None  # B*H*Sq of the tuned problem; None for a header row (bucketed by Sk only)
+    config: KernelConfig
+    median_us: float | None
+    source: str            # where the row came from, for messages: "study 'x' trial 12"
+
+    @property
+    def size(self) -> str:
+        rows = f"{self.query_rows} query rows, " if self.query_rows is not None else ""
+        return f"{rows}Sk={self.seqlen_k}"
+
+
+@dataclass(frozen=True)
+class TunedPick:
+    row: TunedRow
+    why: str
+
+
+def _bucket(n: int) -> int:
+    """Power-of-two bucket: ceil(log2(n))."""
+    return max(0, (int(n) - 1).bit_length())
+
+
+def _doublings(a: int, b: int) -> float:
+    return abs(math.log2(max(a, 1) / max(b, 1)))
+
+
+@dataclass(frozen=True)
+class TunedTable:
+    rows: tuple[TunedRow, ...]
+    source: str
+    #: shipped with the package (its misses are not worth a note in the reason)
+    shipped: bool = False
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def pick(self, problem: Problem, device: str, family: str | None = None) -> TunedPick | None:
+        """The row served for ``problem`` on GPU model ``device`` (module docstring), or None."""
+        same = [r for r in self.rows
+                if r.head_dim == problem.shape.head_dim and r.dtype == problem.dtype and r.causal == problem.causal
+                and (family is None or r.family == family) and r.device in (device, "")]
+        if not same:
+            return None
+        exact = [r for r in same if r.device == device]
+        same = exact or same
+        sk, qr = problem.shape.seqlen_k, problem.query_rows
+        on = f" in {self.source}"
+
+        def distance(r: TunedRow) -> float:
+            return _doublings(sk, r.seqlen_k) + (_doublings(qr, r.query_rows) if r.query_rows is not None else 0.0)
+
+        sized = [r for r in same if r.query_rows is not None]
+        fit = [r for r in sized if _bucket(r.query_rows) == _bucket(qr) and _bucket(r.seqlen_k) == _bucket(sk)]
+        if fit:
+            row = min(fit, key=lambda r: (distance(r), r.median_us or math.inf))
+            return TunedPick(row, f"tuned: {row.source}{on}, same size bucket ({row.size})")
+        headers = [r for r in same if r.query_rows is None]
+        if headers:   # the exported header's select(): the smallest bucket holding Sk, else the largest
+            holding = [r for r in headers if r.seqlen_k >= sk]
+            if holding:
+                row = min(holding, key=lambda r: r.seqlen_k)
+                return TunedPick(row, f"tuned: {row.source}{on}, bucket Sk <= {row.seqlen_k}")
+            if not sized:
+                row = max(headers, key=lambda r: r.seqlen_k)
+                return TunedPick(row, f"tuned: {row.source}{on}, the largest bucket (Sk <= {row.seqlen_k})")
+        if sized:
+            row = min(sized, key=lambda r: (distance(r), r.median_us or math.inf))
+            d = distance(row)
+            if d <= NEAREST_DOUBLINGS:
+                return TunedPick(row, f"tuned: {row.source}{on}, the nearest tuned size ({row.size}, "
+                                      f"{d:.1f} doublings away)")
+        return None
+
+    def nearest_note(self, problem: Problem, device: str, family: str | None = None) -> str:
+        """Why :meth:`pick` found nothing, for the reason of the config that runs instead."""
+        same = [r for r in self.rows if r.head_dim == problem.shape.head_dim and r.dtype == problem.dtype
+                and r.causal == problem.causal and (family is None or r.family == family)]
+        if not same:
+            return f"no tuned row for D={problem.shape.head_dim} {problem.dtype} " \
+                   f"{'causal' if problem.causal else 'non-causal'} in {self.source}"
+        if not any(r.device in (device, "") for r in same):
+            return f"the tuned rows for this problem in {self.source} are for {same[0].device}, not {device}"
+        return f"no tuned size within {NEAREST_DOUBLINGS:g} doublings in {self.source}"
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def is_header(source: str | Path) -> bool:
+    return Path(str(source)).suffix.lower() in _HEADER_SUFFIXES
+
+
+def load(source: str | Path) -> TunedTable:
+    """A tuned table from a study database URL, a SQLite file, an exported header or a
+    shipped ``.toml`` table (see the module docstring)."""
+    text = str(source)
+    if not text.strip():
+        raise TunedError("tuned table: empty source", "give a database URL (sqlite:///studies.db) or a header path")
+    if "://" not in text:
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise TunedError(f"tuned table {path}: no such file",
+                             "give a study database (sqlite:///studies.db or its path) or a header from evotuner export")
+        if is_header(path):
+            return load_header(path)
+        if path.suffix.lower() == ".toml":
+            return load_shipped(path)
+        text = f"sqlite:///{path.resolve()}"
+    return load_studies(text)
+
+
+def load_studies(url: str) -> TunedTable:
+    """Every study's best COMPLETE trial in the database at ``url`` (opened read-only)."""
+    from evotuner import session   # storage is only reached through the session module
+
+    rows: list[TunedRow] = []
+    store = session.open_store(url, must_exist=True, read_only=True)
+    try:
+        for info in store.list_studies():
+            summary = store.summary(info.name)
+            best = summary.best
+            config = best.kernel_config if best is not None else None
+            if config is None:
+                continue
+            device = summary.device if isinstance(summary.device, dict) else {}
+            p = summary.problem
+            rows.append(TunedRow(
+                family=summary.kernel_family, device=str(device.get("name") or ""), head_dim=p.shape.head_dim,
+                dtype=p.dtype, causal=p.causal, seqlen_k=p.shape.seqlen_k, query_rows=p.query_rows, config=config,
+                median_us=best.value, source=f"study {info.name!r} trial {best.number}"))
+        where = store.display_url
+    finally:
+        store.close()
+    return TunedTable(tuple(rows), where)
+
+
+_ROW_COMMENT = re.compile(r"^\s*// \[(\d+)\] study (.*), trial (\d+): ([0-9.]+) us")
+_DEVICE_COMMENT = re.compile(r"; device (.*?)\s*$")
+
+
+def load_header(path: Path) -> TunedTable:
+    """The rows of every family's section of a header written by ``evotuner export``."""
+    from evotuner.abi import DTYPE_NAMES
+    from evotuner.export import ExportError, header_families, read_header
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        names = header_families(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TunedError(f"tuned table {path}: cannot read it ({exc})", "give the header evotuner export wrote") from None
+    if not names:
+        raise TunedError(f"tuned table {path}: no family section (no <PREFIX>_COUNT macro)",
+                         "give a header written by `evotuner export`")
+    rows: list[TunedRow] = []
+    for name in names:
+        try:
+            info = read_header(path, name)
+        except ExportError as exc:
+            raise TunedError(f"tuned table {exc.message}", exc.remedy) from None
+        for i, values in enumerate(info.values):
+            v = dict(values)
+            params = {n: x for n, x in values if n not in ("HEAD_DIM", "IS_CAUSAL", "DTYPE", "MAX_SEQLEN")}
+            rows.append(TunedRow(
+                family=name, device=_header_device(text, info.export_prefix, i), head_dim=v["HEAD_DIM"],
+                dtype=DTYPE_NAMES.get(v["DTYPE"], "?"), causal=bool(v["IS_CAUSAL"]), seqlen_k=v["MAX_SEQLEN"],
+                query_rows=None, config=KernelConfig.of(params), median_us=None,
+                source=f"{name} row {i}"))
+    return TunedTable(tuple(rows), str(path))
+
+
+def _header_device(text: str, prefix: str, index: int) -> str:
+    """The ``device`` a row's provenance comment names ("" when it says unknown)."""
+    section = text.split(f"#define {prefix}_COUNT", 1)[-1]
+    lines = section.splitlines()
+    for k, line in enumerate(lines):
+        m = _ROW_COMMENT.match(line)
+        if m and int(m.group(1)) == index and k + 1 < len(lines):
+            d = _DEVICE_COMMENT.search(lines[k + 1])
+            name = d.group(1) if d else ""
+            return "" if name == "unknown" else name
+    return ""
+
+
+def load_shipped(path: Path) -> TunedTable:
+    """A table the package ships (``scripts/make_tuned_table.py`` writes it)."""
+    try:
+        import tomllib  # Python 3.11+
+    except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise TunedError(f"tuned table {path}: cannot read it ({exc})", "regenerate it with scripts/make_tuned_table.py") \
+            from None
+    rows = []
+    for i, r in enumerate(data.get("row", [])):
+        try:
+            rows.append(TunedRow(
+                family=str(r["family"]), device=str(r["device"]), head_dim=int(r["head_dim"]), dtype=str(r["dtype"]),
+                causal=bool(r["causal"]), seqlen_k=int(r["seqlen_k"]), query_rows=int(r["query_rows"]),
+                config=KernelConfig.parse(str(r["config"])), median_us=float(r["median_us"]),
+                source=str(r["source"])))
+        except (KeyError, TypeError, ValueError, EvotunerError) as exc:
+            raise TunedError(f"tuned table {path}: row {i} is malformed ({exc})",
+                             "regenerate it with scripts/make_tuned_table.py") from None
+    return TunedTable(tuple(rows), f"the shipped table {Path(path).name}", shipped=True)
+
+
+def shipped_tables(families: Iterable[object]) -> tuple[Path, ...]:
+    """The tables shipped with the registered families (``<family folder>/tuned_*.toml``)."""
+    out: list[Path] = []
+    for fam in families:
+        root = getattr(fam, "kernels_root", None)
+        name = getattr(fam, "name", "")
+        if root is None or not name:
+            continue
+        folder = Path(str(root())) / name
+        out.extend(sorted(folder.glob("tuned_*.toml")) if folder.is_dir() else ())
+    return tuple(out)
+
+
+def from_environment() -> str | None:
+    """``$EVOTUNER_TUNED`` when set and not empty."""
+    value = os.environ.get(ENV_VAR, "").strip()
+    return value or None

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""What a user gets from ``evotuner.flash_attention``: host time per call, eager time and
+graph time, next to SDPA (and the production extension, when built), in one process.
+
+    python scripts/bench_runtime.py                          # the standard and mid-size shapes
+    python scripts/bench_runtime.py --shapes 1,8,512,64,0 --rounds 5 --output out/runtime
+    python scripts/bench_runtime.py --extension build/hopper_ext   # + the production extension
+
+Per shape (fp16 unless --dtype), after one correctness check of each callee against the
+fp32 reference (fresh random inputs):
+
+* **host µs/call**: wall time of 200 back-to-back calls with no synchronisation, divided by
+  200 (the public call as a user makes it: validation or plan look-up, allocation, launch);
+* **eager µs**: CUDA events around 200 back-to-back calls, divided by 200 (no L2 flush): a
+  call whose host time exceeds its kernel time shows here as the host time;
+* **graph µs**: one call captured in a CUDA graph, its replays timed by
+  ``evotuner.runtime.timing.time_cuda`` (L2 flushed before each, median): the kernel alone.
+
+Each figure is the median over ``--rounds`` rounds (callees alternate inside a round); the
+ratios are SDPA's time over ours, per round, then the median. Writes OUTPUT.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+import evotuner
+from evotuner.problem import Problem, Shape
+from evotuner.runtime import check as C
+from evotuner.runtime.timing import time_cuda
+
+#: (B, H, S, D, causal): the six standard shapes, then mid-size ones (8k-64k query rows).
+SHAPES = (
+    (16, 16, 2048, 64, False), (1, 8, 512, 64, False), (4, 16, 4096, 64, True),
+    (8, 16, 2048, 128, False), (4, 32, 4096, 128, True), (1, 32, 8192, 128, False),
+    (1, 8, 1024, 128, False), (1, 16, 1024, 64, False), (2, 16, 1024, 64, False),
+    (1, 16, 2048, 128, False), (4, 16, 1024, 64, True), (2, 16, 2048, 128, True),
+)
+CALLS = 200
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
+    try:
+        b, h, s, d, c = (int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL (e.g. 4,16,4096,64,1)") from None
+    return b, h, s, d, bool(c)
+
+
+def host_us(fn: Callable[[], object]) -> float:
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(CALLS):
+        fn()
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) / CALLS * 1e6
+
+
+def eager_us(fn: Callable[[], object]) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(CALLS):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / CALLS
+
+
+def graph_us(fn: Callable[[], object], reps: int) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_cuda(graph.replay, reps=reps).median_us
+
+
+def check(name: str, out: torch.Tensor, q, k, v, causal: bool, scale: float) -> float:
+    ref, _ = C.reference(q, k, v, causal, scale)
+    tol = C.tolerance(C.torch_low_precision(q, k, v, causal, scale), ref)
+    err = float((out.float() - ref).abs().max())
+    if not (math.isfinite(err) and err <= tol):
+        raise SystemExit(f"error: {name} is wrong at this shape: max error {err:.3g} > tolerance {tol:.3g}")
+    return err
+
+
+def bench_shape(shape, dtype: str, args: argparse.Namespace, ext) -> dict:
+    B, H, S, D, causal = shape
+    dt = DTYPES[dtype]
+    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(3))
+    scale = 1.0 / math.sqrt(D)
+    out, choice = evotuner.flash_attention(q, k, v, causal=causal, return_choice=True)
+    callees: dict[str, Callable[[], object]] = {
+        "evotuner": lambda: evotuner.flash_attention(q, k, v, causal=causal),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
+    }
+    errors = {"evotuner": check("evotuner", out, q, k, v, causal, scale),
+              "sdpa": check("sdpa", callees["sdpa"](), q, k, v, causal, scale)}
+    if ext is not None and ext.select(D, dtype, causal, S) >= 0:
+        callees["extension"] = lambda: ext.attention(q, k, v, causal, scale)
+        errors["extension"] = check("the extension", callees["extension"](), q, k, v, causal, scale)
+    rounds: dict[str, dict[str, list[float]]] = {n: {"host": [], "eager": [], "graph": []} for n in callees}
+    for fn in callees.values():                    # warm-up: module loads, plans, cuDNN's plan cache
+        for _ in range(20):
+            fn()
+    for _ in range(args.rounds):
+        for name, fn in callees.items():
+            rounds[name]["host"].append(host_us(fn))
+            rounds[name]["eager"].append(eager_us(fn))
+            rounds[name]["graph"].append(graph_us(fn, args.reps))
+    row: dict = {"shape": [B, H, S, D], "causal": causal, "dtype": dtype, "family": choice.family,
+                 "config": str(choice.config), "why": choice.why, "max_error": errors, "rounds": rounds}
+    for name, r in rounds.items():
+        for what in ("host", "eager", "graph"):
+            row[f"{name}_{what}_us"] = statistics.median(r[what])
+    for name in callees:
+        if name == "sdpa":
+            continue
+        for what in ("eager", "graph"):
+            row[f"{name}_{what}_x"] = statistics.median(
+                s / m for s, m in zip(rounds["sdpa"][what], rounds[name][what]))
+    row["tflops_graph"] = Problem(Shape(B, H, S, S, D), dtype, causal).tflops(row["evotuner_graph_us"])
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL; repeatable")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=50, help="graph replays timed per round")
+    ap.add_argument("--extension", type=Path, default=None, help="folder holding a built *_ext.so (optional)")
+    ap.add_argument("--output", type=Path, default=None, help="write OUTPUT.json")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: bench_runtime needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
+        return 1
+    ext = None
+    if args.extension is not None:
+        sos = sorted(args.extension.glob("*_ext*.so"))
+        if len(sos) != 1:
+            print(f"error: {args.extension} holds {len(sos)} *_ext.so modules; give the folder build_extension wrote",
+                  file=sys.stderr)
+            return 1
+        sys.path.insert(0, str(args.extension))
+        ext = importlib.import_module(sos[0].name.split(".")[0])
+    rows = []
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, {args.rounds} rounds; "
+          f"x = SDPA time / ours (median of per-round ratios)")
+    head = f"{'shape':20s} {'host µs ev/sdpa/ext':>21s} {'eager µs ev/sdpa':>17s} {'eager x':>7s} " \
+           f"{'graph µs ev/sdpa':>17s} {'graph x':>7s}"
+    print(head)
+    with torch.no_grad():
+        for shape in args.shapes or SHAPES:
+            r = bench_shape(shape, args.dtype, args, ext)
+            rows.append(r)
+            B, H, S, D = r["shape"]
+            ext_host = f"{r['extension_host_us']:.1f}" if "extension_host_us" in r else "-"
+            print(f"{f'{B},{H},{S},{D}' + (' c' if r['causal'] else ''):20s} "
+                  f"{r['evotuner_host_us']:6.1f}/{r['sdpa_host_us']:5.1f}/{ext_host:>6s}  "
+                  f"{r['evotuner_eager_us']:8.1f}/{r['sdpa_eager_us']:8.1f} {r['evotuner_eager_x']:7.3f} "
+                  f"{r['evotuner_graph_us']:8.1f}/{r['sdpa_graph_us']:8.1f} {r['evotuner_graph_x']:7.3f}", flush=True)
+    hosts = [r["evotuner_host_us"] for r in rows]
+    print(f"evotuner host µs/call: median {statistics.median(hosts):.1f}, max {max(hosts):.1f}")
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.with_suffix(".json").write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

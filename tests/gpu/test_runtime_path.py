@@ -1,0 +1,189 @@
+"""evotuner.flash_attention as users call it, on the GPU: the cached hot path (plans and
+their argument binder), CUDA-graph capture and replay, torch.compile(fullgraph=True), the
+forward-only refusal, and tuned configs served from a (replayed) study database.
+
+Every output is compared with the fp32 reference on fresh random inputs (FA2's rule,
+evotuner.runtime.check). Skips cleanly without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import evotuner  # noqa: E402
+from evotuner import session  # noqa: E402
+from evotuner.errors import ShapeError  # noqa: E402
+from evotuner.problem import Problem, Shape  # noqa: E402
+from evotuner.runtime import attention as A  # noqa: E402
+from evotuner.runtime import check as C  # noqa: E402
+from evotuner.space import load_space  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+HOPPER_D64 = "BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,OVERLAP=1,PINGPONG=1,SCHED=2," \
+             "RESCALE_LOG2=0,EXP_EMU=0"
+
+
+def _ref_ok(out, q, k, v, causal, scale=None, layout="bhsd", lse=None):
+    t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
+    qv, kv, vv, ov = t(q), t(k), t(v), t(out)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    ref, ref_lse = C.reference(qv, kv, vv, causal, scale)
+    tol = C.tolerance(C.torch_low_precision(qv, kv, vv, causal, scale), ref)
+    err = float((ov.float() - ref).abs().max())
+    assert math.isfinite(err) and err <= tol, (err, tol)
+    if lse is not None:
+        assert torch.allclose(lse, ref_lse, atol=1e-3)
+
+
+def _qkv(B, H, S, D, dtype=torch.float16, layout="bhsd", Sk=None):
+    shape_q = (B, S, H, D) if layout == "bshd" else (B, H, S, D)
+    shape_k = (B, Sk or S, H, D) if layout == "bshd" else (B, H, Sk or S, D)
+    return (torch.randn(shape_q, device="cuda", dtype=dtype), torch.randn(shape_k, device="cuda", dtype=dtype),
+            torch.randn(shape_k, device="cuda", dtype=dtype))
+
+
+@pytest.mark.parametrize("family, config", [("hopper", None), ("hopper", HOPPER_D64), ("flashcore", None)])
+def test_hot_path_is_correct_on_fresh_inputs_call_after_call(family, config):
+    """The first call resolves a plan, the next ones take it (with new pointers each time)."""
+    A._plans.clear()
+    for i in range(4):
+        q, k, v = _qkv(2, 3, 300, 64)
+        out, lse, choice = evotuner.flash_attention(q, k, v, causal=bool(i % 2), family=family, config=config,
+                                                    return_lse=True, return_choice=True)
+        assert choice.family == family
+        _ref_ok(out, q, k, v, bool(i % 2), lse=lse)
+    plans = [p for p in A._plans.values() if p.choice.family == family]
+    assert len(plans) == 2                       # one per causal flag: the calls after the first hit
+    assert all(p.binder is not None for p in plans), "the argument binder did not derive on this driver"
+
+
+def test_a_hit_with_another_shape_stride_dtype_or_layout_re_resolves():
+    A._plans.clear()
+    q, k, v = _qkv(1, 4, 256, 128)
+    _ref_ok(evotuner.flash_attention(q, k, v), q, k, v, False)
+    cases = [
+        _qkv(1, 4, 129, 128),                                              # shape
+        _qkv(2, 4, 256, 128, dtype=torch.bfloat16),                        # dtype
+        tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in _qkv(1, 4, 256, 128)),  # strides
+        (q, *_qkv(1, 4, 256, 128, Sk=77)[1:]),                             # Sq != Sk
+    ]
+    for qq, kk, vv in cases:
+        _ref_ok(evotuner.flash_attention(qq, kk, vv), qq, kk, vv, False)
+    qb, kb, vb = _qkv(1, 256, 4, 128, layout="bshd")
+    _ref_ok(evotuner.flash_attention(qb, kb, vb, layout="bshd", scale=0.05), qb, kb, vb, False, 0.05, "bshd")
+    assert len(A._plans) == 6
+
+
+def test_a_misaligned_pointer_on_a_hit_is_refused_not_launched():
+    q, k, v = _qkv(1, 2, 64, 64)
+    evotuner.flash_attention(q, k, v, family="hopper")
+    buf = torch.randn(q.numel() + 1, device="cuda", dtype=q.dtype)
+    skew = buf[1:].view(q.shape)                 # same shape and strides, pointer 2 bytes off
+    with pytest.raises(ShapeError, match="16-byte aligned"):
+        evotuner.flash_attention(skew, k, v, family="hopper")
+
+
+def test_inputs_that_require_grad_are_refused():
+    q, k, v = _qkv(1, 2, 64, 64)
+    q.requires_grad_(True)
+    with pytest.raises(ShapeError, match="forward-only"):
+        evotuner.flash_attention(q, k, v)
+    with torch.no_grad():
+        _ref_ok(evotuner.flash_attention(q, k, v), q.detach(), k, v, False)
+
+
+@pytest.mark.parametrize("family, config, layout", [("hopper", None, "bhsd"), ("hopper", HOPPER_D64, "bshd"),
+                                                    ("flashcore", None, "bhsd")])
+def test_cuda_graph_capture_and_replay_equal_eager(family, config, layout):
+    q, k, v = _qkv(2, 4, 333, 64, layout=layout)
+    eager, eager_lse = evotuner.flash_attention(q, k, v, causal=True, family=family, config=config, layout=layout,
+                                                return_lse=True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):               # warm up on the capture stream (its workspace too)
+        evotuner.flash_attention(q, k, v, causal=True, family=family, config=config, layout=layout, return_lse=True)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = evotuner.flash_attention(q, k, v, causal=True, family=family, config=config, layout=layout,
+                                            return_lse=True)
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        _ref_ok(out, q, k, v, True, layout=layout, lse=lse)
+    # the last replay's inputs through the eager call: the same bits
+    eager, eager_lse = evotuner.flash_attention(q, k, v, causal=True, family=family, config=config, layout=layout,
+                                                return_lse=True)
+    assert torch.equal(out, eager) and torch.equal(lse, eager_lse)
+
+
+def test_torch_compile_fullgraph_has_one_graph_and_matches_eager():
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+
+    def block(q, k, v):
+        return evotuner.flash_attention(q * 1.0, k, v, causal=True).float().sum(-1)
+
+    counter = CompileCounter()
+    compiled = torch.compile(block, fullgraph=True, backend=counter)
+    q, k, v = _qkv(2, 4, 200, 128)
+    with torch.no_grad():
+        got = compiled(q, k, v)
+        want = block(q, k, v)
+    assert counter.frame_count == 1 and counter.op_count >= 1
+    assert torch.equal(got, want)
+    # the default backend (inductor) too, with the lse output
+    torch._dynamo.reset()
+
+    def with_lse(q, k, v):
+        out, lse = evotuner.flash_attention(q, k, v, return_lse=True)
+        return out, lse
+
+    inductor = torch.compile(with_lse, fullgraph=True)
+    with torch.no_grad():
+        out, lse = inductor(q, k, v)
+    _ref_ok(out, q, k, v, False, lse=lse)
+
+
+def test_tune_then_use_on_the_gpu(tmp_path):
+    """A replayed hopper study's best config is what flash_attention serves at its shape, and
+    it runs correctly; another head dim falls back to the recommended config."""
+    url = f"sqlite:///{tmp_path / 'studies.db'}"
+    problem = Problem(Shape.parse("B=16,H=16,S=2048,D=64"))
+    grid = load_space(ROOT / "search_spaces" / "hopper_grid.toml")
+    store = session.open_store(url)
+    with ExitStack() as stack:
+        builder, measure = session.StageFactory(replay=ROOT / "tests/data/sweep_h100_hopper_d64.csv").stages(
+            problem, grid, 2, stack)
+        session.start_study(store, "d64", problem, grid, "guided", 0, builder)
+        session.run_study(store, "d64", problem, grid, "guided", 0, 6, builder, measure, transfer=False)
+    best = store.summary("d64").best.kernel_config
+    store.close()
+    try:
+        evotuner.use_tuned(url, shipped=False)
+        q, k, v = _qkv(16, 16, 2048, 64)
+        name = torch.cuda.get_device_name()
+        out, choice = evotuner.flash_attention(q, k, v, return_choice=True)
+        if name == "NVIDIA H100 80GB HBM3":        # the sweep's GPU model
+            assert choice.config == best and "study 'd64'" in choice.why
+        else:
+            assert "recommended config" in choice.why and name in choice.why
+        _ref_ok(out, q, k, v, False)
+        q, k, v = _qkv(2, 4, 256, 128)
+        out, choice = evotuner.flash_attention(q, k, v, return_choice=True)
+        assert "recommended config" in choice.why
+        _ref_ok(out, q, k, v, False)
+    finally:
+        evotuner.use_tuned(None)
