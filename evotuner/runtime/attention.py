@@ -320,9 +320,9 @@ class _Plan:
     (:class:`~evotuner.runtime.binder.ArgBinder`). A call through a plan allocates the
     output, checks the pointers' alignment, writes them into the bytes and launches."""
 
-    __slots__ = ("choice", "module", "device", "torch_device", "dtype", "out_shape", "out_strides", "lse_shape",
-                 "layout", "scale", "binder", "args", "params", "grid", "block", "smem", "workspace", "lock",
-                 "launch", "context")
+    __slots__ = ("choice", "module", "device", "torch_device", "dtype", "out_shape", "lse_shape", "layout", "scale",
+                 "binder", "args", "params", "geometry", "workspace", "workspaces", "lock", "launch", "memset",
+                 "function")
 
     def __init__(self, choice: Choice, module: KernelModule, q: torch.Tensor, layout: str, scale: float,
                  return_lse: bool, views: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
@@ -337,9 +337,12 @@ class _Plan:
         B, H, Sq, _ = views[0].shape
         self.lse_shape = (B, H, Sq) if return_lse else None
         self.lock = threading.Lock()
-        self.context = cuda.ensure_context(self.device)
-        self.workspace = module.family.workspace_bytes(module.meta) > 0
+        cuda.ensure_context(self.device)
+        self.workspace = module.family.workspace_bytes(module.meta)   # bytes zeroed before each launch
+        self.workspaces: dict[int, int] = {}                          # stream -> its workspace pointer
         self.launch = cuda.driver().cuLaunchKernel
+        self.memset = cuda.driver().cuMemsetD8Async
+        self.function = module.function
         # Derive the pointer fields on scratch tensors of the call's own shapes and strides.
         out = torch.empty(self.out_shape, dtype=self.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
@@ -360,7 +363,7 @@ class _Plan:
         if self.workspace:
             ptrs["workspace"] = 1 << 40
         spec = module.launch_spec(qv, kv, vv, ov, lse, scale, ptrs.get("workspace", 0))
-        self.grid, self.block, self.smem = spec.grid, spec.block, spec.smem_bytes
+        self.geometry = (*spec.grid, *spec.block, spec.smem_bytes)
         try:
             self.binder = ArgBinder.derive(make, ptrs) if len(spec.args) == 1 else None
         except (_NoBinder, EvotunerError):
@@ -370,9 +373,8 @@ class _Plan:
             self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.args))
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = torch.empty(self.out_shape, dtype=self.dtype, device=self.torch_device)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.torch_device) \
-            if self.lse_shape is not None else None
+        out = q.new_empty(self.out_shape)
+        lse = q.new_empty(self.lse_shape, dtype=torch.float32) if self.lse_shape is not None else None
         if self.binder is None:
             return self._run_slow(q, k, v, out, lse)
         pq, pk, pv, po = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
@@ -380,18 +382,29 @@ class _Plan:
             return self._run_slow(q, k, v, out, lse)
         ptrs = (pq, pk, pv, po) if lse is None else (pq, pk, pv, po, lse.data_ptr())
         stream = _current_stream(self.device)
-        if cuda.current_context() != self.context:
-            return self._run_slow(q, k, v, out, lse)
         with self.lock:
             if self.workspace:
-                ptrs = (*ptrs, self.module.zeroed_workspace(stream))
+                ws = self.workspaces.get(stream)
+                if ws is None:
+                    ws = self._workspace_for(stream)
+                if self.memset(ws, 0, self.workspace, stream):
+                    return self._run_slow(q, k, v, out, lse)
+                ptrs = (*ptrs, ws)
             self.binder.bind_into(self.args, ptrs)
-            g, b = self.grid, self.block
-            code = self.launch(self.module.function, g[0], g[1], g[2], b[0], b[1], b[2], self.smem, stream,
-                               self.params, None)
+            code = self.launch(self.function, *self.geometry, stream, self.params, None)
         if code:
+            # Another context is current (a call from a thread or device scope torch has not
+            # set to this device): the launch is refused, nothing ran; the slow path sets it.
+            if code in _WRONG_CONTEXT:
+                return self._run_slow(q, k, v, out, lse)
             cuda.check(code, f"cuLaunchKernel({self.module.entry} from {self.module.source})")
         return out, lse
+
+    def _workspace_for(self, stream: int) -> int:
+        """This plan's zero-initialised workspace for ``stream`` (the module keeps it)."""
+        ptr = self.module.zeroed_workspace(stream)
+        self.workspaces[stream] = ptr
+        return ptr
 
     def _run_slow(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -404,6 +417,10 @@ class _Plan:
         with torch.cuda.device(self.device):
             self.module.launch(t(q), t(k), t(v), t(out), lse, self.scale)
         return out, lse
+
+
+#: cuLaunchKernel's answers when the current context is not the plan's device's (nothing ran).
+_WRONG_CONTEXT = frozenset({201, 400})   # CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE
 
 
 class _NoBinder(Exception):

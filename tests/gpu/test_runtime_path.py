@@ -187,3 +187,17 @@ def test_tune_then_use_on_the_gpu(tmp_path):
         _ref_ok(out, q, k, v, False)
     finally:
         evotuner.use_tuned(None)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_tensors_on_another_device_than_the_current_one():
+    """A plan of cuda:1 called while cuda:0 is current (and the other way round): the launch
+    finds the other context current, is refused, and the call takes the slow path there."""
+    for dev, current in ((1, 0), (0, 1), (1, 1)):
+        q, k, v = (torch.randn(1, 2, 100, 64, device=f"cuda:{dev}", dtype=torch.float16) for _ in range(3))
+        with torch.cuda.device(current):
+            out = evotuner.flash_attention(q, k, v, family="hopper")
+            out2 = evotuner.flash_attention(q, k, v, family="hopper")
+            assert torch.cuda.current_device() == current
+        assert out.device == q.device and torch.equal(out, out2)
+        _ref_ok(out, q, k, v, False)
