@@ -42,6 +42,8 @@ def main() -> int:
     geo = plan.geometry
     import ctypes
     cgeo = tuple(ctypes.c_uint(x) for x in geo)
+    launch = cuda.driver().cuLaunchKernel
+    plan.config.hStream = plan.stream = stream
     steps = {
         "whole call": lambda: evotuner.flash_attention(q, k, v, causal=causal),
         "sdpa call": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
@@ -58,8 +60,9 @@ def main() -> int:
         "workspace memset": (lambda: plan.memset(ptrs[-1], 0, plan.workspace, stream)) if plan.workspace
         else (lambda: None),
         "bind_into": lambda: plan.binder.bind_into(plan.args, ptrs),
-        "cuLaunchKernel": lambda: plan.launch(plan.function, *geo, stream, plan.params, None),
-        "cuLaunchKernel c_": lambda: plan.launch(plan.function, *cgeo, stream, plan.params, None),
+        "cuLaunchKernel": lambda: launch(plan.function, *geo, stream, plan.params, None),
+        "cuLaunchKernel c_": lambda: launch(plan.function, *cgeo, stream, plan.params, None),
+        "cuLaunchKernelEx": lambda: plan.launch(plan.config_ref, plan.function, plan.params, None),
         "plan.run": lambda: plan.run(q, k, v),
     }
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, shape {args.shape}, "

@@ -322,7 +322,7 @@ class _Plan:
 
     __slots__ = ("choice", "module", "device", "torch_device", "dtype", "out_shape", "lse_shape", "layout", "scale",
                  "binder", "args", "params", "geometry", "workspace", "workspaces", "lock", "launch", "memset",
-                 "function")
+                 "function", "config", "config_ref", "stream", "like_q")
 
     def __init__(self, choice: Choice, module: KernelModule, q: torch.Tensor, layout: str, scale: float,
                  return_lse: bool, views: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
@@ -340,9 +340,10 @@ class _Plan:
         cuda.ensure_context(self.device)
         self.workspace = module.family.workspace_bytes(module.meta)   # bytes zeroed before each launch
         self.workspaces: dict[int, int] = {}                          # stream -> its workspace pointer
-        self.launch = cuda.driver().cuLaunchKernel
         self.memset = cuda.driver().cuMemsetD8Async
-        self.function = module.function
+        self.function = ctypes.c_void_p(module.function)
+        # q contiguous: empty_like(q) is the output (contiguous in q's layout), and the cheapest allocation
+        self.like_q = q.is_contiguous()
         # Derive the pointer fields on scratch tensors of the call's own shapes and strides.
         out = torch.empty(self.out_shape, dtype=self.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device) if return_lse else None
@@ -364,6 +365,11 @@ class _Plan:
             ptrs["workspace"] = 1 << 40
         spec = module.launch_spec(qv, kv, vv, ov, lse, scale, ptrs.get("workspace", 0))
         self.geometry = (*spec.grid, *spec.block, spec.smem_bytes)
+        # cuLaunchKernelEx with a prebuilt CUlaunchConfig: 4 arguments for ctypes to pass, not 11
+        self.config = cuda.LaunchConfig(*self.geometry, None, None, 0)
+        self.config_ref = ctypes.byref(self.config)
+        self.stream: int | None = None
+        self.launch = cuda.driver().cuLaunchKernelEx
         try:
             self.binder = ArgBinder.derive(make, ptrs) if len(spec.args) == 1 else None
         except (_NoBinder, EvotunerError):
@@ -373,7 +379,7 @@ class _Plan:
             self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.args))
 
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        out = q.new_empty(self.out_shape)
+        out = torch.empty_like(q) if self.like_q else q.new_empty(self.out_shape)
         lse = q.new_empty(self.lse_shape, dtype=torch.float32) if self.lse_shape is not None else None
         if self.binder is None:
             return self._run_slow(q, k, v, out, lse)
@@ -391,7 +397,9 @@ class _Plan:
                     return self._run_slow(q, k, v, out, lse)
                 ptrs = (*ptrs, ws)
             self.binder.bind_into(self.args, ptrs)
-            code = self.launch(self.function, *self.geometry, stream, self.params, None)
+            if stream != self.stream:
+                self.config.hStream = self.stream = stream
+            code = self.launch(self.config_ref, self.function, self.params, None)
         if code:
             # Another context is current (a call from a thread or device scope torch has not
             # set to this device): the launch is refused, nothing ran; the slow path sets it.

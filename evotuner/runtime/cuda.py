@@ -95,6 +95,14 @@ class CudaError(EvotunerError):
         return "launch"
 
 
+class LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (cuda.h) for cuLaunchKernelEx: the geometry, the stream, no attributes."""
+
+    _fields_ = [("gridDimX", c_uint), ("gridDimY", c_uint), ("gridDimZ", c_uint),
+                ("blockDimX", c_uint), ("blockDimY", c_uint), ("blockDimZ", c_uint),
+                ("sharedMemBytes", c_uint), ("hStream", c_void_p), ("attrs", c_void_p), ("numAttrs", c_uint)]
+
+
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _primary: dict[int, int] = {}  # device ordinal -> retained primary context handle
@@ -119,13 +127,16 @@ def _declare(lib: ctypes.CDLL) -> None:
         "cuLaunchKernel": [CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint,
                            CUstream, POINTER(c_void_p), POINTER(c_void_p)],
         "cuStreamSynchronize": [CUstream],
+        "cuLaunchKernelEx": [c_void_p, CUfunction, c_void_p, c_void_p],
         "cuMemsetD8Async": [CUdeviceptr, ctypes.c_ubyte, c_size_t, CUstream],
         "cuGetErrorName": [CUresult, POINTER(c_char_p)],
         "cuGetErrorString": [CUresult, POINTER(c_char_p)],
         "cuDriverGetVersion": [POINTER(c_int)],
     }
     for name, args in sig.items():
-        fn = getattr(lib, name)
+        fn = getattr(lib, name, None)
+        if fn is None:      # a driver older than the call (cuLaunchKernelEx: CUDA 12.0)
+            continue
         fn.argtypes = args
         fn.restype = CUresult
 
