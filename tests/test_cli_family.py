@@ -1,0 +1,82 @@
+"""Which family `evotuner search` tunes and `evotuner compile` builds when no space file is
+named: the family evotuner.flash_attention runs for the problem (search), the family whose
+parameters the config names (compile), the study's own space (an existing study), the space
+a replayed sweep was recorded with; --family NAME and --space NAME pick one by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from evotuner import cli, session
+from evotuner.errors import EvotunerError
+from evotuner.problem import Problem, Shape
+from cli_helpers import assert_one_line_error, run
+
+DATA = Path(__file__).parent / "data"
+HOPPER_SWEEP = DATA / "sweep_h100_hopper_d64.csv"
+SHAPE = "B=16,H=16,S=2048,D=64"
+
+
+@pytest.fixture(autouse=True)
+def env(monkeypatch, tmp_path):
+    monkeypatch.delenv(cli.STORAGE_ENV, raising=False)
+    monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+
+
+def test_without_a_space_search_picks_the_family_flash_attention_runs():
+    space, note = session.pick_space(problem=Problem(Shape.parse(SHAPE)))
+    assert space.kernel == "hopper" and "hopper family" in note and "--family or --space" in note
+
+
+@pytest.mark.parametrize("given, kernel", [("hopper", "hopper"), ("hopper_grid", "hopper"),
+                                           ("flashcore", "flashcore"), ("default", "flashcore")])
+def test_a_packaged_space_is_addressed_by_name(given, kernel):
+    space, note = session.pick_space(given)
+    assert space.kernel == kernel and note is None
+    assert session.pick_space(family=kernel)[0].kernel == kernel
+
+
+def test_an_unknown_space_name_lists_the_packaged_ones():
+    with pytest.raises(EvotunerError) as info:
+        session.pick_space("hoper")
+    assert "no packaged space" in info.value.message and "hopper_grid" in (info.value.remedy or "")
+    with pytest.raises(EvotunerError, match="tunes the hopper family, not --family flashcore"):
+        session.pick_space("hopper", family="flashcore")
+
+
+def test_replayed_hopper_search_without_space_says_which_space_and_shows_a_hopper_table(capsys, tmp_path):
+    db = f"sqlite:///{tmp_path / 'h.db'}"
+    code, out, err = run(capsys, "search", "--study", "x", "--shape", SHAPE, "--trials", 4, "--replay", HOPPER_SWEEP,
+                         "--storage", db, "--no-transfer")
+    assert code == 0, err
+    assert "space hopper_grid: the packaged space sweep_h100_hopper_d64.csv was recorded with" in out
+    assert "CW = CONSUMER_WGS" in out                     # the hopper family's table
+    # running it again without --space continues the study with its own space
+    code, out, err = run(capsys, "search", "--study", "x", "--shape", SHAPE, "--trials", 6, "--replay", HOPPER_SWEEP,
+                         "--storage", db, "--no-transfer")
+    assert code == 0, err
+
+
+def test_a_replayed_flashcore_study_started_before_keeps_its_space_without_space(capsys, tmp_path):
+    """A study made with the FlashCore space (the old default) is continued with that space
+    when --space is left out, not refused for the family flash_attention would pick."""
+    db = f"sqlite:///{tmp_path / 'f.db'}"
+    sweep = DATA / "replay" / "synthetic_d64.csv"
+    code, out, err = run(capsys, "search", "--study", "f", "--shape", SHAPE, "--trials", 3, "--replay", sweep,
+                         "--storage", db, "--space", "flashcore")
+    assert code == 0, err
+    code, out, err = run(capsys, "search", "--study", "f", "--shape", SHAPE, "--trials", 5, "--replay", sweep,
+                         "--storage", db)
+    assert code == 0, err
+
+
+def test_compile_without_space_builds_the_family_its_config_names(capsys):
+    hopper = "BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,OVERLAP=1,PINGPONG=1,SCHED=2," \
+             "RESCALE_LOG2=0,EXP_EMU=0"
+    code, out, err = run(capsys, "compile", "--config", hopper, "--shape", "D=64", "--json")
+    assert code == 0, err
+    code, out, err = run(capsys, "compile", "--config", "NUM_WARPS=4,CONSUMER_WGS=2", "--shape", "D=64")
+    assert_one_line_error(code, out, err, "no kernel family takes all of", "CONSUMER_WGS", "NUM_WARPS")
