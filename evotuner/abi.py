@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 from evotuner.errors import EvotunerError
 
 #: EVOTUNER_ABI_VERSION; a cubin built for another ABI is refused.
-ABI_VERSION = 2
+ABI_VERSION = 3
 #: The shared header's file name under the kernels root.
 ABI_HEADER = "evotuner_abi.h"
 

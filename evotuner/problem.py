@@ -14,24 +14,35 @@ DTYPES = ("fp16", "bf16")
 #: Head dims the FlashCore kernel is built for (the kernel's traits assert the same).
 HEAD_DIMS = (32, 64, 96, 128, 256)
 
-_SHAPE_KEYS = {"B": "batch", "H": "heads", "S": None, "SQ": "seqlen_q", "SK": "seqlen_k", "D": "head_dim"}
+_SHAPE_KEYS = {"B": "batch", "H": "heads", "HKV": "heads_kv", "S": None, "SQ": "seqlen_q", "SK": "seqlen_k",
+               "D": "head_dim"}
 
 
 @dataclass(frozen=True, order=True)
 class Shape:
-    """An attention problem size: Q is [B, H, Sq, D], K and V are [B, H, Sk, D]."""
+    """An attention problem size: Q is [B, H, Sq, D], K and V are [B, HKV, Sk, D].
+
+    ``heads_kv`` (HKV) is the number of key/value heads: H for multi-head attention (the
+    default), a divisor of H for grouped-query attention (query head h reads K/V head
+    h // (H // HKV)), 1 for multi-query attention."""
 
     batch: int
     heads: int
     seqlen_q: int
     seqlen_k: int
     head_dim: int
+    heads_kv: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("batch", "heads", "seqlen_q", "seqlen_k", "head_dim"):
+        if self.heads_kv is None:
+            object.__setattr__(self, "heads_kv", self.heads)
+        for name in ("batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "heads_kv"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ShapeError(f"shape: {name} must be a positive integer, got {value!r}")
+        if self.heads % self.heads_kv:
+            raise ShapeError(f"shape: H={self.heads} query heads do not split into HKV={self.heads_kv} key/value heads",
+                             "HKV must divide H (GQA: e.g. H=32,HKV=8; MQA: HKV=1)")
         if self.head_dim not in HEAD_DIMS:
             raise ShapeError(
                 f"shape: head dim D={self.head_dim} is not supported",
@@ -52,7 +63,8 @@ class Shape:
             if not sep or key not in _SHAPE_KEYS:
                 raise ShapeError(
                     f"--shape: cannot read {part!r}",
-                    "write KEY=VALUE pairs with keys B, H, S (or SQ and SK), D, e.g. B=16,H=16,S=2048,D=64",
+                    "write KEY=VALUE pairs with keys B, H, S (or SQ and SK), D and optionally HKV, "
+                    "e.g. B=16,H=16,S=2048,D=64 or B=1,H=32,HKV=8,S=4096,D=128",
                 )
             if key in values:
                 raise ShapeError(f"--shape: {key} is given twice")
@@ -64,6 +76,8 @@ class Shape:
             raise ShapeError("--shape: give either S or SQ and SK, not both")
         if "S" in values:
             values["SQ"] = values["SK"] = values.pop("S")
+        if "HKV" in values and "H" not in values:
+            raise ShapeError("--shape: HKV (key/value heads) needs H (query heads)", "e.g. H=32,HKV=8")
         for key in require:
             keys = ("SQ", "SK") if key == "S" else (key,)
             for k in keys:
@@ -78,11 +92,18 @@ class Shape:
             seqlen_q=values.get("SQ", 1),
             seqlen_k=values.get("SK", 1),
             head_dim=values["D"] if "D" in values else _missing_d(),
+            heads_kv=values.get("HKV"),
         )
+
+    @property
+    def kv_group(self) -> int:
+        """Query heads per key/value head (1 for multi-head attention)."""
+        return self.heads // int(self.heads_kv or self.heads)
 
     def __str__(self) -> str:
         s = f"S={self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"SQ={self.seqlen_q},SK={self.seqlen_k}"
-        return f"B={self.batch},H={self.heads},{s},D={self.head_dim}"
+        kv = f",HKV={self.heads_kv}" if self.heads_kv != self.heads else ""
+        return f"B={self.batch},H={self.heads}{kv},{s},D={self.head_dim}"
 
 
 def _missing_d() -> int:
@@ -125,13 +146,20 @@ class Problem:
         return {"head_dim": self.shape.head_dim, "dtype": self.dtype, "causal": self.causal}
 
     def as_dict(self) -> dict[str, object]:
+        """The problem as stored with a study; ``heads_kv`` only where it is not ``heads``
+        (GQA/MQA), so a multi-head problem reads as it always did."""
         s = self.shape
-        return {
+        out: dict[str, object] = {
             "batch": s.batch, "heads": s.heads, "seqlen_q": s.seqlen_q, "seqlen_k": s.seqlen_k,
             "head_dim": s.head_dim, "dtype": self.dtype, "causal": self.causal,
         }
+        if s.heads_kv != s.heads:
+            out["heads_kv"] = s.heads_kv
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> "Problem":
-        shape = Shape(int(d["batch"]), int(d["heads"]), int(d["seqlen_q"]), int(d["seqlen_k"]), int(d["head_dim"]))
+        kv = d.get("heads_kv")
+        shape = Shape(int(d["batch"]), int(d["heads"]), int(d["seqlen_q"]), int(d["seqlen_k"]), int(d["head_dim"]),
+                      None if kv is None else int(kv))
         return cls(shape=shape, dtype=str(d["dtype"]), causal=bool(d["causal"]))

@@ -18,7 +18,7 @@
 
 #include <stdint.h>
 
-#define EVOTUNER_ABI_VERSION 2
+#define EVOTUNER_ABI_VERSION 3
 
 #define EVOTUNER_META_ABI 0         /* EVOTUNER_ABI_VERSION */
 #define EVOTUNER_META_THREADS 1     /* threads per block */

@@ -5,6 +5,8 @@ graph time, next to SDPA (and the production extension, when built), in one proc
     python scripts/bench_runtime.py                          # the standard and mid-size shapes
     python scripts/bench_runtime.py --shapes 1,8,512,64,0 --rounds 5 --output out/runtime
     python scripts/bench_runtime.py --extension build/hopper_ext   # + the production extension
+    python scripts/bench_runtime.py --set gqa                # grouped-query shapes (SDPA with enable_gqa)
+    python scripts/bench_runtime.py --shapes 1,32,4096,128,0,8      # B,H,S,D,CAUSAL[,HKV]
 
 Per shape (fp16 unless --dtype), after one correctness check of each callee against the
 fp32 reference (fresh random inputs):
@@ -47,16 +49,26 @@ SHAPES = (
     (1, 8, 1024, 128, False), (1, 16, 1024, 64, False), (2, 16, 1024, 64, False),
     (1, 16, 2048, 128, False), (4, 16, 1024, 64, True), (2, 16, 2048, 128, True),
 )
+#: Grouped-query prefill shapes (B, H, S, D, causal, HKV): Llama-3-8B-like and -70B-like heads.
+GQA_SHAPES = (
+    (1, 32, 4096, 128, False, 8), (4, 64, 2048, 128, False, 8), (2, 32, 8192, 128, True, 8),
+    (8, 32, 1024, 128, False, 4), (16, 32, 512, 128, True, 8), (1, 32, 2048, 64, True, 1),
+)
+SETS = {"standard": SHAPES, "gqa": GQA_SHAPES}
 CALLS = 200
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
+def parse_shape(text: str) -> tuple:
     try:
-        b, h, s, d, c = (int(x) for x in text.split(","))
+        values = [int(x) for x in text.split(",")]
+        if len(values) not in (5, 6):
+            raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL (e.g. 4,16,4096,64,1)") from None
-    return b, h, s, d, bool(c)
+        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL[,HKV] (e.g. 4,16,4096,64,1)") \
+            from None
+    b, h, s, d, c = values[:5]
+    return (b, h, s, d, bool(c), *values[5:])
 
 
 def host_us(fn: Callable[[], object]) -> float:
@@ -102,14 +114,17 @@ def check(name: str, out: torch.Tensor, q, k, v, causal: bool, scale: float) -> 
 
 
 def bench_shape(shape, dtype: str, args: argparse.Namespace, ext) -> dict:
-    B, H, S, D, causal = shape
+    B, H, S, D, causal = shape[:5]
+    Hkv = shape[5] if len(shape) > 5 else H
     dt = DTYPES[dtype]
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(3))
+    q = torch.randn(B, H, S, D, device="cuda", dtype=dt)
+    k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=dt) for _ in range(2))
     scale = 1.0 / math.sqrt(D)
+    gqa = {"enable_gqa": True} if Hkv != H else {}   # SDPA's own grouped heads, no expanded copy
     out, choice = evotuner.flash_attention(q, k, v, causal=causal, return_choice=True)
     callees: dict[str, Callable[[], object]] = {
         "evotuner": lambda: evotuner.flash_attention(q, k, v, causal=causal),
-        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, **gqa),
     }
     errors = {"evotuner": check("evotuner", out, q, k, v, causal, scale),
               "sdpa": check("sdpa", callees["sdpa"](), q, k, v, causal, scale)}
@@ -125,7 +140,7 @@ def bench_shape(shape, dtype: str, args: argparse.Namespace, ext) -> dict:
             rounds[name]["host"].append(host_us(fn))
             rounds[name]["eager"].append(eager_us(fn))
             rounds[name]["graph"].append(graph_us(fn, args.reps))
-    row: dict = {"shape": [B, H, S, D], "causal": causal, "dtype": dtype, "family": choice.family,
+    row: dict = {"shape": [B, H, S, D], "heads_kv": Hkv, "causal": causal, "dtype": dtype, "family": choice.family,
                  "config": str(choice.config), "why": choice.why, "max_error": errors, "rounds": rounds}
     for name, r in rounds.items():
         for what in ("host", "eager", "graph"):
@@ -142,7 +157,8 @@ def bench_shape(shape, dtype: str, args: argparse.Namespace, ext) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL; repeatable")
+    ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL[,HKV]; repeatable")
+    ap.add_argument("--set", choices=sorted(SETS), default="standard", help="the shapes when --shapes is not given")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=50, help="graph replays timed per round")
@@ -168,10 +184,11 @@ def main(argv: list[str] | None = None) -> int:
            f"{'graph µs ev/sdpa':>17s} {'graph x':>7s}"
     print(head)
     with torch.no_grad():
-        for shape in args.shapes or SHAPES:
+        for shape in args.shapes or SETS[args.set]:
             r = bench_shape(shape, args.dtype, args, ext)
             rows.append(r)
             B, H, S, D = r["shape"]
+            H = f"{H}/{r['heads_kv']}" if r["heads_kv"] != H else H
             ext_host = f"{r['extension_host_us']:.1f}" if "extension_host_us" in r else "-"
             print(f"{f'{B},{H},{S},{D}' + (' c' if r['causal'] else ''):20s} "
                   f"{r['evotuner_host_us']:6.1f}/{r['sdpa_host_us']:5.1f}/{ext_host:>6s}  "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import ctypes
 import json
 import math
+import struct
 import re
 import shutil
 import subprocess
@@ -250,9 +251,10 @@ def _view(shape, strides=None, ptr=0x7F0000000000):
     return TensorView(ptr, tuple(shape), tuple(strides))
 
 
-def _args(B=3, H=5, Sq=97, Sk=513, D=128, workspace=0, lse=True):
-    q, k = _view((B, H, Sq, D)), _view((B, H, Sk, D), ptr=0x7F1000000000)
-    return AttentionArgs(q=q, k=k, v=_view((B, H, Sk, D), ptr=0x7F2000000000), o=_view((B, H, Sq, D), ptr=0x7F3000000000),
+def _args(B=3, H=5, Sq=97, Sk=513, D=128, workspace=0, lse=True, Hkv=None):
+    Hkv = H if Hkv is None else Hkv
+    q, k = _view((B, H, Sq, D)), _view((B, Hkv, Sk, D), ptr=0x7F1000000000)
+    return AttentionArgs(q=q, k=k, v=_view((B, Hkv, Sk, D), ptr=0x7F2000000000), o=_view((B, H, Sq, D), ptr=0x7F3000000000),
                          lse=_view((B, H, Sq), ptr=0x7F4000000000) if lse else None, dtype="bf16", scale=0.125,
                          workspace=workspace)
 
@@ -270,6 +272,37 @@ def fake_maps(monkeypatch):
     return calls
 
 
+def test_gqa_launch_maps_k_and_v_with_their_own_heads_and_passes_the_group(fake_maps):
+    spec = HOPPER.launch({**META, "sched": 0}, _args(H=8, Hkv=2), DeviceInfo(index=0, sm_count=132))
+    p = HP.Params.from_buffer_copy(spec.args[0])
+    assert p.heads == 8 and p.kv_group == 4 and spec.grid[1] == 8
+    assert [c[2][1] for c in fake_maps] == [8, 2, 2, 8]          # q, k, v, o heads in their maps
+
+
+def test_the_binder_rebinds_hopper_params_around_the_maps(fake_maps, monkeypatch):
+    """The hot path's binder on the hopper family's real Params: the (fake) maps here encode
+    the pointer as a raw field, the lse and tile counter are raw pointers."""
+    from evotuner.runtime.binder import ArgBinder
+
+    def maps(ptr, shape, strides, dtype, rows, panels, *, name="tensor"):
+        return struct.pack("<QQ", 0xAB, ptr) + bytes(112)
+
+    monkeypatch.setattr("evotuner.kernels.hopper.family.encode_tensor_map", maps)
+
+    def make(ptrs):
+        a = _args(workspace=ptrs["workspace"])
+        a = AttentionArgs(**{**a.__dict__, **{n: _view(getattr(a, n).shape, ptr=ptrs[n]) for n in "qkvo"},
+                             "lse": _view(a.lse.shape, ptr=ptrs["lse"])})
+        return HOPPER.launch({**META, "sched": 2}, a, DeviceInfo(index=0, sm_count=132)).args[0]
+
+    base = {"q": 0x7F0000000000, "k": 0x7F1000000000, "v": 0x7F2000000000, "o": 0x7F3000000000,
+            "lse": 0x7F4000000000, "workspace": 0x7F5000000000}
+    binder = ArgBinder.derive(make, base)
+    assert binder is not None and len(binder.fields) == 6
+    moved = {r: p + 0x100 * (i + 1) for i, (r, p) in enumerate(base.items())}
+    assert binder.bind(moved) == make(moved)
+
+
 def test_launch_packs_params_and_grid_per_scheduler(fake_maps):
     dev = DeviceInfo(index=0, sm_count=132)
     spec = HOPPER.launch({**META, "sched": 0}, _args(), dev)
@@ -277,7 +310,7 @@ def test_launch_packs_params_and_grid_per_scheduler(fake_maps):
     p = HP.Params.from_buffer_copy(spec.args[0])
     assert len(spec.args) == 1 and len(spec.args[0]) == 640
     assert (p.batch, p.heads, p.seqlen_q, p.seqlen_k) == (3, 5, 97, 513) and p.lse == 0x7F4000000000
-    assert p.scale_log2 == pytest.approx(0.125 * math.log2(math.e)) and not p.tile_counter and p.reserved == 0
+    assert p.scale_log2 == pytest.approx(0.125 * math.log2(math.e)) and not p.tile_counter and p.kv_group == 1
     assert bytes(p.tm_q) == b"\x01" * 128 and bytes(p.tm_o) == b"\x04" * 128
     assert [(c[0], c[3], c[4]) for c in fake_maps] == [("q", 128, 2), ("k", 128, 2), ("v", 128, 2), ("o", 64, 1)]
     # persistent: one CTA per SM at most, or one per tile when there are fewer tiles

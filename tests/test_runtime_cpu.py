@@ -28,7 +28,9 @@ def t(*shape: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:
     (t(2, 3, 8), t(2, 3, 8, 64), t(2, 3, 8, 64), {}, r"q: expected a 4-D tensor, got 3-D"),
     (t(2, 3, 8, 64, dtype=torch.float32), t(2, 3, 8, 64), t(2, 3, 8, 64), {}, r"q: dtype torch.float32"),
     (t(2, 3, 8, 64), t(2, 3, 8, 64, dtype=torch.bfloat16), t(2, 3, 8, 64), {}, r"q, k, v: dtypes differ"),
-    (t(2, 3, 8, 64), t(2, 4, 8, 64), t(2, 4, 8, 64), {}, r"k: H \(heads\) is 4 but q's is 3"),
+    (t(2, 3, 8, 64), t(2, 4, 8, 64), t(2, 4, 8, 64), {}, r"k: H \(heads\) is 4, which does not divide q's 3"),
+    (t(2, 8, 8, 64), t(2, 3, 8, 64), t(2, 3, 8, 64), {}, r"k: H \(heads\) is 3, which does not divide q's 8"),
+    (t(2, 8, 8, 64), t(2, 2, 8, 64), t(2, 4, 8, 64), {}, r"k, v: heads differ \(k has 2, v has 4\)"),
     (t(2, 3, 8, 64), t(1, 3, 8, 64), t(1, 3, 8, 64), {}, r"k: B \(batch\) is 1 but q's is 2"),
     (t(2, 3, 8, 64), t(2, 3, 8, 64), t(2, 3, 8, 128), {}, r"v: D \(head dim\) is 128 but q's is 64"),
     (t(2, 3, 8, 64), t(2, 3, 9, 64), t(2, 3, 10, 64), {}, r"k, v: seqlen differs \(k has Sk=9, v has 10\)"),
@@ -36,12 +38,37 @@ def t(*shape: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:
     (t(2, 3, 0, 64), t(2, 3, 8, 64), t(2, 3, 8, 64), {}, r"q: S \(seqlen\) is 0"),
     (t(2, 3, 8, 64), t(2, 3, 8, 64), t(2, 3, 8, 64), {"layout": "sbhd"}, r"layout: 'sbhd' is not supported"),
     # [B, S, H, D]: q has H=3 on axis 2, k has H=5
-    (t(2, 8, 3, 64), t(2, 8, 5, 64), t(2, 8, 5, 64), {"layout": "bshd"}, r"k: H \(heads\) is 5 but q's is 3.*bshd"),
+    (t(2, 8, 3, 64), t(2, 8, 5, 64), t(2, 8, 5, 64), {"layout": "bshd"}, r"k: H \(heads\) is 5, which does not divide q's 3.*bshd"),
     (t(2, 3, 8, 64), t(2, 3, 8, 64), t(2, 3, 8, 64), {"scale": float("nan")}, r"scale: nan must be a finite"),
 ])
 def test_validation_names_the_argument_and_dimension(q, k, v, kwargs, match) -> None:
     with pytest.raises(ShapeError, match=match):
         A.flash_attention(q, k, v, **kwargs)
+
+
+def test_grouped_query_heads_pass_validation_up_to_the_device_check() -> None:
+    """GQA (k/v heads dividing q's) and MQA (one k/v head) are valid: only the device check refuses them here."""
+    for hkv in (4, 2, 1):
+        with pytest.raises(ShapeError, match="must be on a CUDA device"):
+            A.flash_attention(t(2, 8, 8, 64), t(2, hkv, 8, 64), t(2, hkv, 8, 64))
+
+
+@pytest.mark.parametrize("text, heads_kv, error", [
+    ("B=1,H=32,HKV=8,S=4096,D=128", 8, None), ("B=1,H=32,S=4096,D=128", 32, None), ("B=2,H=8,HKV=1,S=64,D=64", 1, None),
+    ("B=1,H=32,HKV=6,S=64,D=64", None, "do not split into HKV=6"), ("B=1,HKV=2,S=64,D=64", None, "needs H"),
+])
+def test_shape_takes_key_value_heads(text, heads_kv, error) -> None:
+    from evotuner.problem import Problem, Shape
+
+    if error:
+        with pytest.raises(ShapeError, match=error):
+            Shape.parse(text)
+        return
+    shape = Shape.parse(text)
+    assert shape.heads_kv == heads_kv and Shape.parse(str(shape)) == shape
+    problem = Problem(shape)
+    assert Problem.from_dict(problem.as_dict()) == problem
+    assert ("heads_kv" in problem.as_dict()) == (heads_kv != shape.heads)   # MHA records read as before
 
 
 def test_non_contiguous_last_dim_is_rejected() -> None:

@@ -115,7 +115,8 @@ class Worker:
             study = self._check(module, problem, seed)
             if isinstance(study, Reply):
                 return study
-            ragged_problem = Problem(Shape(1, 2, RAGGED_SEQLEN_Q, RAGGED_SEQLEN_K, problem.shape.head_dim),
+            group = problem.shape.kv_group      # the ragged check keeps the study's head grouping
+            ragged_problem = Problem(Shape(1, 2 * group, RAGGED_SEQLEN_Q, RAGGED_SEQLEN_K, problem.shape.head_dim, 2),
                                      problem.dtype, problem.causal)
             ragged = self._check(module, ragged_problem, seed + 1_000_003)
             if isinstance(ragged, Reply):
@@ -213,8 +214,10 @@ class Worker:
         if kind == "sdpa":
             from torch.nn.functional import scaled_dot_product_attention as sdpa
 
+            gqa = {"enable_gqa": True} if problem.shape.kv_group > 1 else {}
+
             def run() -> Any:
-                return sdpa(q, k, v, is_causal=problem.causal)
+                return sdpa(q, k, v, is_causal=problem.causal, **gqa)
         elif kind == "config":
             loaded = self._module(args)
             if isinstance(loaded, Reply):
@@ -257,12 +260,14 @@ class Worker:
         backends = {"sdpa_default": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
                     "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
         result: dict[str, dict[str, Any]] = {}
+        # GQA/MQA: SDPA's own grouped heads (enable_gqa) where k/v have fewer heads than q
+        gqa = {"enable_gqa": True} if problem.shape.kv_group > 1 else {}
         for name, backend in backends.items():
             def run(backend: Any = backend) -> Any:
                 if backend is None:
-                    return sdpa(q, k, v, is_causal=problem.causal)
+                    return sdpa(q, k, v, is_causal=problem.causal, **gqa)
                 with sdpa_kernel(backend):
-                    return sdpa(q, k, v, is_causal=problem.causal)
+                    return sdpa(q, k, v, is_causal=problem.causal, **gqa)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:

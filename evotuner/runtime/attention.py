@@ -170,10 +170,17 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str =
     B, H, Sq, D = qv.shape
     labels = ("B (batch)", "H (heads)", "S (seqlen)", "D (head dim)")
     for name, t in (("k", kv), ("v", vv)):
-        for axis in (0, 1, 3):
+        for axis in (0, 3):
             if t.shape[axis] != qv.shape[axis]:
                 raise ShapeError(f"{name}: {labels[axis]} is {t.shape[axis]} but q's is {qv.shape[axis]} "
                                  f"(layout {layout} = {dims})")
+    if kv.shape[1] != vv.shape[1]:
+        raise ShapeError(f"k, v: heads differ (k has {kv.shape[1]}, v has {vv.shape[1]})",
+                         "k and v must have the same number of heads")
+    if kv.shape[1] < 1 or H % kv.shape[1]:
+        raise ShapeError(f"k: H (heads) is {kv.shape[1]}, which does not divide q's {H} "
+                         f"(layout {layout} = {dims})",
+                         "give k and v as many heads as q, or a divisor of it (grouped-query attention)")
     if kv.shape[2] != vv.shape[2]:
         raise ShapeError(f"k, v: seqlen differs (k has Sk={kv.shape[2]}, v has {vv.shape[2]})",
                          "k and v must have the same sequence length")
@@ -490,7 +497,7 @@ def _resolve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     Sk = kv.shape[2]
     scale_value = 1.0 / math.sqrt(D) if scale is None else float(scale)
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    problem = Problem(Shape(B, H, Sq, Sk, D), dtype, causal)
+    problem = Problem(Shape(B, H, Sq, Sk, D, kv.shape[1]), dtype, causal)
     name = _device_name(device)
     choice = choose(problem, config, family, device=name)
     ov = qv  # the output has q's shape; its strides are contiguous in q's layout

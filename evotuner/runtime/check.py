@@ -81,9 +81,9 @@ def make_inputs(shape: Shape, dtype: str | torch.dtype, *, layout: str = "bhsd",
     # took most of a trial's correctness time (bench_tuner on the H100).
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
-    B, H, Sq, Sk, D = shape.batch, shape.heads, shape.seqlen_q, shape.seqlen_k, shape.head_dim
+    B, Sq, Sk, D = shape.batch, shape.seqlen_q, shape.seqlen_k, shape.head_dim
 
-    def one(S: int) -> torch.Tensor:
+    def one(S: int, H: int) -> torch.Tensor:
         if layout == "bhsd":
             t = torch.randn(B, H, S, D, generator=gen, dtype=torch.float32, device=device)
         elif layout == "bshd":
@@ -92,7 +92,17 @@ def make_inputs(shape: Shape, dtype: str | torch.dtype, *, layout: str = "bhsd",
             raise ShapeError(f"layout: {layout!r} is not supported", f"use one of {', '.join(LAYOUTS)}")
         return t.to(dtype=dt)  # keeps the strides (preserve_format)
 
-    return one(Sq), one(Sk), one(Sk)
+    Hkv = int(shape.heads_kv or shape.heads)
+    return one(Sq, shape.heads), one(Sk, Hkv), one(Sk, Hkv)
+
+
+def expand_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k and v with one head per query head (GQA/MQA: each K/V head repeated for the query
+    heads that read it); unchanged when they already have q's heads."""
+    group = q.shape[1] // k.shape[1]
+    if group == 1:
+        return k, v
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
 
 
 def empty_like_layout(q: torch.Tensor, layout: str) -> torch.Tensor:
@@ -129,7 +139,9 @@ def _chunks(q: torch.Tensor, k: torch.Tensor) -> int:
 
 def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32 attention on the upcast inputs: (out fp32 [B,H,Sq,D], lse fp32 [B,H,Sq])."""
+    """fp32 attention on the upcast inputs: (out fp32 [B,H,Sq,D], lse fp32 [B,H,Sq]); k and v
+    may have fewer heads than q (GQA/MQA)."""
+    k, v = expand_kv(q, k, v)
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
     out = torch.empty(B, H, Sq, D, dtype=torch.float32, device=q.device)
@@ -170,6 +182,7 @@ def _low_precision_math() -> Iterator[None]:
 def torch_low_precision(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
                         ) -> torch.Tensor:
     """PyTorch's attention in the inputs' own precision (FA2's ``out_pt``), [B,H,Sq,D]."""
+    k, v = expand_kv(q, k, v)
     B, H, Sq, D = q.shape
     out = torch.empty(B, H, Sq, D, dtype=q.dtype, device=q.device)
     step = _chunks(q, k)
@@ -184,6 +197,7 @@ def torch_low_precision(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
 
 def lse_low_precision(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
     """logsumexp of the scores rounded to the inputs' dtype (the LSE analogue of out_torch)."""
+    k, _ = expand_kv(q, k, k)
     B, H, Sq, D = q.shape
     Sk = k.shape[2]
     lse = torch.empty(B, H, Sq, dtype=torch.float32, device=q.device)

@@ -213,8 +213,9 @@ class KernelModule:
         B, H, Sq, D = q.shape
         if tuple(o.shape) != (B, H, Sq, D):
             raise ShapeError(f"o: shape {tuple(o.shape)} must equal q's {tuple(q.shape)}")
-        if k.shape != v.shape or k.shape[:2] != q.shape[:2]:
-            raise ShapeError(f"k/v: shapes {tuple(k.shape)} and {tuple(v.shape)} must be [B={B}, H={H}, Sk, D={D}]")
+        if k.shape != v.shape or k.shape[0] != B or k.shape[1] < 1 or H % k.shape[1]:
+            raise ShapeError(f"k/v: shapes {tuple(k.shape)} and {tuple(v.shape)} must be [B={B}, HKV, Sk, D={D}] "
+                             f"with HKV dividing H={H}")
         if lse is not None:
             if lse.dtype != torch.float32 or tuple(lse.shape) != (B, H, Sq) or not lse.is_contiguous() \
                     or lse.device != q.device:

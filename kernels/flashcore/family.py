@@ -75,6 +75,7 @@ class FlashCore(KernelFamily):
         p.batch, p.heads, p.seqlen_q, p.seqlen_k = B, H, Sq, k.shape[2]
         p.scale = float(args.scale)
         p.scale_log2 = float(args.scale) * math.log2(math.e)
+        p.kv_group = H // k.shape[1]        # GQA/MQA: query heads per key/value head
         grid = (math.ceil(Sq / meta["block_m"]), H, B)
         return LaunchSpec(args=(bytes(p),), grid=grid, block=(meta["threads"], 1, 1), smem_bytes=meta["smem_bytes"])
 

@@ -111,8 +111,9 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
     if (Sq < 0) reinterpret_cast<volatile int32_t*>(p.o)[0] = meta[0];
 
     const Element* q_head = static_cast<const Element*>(p.q) + batch * p.q_batch_stride + head * p.q_head_stride;
-    const Element* k_head = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + head * p.k_head_stride;
-    const Element* v_head = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + head * p.v_head_stride;
+    const int kv_head = head / p.kv_group;  // GQA/MQA: the K/V head this query head reads
+    const Element* k_head = static_cast<const Element*>(p.k) + batch * p.k_batch_stride + kv_head * p.k_head_stride;
+    const Element* v_head = static_cast<const Element*>(p.v) + batch * p.v_batch_stride + kv_head * p.v_head_stride;
     Element* o_head = static_cast<Element*>(p.o) + batch * p.o_batch_stride + head * p.o_head_stride;
 
     Element* sQ = reinterpret_cast<Element*>(smem_raw);

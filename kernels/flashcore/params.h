@@ -41,6 +41,10 @@ struct Params {
     // softmax(scale * Q K^T); scale_log2 = scale * log2(e) for exp2.
     float scale;
     float scale_log2;
+
+    // Query heads per key/value head (GQA/MQA; 1: one K/V head per query head): query
+    // head h reads K/V head h / kv_group, so K and V are [B, H / kv_group, Sk, D].
+    int32_t kv_group;
 };
 
 }  // namespace flashcore

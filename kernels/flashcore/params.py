@@ -28,4 +28,5 @@ class Params(ctypes.Structure):
         ("batch", c_int32), ("heads", c_int32), ("seqlen_q", c_int32), ("seqlen_k", c_int32),
         ("scale", c_float),
         ("scale_log2", c_float),
+        ("kv_group", c_int32),
     ]

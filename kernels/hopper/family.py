@@ -165,7 +165,7 @@ class Hopper(KernelFamily):
         p.lse = lse.ptr if lse is not None else None
         p.batch, p.heads, p.seqlen_q, p.seqlen_k = B, H, Sq, Sk
         p.scale_log2 = float(args.scale) * math.log2(math.e)
-        p.reserved = 0
+        p.kv_group = _kv_group(q, k)
         sched = int(meta["sched"])
         if sched == 2:
             if not args.workspace:
@@ -177,6 +177,11 @@ class Hopper(KernelFamily):
         m_blocks = math.ceil(Sq / meta["block_m"])
         grid = (m_blocks, H, B) if sched == 0 else (max(1, min(device.sm_count, m_blocks * H * B)), 1, 1)
         return LaunchSpec(args=(bytes(p),), grid=grid, block=(meta["threads"], 1, 1), smem_bytes=meta["smem_bytes"])
+
+
+def _kv_group(q: TensorView, k: TensorView) -> int:
+    """Query heads per key/value head (GQA/MQA); the runtime checked that it divides."""
+    return q.shape[1] // k.shape[1]
 
 
 def _defaults_text() -> tuple[str, str]:

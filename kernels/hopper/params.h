@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include <cuda.h>  // CUtensorMap (alignas(128), 128 bytes); no driver call is made from device code
 
-#define HOPPER_ABI_VERSION 1
+#define HOPPER_ABI_VERSION 2
 
 namespace hopper {
 
@@ -35,11 +35,14 @@ struct alignas(128) Params {
     CUtensorMap tm_v;  // box rows BLOCK_N
     CUtensorMap tm_o;  // box rows 64, one 64-column panel
     // Optional logsumexp output, fp32 [B, H, Sq] contiguous, natural log; nullptr: not written.
+    // Q and O are [B, H, Sq, D]; K and V [B, H / kv_group, Sk, D].
     float* lse;
     int32_t batch, heads, seqlen_q, seqlen_k;
     // softmax(scale * Q K^T): scale_log2 = scale * log2(e).
     float scale_log2;
-    int32_t reserved;        // 0
+    // Query heads per key/value head (GQA/MQA; 1: one K/V head per query head). Query
+    // head h reads K/V head h / kv_group; tm_k and tm_v have heads / kv_group heads.
+    int32_t kv_group;
     // SCHED 2 only: a device int32 that is 0 at launch (the host zeroes it on the
     // launch stream before each launch); the kernel counts handed-out tiles in it.
     int32_t* tile_counter;

@@ -23,7 +23,7 @@ from evotuner.errors import ShapeError
 from evotuner.runtime import cuda  # torch-free; the driver is opened on first use
 
 #: HOPPER_ABI_VERSION (params.h): the kernel's own table version.
-HOPPER_ABI_VERSION = 1
+HOPPER_ABI_VERSION = 2
 #: ``hopper_meta`` entries in index order (HOPPER_META_* in params.h).
 HOPPER_META = ("abi", "threads", "smem_bytes", "block_m", "block_n", "head_dim", "is_causal", "dtype",
                "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong", "o_box_rows",
@@ -58,7 +58,7 @@ class Params(ctypes.Structure):
         ("lse", c_void_p),
         ("batch", c_int32), ("heads", c_int32), ("seqlen_q", c_int32), ("seqlen_k", c_int32),
         ("scale_log2", ctypes.c_float),
-        ("reserved", c_int32),
+        ("kv_group", c_int32),
         ("tile_counter", c_void_p),
         ("_pad", ctypes.c_uint8 * 88),   # tail padding to alignas(128): 512 + 40 -> 640
     ]

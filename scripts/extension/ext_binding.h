@@ -33,10 +33,12 @@ inline void* current_stream(int device) {
 struct Dims {
     int64_t B, H, Sq, Sk, D;
     int dtype;  // 0 fp16, 1 bf16
+    int64_t Hkv;  // key/value heads: H, or a divisor of it (GQA/MQA)
 };
 
 // q, k, v: CUDA, one device, one dtype (fp16/bf16), [batch, heads, seqlen, head_dim] with
-// matching batch/heads/head_dim, k and v one seqlen, last dim contiguous.
+// matching batch/head_dim, k and v one seqlen and one number of heads dividing q's (GQA/MQA),
+// last dim contiguous.
 inline Dims check_qkv(const char* fn, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
     TORCH_CHECK(q.is_cuda() && k.is_cuda() && v.is_cuda(), fn, ": q, k and v must be CUDA tensors (got ",
                 q.device().str(), ", ", k.device().str(), ", ", v.device().str(), ")");
@@ -49,9 +51,11 @@ inline Dims check_qkv(const char* fn, const torch::Tensor& q, const torch::Tenso
                 " is not supported (use float16 or bfloat16)");
     TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), fn,
                 ": q, k and v must share one dtype");
-    const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), dtype};
+    const Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), dtype, k.size(1)};
     TORCH_CHECK(k.size(0) == d.B && v.size(0) == d.B, fn, ": batch of k/v differs from q (", n(d.B), ")");
-    TORCH_CHECK(k.size(1) == d.H && v.size(1) == d.H, fn, ": heads of k/v differ from q (", n(d.H), ")");
+    TORCH_CHECK(v.size(1) == d.Hkv, fn, ": heads of v (", n(v.size(1)), ") differ from k's (", n(d.Hkv), ")");
+    TORCH_CHECK(d.Hkv > 0 && d.H % d.Hkv == 0, fn, ": heads of k/v (", n(d.Hkv), ") do not divide q's (", n(d.H),
+                "): give k and v as many heads as q or a divisor of it");
     TORCH_CHECK(v.size(2) == d.Sk, fn, ": seqlen of v (", n(v.size(2)), ") differs from k (", n(d.Sk), ")");
     TORCH_CHECK(k.size(3) == d.D && v.size(3) == d.D, fn, ": head_dim of k/v differs from q (", n(d.D), ")");
     TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, fn,

@@ -61,6 +61,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(d.D));
     p.scale = static_cast<float>(s);
     p.scale_log2 = static_cast<float>(s * 1.4426950408889634);  // log2(e)
+    p.kv_group = static_cast<int32_t>(d.H / d.Hkv);               // GQA/MQA: query heads per K/V head
 
     const int device = q.get_device();
     char err[kErrLen] = {0};

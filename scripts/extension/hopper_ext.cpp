@@ -60,6 +60,7 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     strides(o, a.o_stride);
     a.batch = evotuner_ext::as_int32(kModule, d.B, "batch");
     a.heads = evotuner_ext::as_int32(kModule, d.H, "heads");
+    a.heads_kv = evotuner_ext::as_int32(kModule, d.Hkv, "heads of k/v");
     a.seqlen_q = evotuner_ext::as_int32(kModule, d.Sq, "seqlen_q");
     a.seqlen_k = evotuner_ext::as_int32(kModule, d.Sk, "seqlen_k");
     a.head_dim = static_cast<int32_t>(d.D);

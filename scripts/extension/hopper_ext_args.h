@@ -15,6 +15,7 @@ struct HopperExtArgs {
     int64_t v_stride[3];
     int64_t o_stride[3];
     int32_t batch, heads, seqlen_q, seqlen_k, head_dim;
+    int32_t heads_kv;             // heads of k and v: heads, or a divisor of it (GQA/MQA)
     int32_t dtype;                // 0 fp16, 1 bf16
     float scale_log2;             // softmax scale * log2(e)
     int32_t* tile_counter;        // SCHED 2 rows: a device int32 that is 0 at launch, zeroed on the launch stream

