@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification a landing's note quotes, in one script (run on the H100 machine from the
 # project root, after `source .device/setup.sh` there). Logs go to $OUT (default out/verify).
-#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|all]...
+#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|all]...
 set -uo pipefail
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
@@ -26,6 +26,26 @@ for what in "${@:-all}"; do
     bench|all)
       step "bench_attention (every family's recommended config vs SDPA, same run)"
       timeout 300 python3 scripts/bench_attention.py --output "$out/bench" 2>&1 | tee "$out/bench.log" | tail -40 ;;&
+    runtime|all)
+      # What a user gets from evotuner.flash_attention (issue: from tuned to used): a search
+      # without --space (the family flash_attention runs), a GQA search through the GPU worker,
+      # the production extension built from their export, then bench_runtime (host, eager and
+      # graph time next to SDPA and the extension) on the standard and GQA shapes.
+      rdb="sqlite:////tmp/evotuner-runtime.db"
+      step "search without --space at 16,16,2048,64, and a GQA search"
+      timeout 150 evotuner search --study rt64 --shape B=16,H=16,S=2048,D=64 --trials 16 --storage "$rdb" \
+          2>&1 | tee "$out/search_nospace.log" | tail -16
+      timeout 150 evotuner search --study gqa128 --shape B=1,H=32,HKV=8,S=4096,D=128 --trials 16 --storage "$rdb" \
+          2>&1 | tee "$out/search_gqa.log" | tail -8
+      timeout 60 evotuner export --study rt64 --study gqa128 --output /tmp/rt_tuned.h --storage "$rdb" 2>&1 | tail -3
+      step "production extension (hopper) from that header"
+      timeout 240 python3 scripts/build_extension.py --header /tmp/rt_tuned.h --output /tmp/hopper_ext --family hopper \
+          2>&1 | tail -3
+      step "bench_runtime: standard shapes, then GQA shapes"
+      timeout 240 python3 scripts/bench_runtime.py --rounds 3 --extension /tmp/hopper_ext --output "$out/bench_runtime" \
+          2>&1 | tee "$out/bench_runtime.log"
+      timeout 150 python3 scripts/bench_runtime.py --set gqa --rounds 3 --extension /tmp/hopper_ext \
+          --output "$out/bench_runtime_gqa" 2>&1 | tee "$out/bench_runtime_gqa.log" ;;&
     diagnose|all)
       step "search + check + export --require-checked + profile"
       timeout 120 evotuner search --study v64 --shape B=16,H=16,S=2048,D=64 --trials 24 --storage "$db" 2>&1 | tail -4
