@@ -14,9 +14,10 @@ causal), its size and the best config. It is read once from
 :meth:`TunedTable.pick` answers for one problem on one GPU model: of the rows of the
 same GPU model (or of none named), family, head dim, dtype and causal flag, the row in
 the problem's size bucket (the power-of-two bucket of its query rows B*H*Sq and of its
-key length Sk; a header row: the header's own ``select()`` rule on Sk), else the nearest
-tuned size within :data:`NEAREST_DOUBLINGS` doublings, else nothing (the caller then runs
-the recommended config). The answer carries the row and a one-line reason.
+key length Sk; a header row: the header's own ``select()`` rule on Sk), else (not for a
+shipped table) the nearest tuned size within :data:`NEAREST_DOUBLINGS` doublings, else
+nothing (the caller then runs the recommended config). The answer carries the row and a
+one-line reason.
 
 Torch-free; storage is read through :mod:`evotuner.session` only.
 """
@@ -86,7 +87,8 @@ def _doublings(a: int, b: int) -> float:
 class TunedTable:
     rows: tuple[TunedRow, ...]
     source: str
-    #: shipped with the package (its misses are not worth a note in the reason)
+    #: shipped with the package: served only in a row's own size bucket (the recommended
+    #: configs cover the sizes between), and its misses are not worth a note in the reason
     shipped: bool = False
 
     def __len__(self) -> int:
@@ -121,7 +123,7 @@ class TunedTable:
             if not sized:
                 row = max(headers, key=lambda r: r.seqlen_k)
                 return TunedPick(row, f"tuned: {row.source}{on}, the largest bucket (Sk <= {row.seqlen_k})")
-        if sized:
+        if sized and not self.shipped:
             row = min(sized, key=lambda r: (distance(r), r.median_us or math.inf))
             d = distance(row)
             if d <= NEAREST_DOUBLINGS:

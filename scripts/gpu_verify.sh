@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification a landing's note quotes, in one script (run on the H100 machine from the
 # project root, after `source .device/setup.sh` there). Logs go to $OUT (default out/verify).
-#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|all]...
+#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|shipped|all]...
 set -uo pipefail
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
@@ -46,6 +46,24 @@ for what in "${@:-all}"; do
           2>&1 | tee "$out/bench_runtime.log"
       timeout 150 python3 scripts/bench_runtime.py --set gqa --rounds 3 --extension /tmp/hopper_ext \
           --output "$out/bench_runtime_gqa" 2>&1 | tee "$out/bench_runtime_gqa.log" ;;&
+    shipped)
+      # The tuned table the hopper family ships for this GPU model (kernels/hopper/tuned_*.toml):
+      # a guided search per standard shape (SHIPPED_TRIALS trials, fp16 and SHIPPED_DTYPES), then
+      # scripts/make_tuned_table.py over those studies; the table lands in $out.
+      sdb="sqlite:////tmp/evotuner-shipped.db"
+      dev=$(python3 -c "import torch; print(torch.cuda.get_device_name())")
+      tag=$(python3 -c "import torch; n=torch.cuda.get_device_name().split(); print(next((w for w in n if w[:1] == 'H'), n[-1]).lower())")
+      for dt in ${SHIPPED_DTYPES:-fp16}; do
+        for spec in "B=16,H=16,S=2048,D=64 -" "B=1,H=8,S=512,D=64 -" "B=4,H=16,S=4096,D=64 --causal" \
+                    "B=8,H=16,S=2048,D=128 -" "B=4,H=32,S=4096,D=128 --causal" "B=1,H=32,S=8192,D=128 -"; do
+          set -- $spec; c=""; [ "$2" = "-" ] || c=$2
+          step "shipped study $1 $dt $c"
+          timeout 150 evotuner search --study "ship-$1-$dt$c" --shape "$1" --dtype "$dt" $c --family hopper \
+              --trials "${SHIPPED_TRIALS:-24}" --no-transfer --storage "$sdb" 2>&1 | grep -E "^study|^tuning" | tail -2
+        done
+      done
+      python3 scripts/make_tuned_table.py --storage "$sdb" --family hopper --device "$dev" --output "$out/tuned_$tag.toml"
+      cp /tmp/evotuner-shipped.db "$out/shipped_$tag.db" ;;
     diagnose|all)
       step "search + check + export --require-checked + profile"
       timeout 120 evotuner search --study v64 --shape B=16,H=16,S=2048,D=64 --trials 24 --storage "$db" 2>&1 | tail -4

@@ -238,3 +238,25 @@ def test_a_bad_environment_table_names_the_variable(monkeypatch):
     finally:
         monkeypatch.delenv(tuned.ENV_VAR)
         A.use_tuned(None)
+
+
+def test_a_shipped_table_serves_its_own_size_buckets_only(replayed_db, tmp_path):
+    """scripts/make_tuned_table.py writes it from studies; it reads back and serves the same
+    bucket, never a nearest size (the recommended configs cover the sizes between)."""
+    import subprocess
+    import sys
+
+    url, best = replayed_db
+    out = tmp_path / "tuned_h100.toml"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tuned_table.py"), "--storage", url,
+                           "--family", "hopper", "--device", H100, "--output", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    table = tuned.load(out)
+    assert table.shipped and len(table) == 1 and table.rows[0].config == best.kernel_config
+    assert table.pick(Problem(Shape.parse("B=16,H=16,S=2048,D=64")), H100) is not None
+    assert table.pick(Problem(Shape.parse("B=4,H=16,S=2048,D=64")), H100) is None      # nearest: not shipped
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "make_tuned_table.py"), "--storage", url,
+                           "--family", "hopper", "--device", "NVIDIA H200", "--output", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stderr.startswith("error: ") and "NVIDIA H200" in proc.stderr
