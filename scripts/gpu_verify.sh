@@ -58,7 +58,7 @@ for what in "${@:-all}"; do
                     "B=8,H=16,S=2048,D=128 -" "B=4,H=32,S=4096,D=128 --causal" "B=1,H=32,S=8192,D=128 -"; do
           set -- $spec; c=""; [ "$2" = "-" ] || c=$2
           step "shipped study $1 $dt $c"
-          timeout 150 evotuner search --study "ship-$1-$dt$c" --shape "$1" --dtype "$dt" $c --family hopper \
+          timeout 150 evotuner search --study "ship-$(echo "$1" | tr '=,' '-_')-$dt$c" --shape "$1" --dtype "$dt" $c --family hopper \
               --trials "${SHIPPED_TRIALS:-24}" --no-transfer --storage "$sdb" 2>&1 | grep -E "^study|^tuning" | tail -2
         done
       done
