@@ -44,6 +44,9 @@ def main() -> int:
     cgeo = tuple(ctypes.c_uint(x) for x in geo)
     launch = cuda.driver().cuLaunchKernel
     plan.config.hStream = plan.stream = stream
+    side = torch.cuda.Stream()
+    side_config = cuda.LaunchConfig(*geo, side.cuda_stream, None, 0)
+    side_ref = ctypes.byref(side_config)
     steps = {
         "whole call": lambda: evotuner.flash_attention(q, k, v, causal=causal),
         "sdpa call": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
@@ -63,6 +66,8 @@ def main() -> int:
         "cuLaunchKernel": lambda: launch(plan.function, *geo, stream, plan.params, None),
         "cuLaunchKernel c_": lambda: launch(plan.function, *cgeo, stream, plan.params, None),
         "cuLaunchKernelEx": lambda: plan.launch(plan.config_ref, plan.function, plan.params, None),
+        "  on a side stream": lambda: plan.launch(side_ref, plan.function, plan.params, None),
+        "cuCtxGetCurrent": cuda.current_context,
         "plan.run": lambda: plan.run(q, k, v),
     }
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, shape {args.shape}, "
