@@ -25,6 +25,7 @@ ratios are SDPA's time over ours, per round, then the median. Writes OUTPUT.json
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import json
 import math
@@ -135,11 +136,18 @@ def bench_shape(shape, dtype: str, args: argparse.Namespace, ext) -> dict:
     for fn in callees.values():                    # warm-up: module loads, plans, cuDNN's plan cache
         for _ in range(20):
             fn()
-    for _ in range(args.rounds):
-        for name, fn in callees.items():
-            rounds[name]["host"].append(host_us(fn))
-            rounds[name]["eager"].append(eager_us(fn))
-            rounds[name]["graph"].append(graph_us(fn, args.reps))
+    # Python's garbage collector off while timing (a collection inside one callee's 200 calls
+    # showed as a 2x eager time on the H100 machine), on again between shapes.
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(args.rounds):
+            for name, fn in callees.items():
+                rounds[name]["host"].append(host_us(fn))
+                rounds[name]["eager"].append(eager_us(fn))
+                rounds[name]["graph"].append(graph_us(fn, args.reps))
+    finally:
+        gc.enable()
     row: dict = {"shape": [B, H, S, D], "heads_kv": Hkv, "causal": causal, "dtype": dtype, "family": choice.family,
                  "config": str(choice.config), "why": choice.why, "max_error": errors, "rounds": rounds}
     for name, r in rounds.items():
