@@ -108,7 +108,7 @@ def search(
     """
     problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
     named = space is not None or family is not None
-    search_space, note = session.pick_space(space, family=family) if named else (None, None)
+    search_space, note = session.pick_space(space, family=family, problem=problem) if named else (None, None)
     if search_space is not None:
         make_sampler(session.sampler_name(sampler, search_space), search_space, seed, problem)
     stages = _stages(replay, "search", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
@@ -260,7 +260,8 @@ def compile_cmd(
     kernel_config = KernelConfig.parse(config)
     problem = Problem(Shape.parse(shape, require=("D",)), dtype=dtype, causal=causal)
     # no --space: the packaged space of the family whose parameters the config names
-    search_space = session.pick_space(space, family=None if space is not None else config_family(kernel_config).name)[0]
+    search_space = session.pick_space(space, family=None if space is not None else config_family(kernel_config).name,
+                                      problem=problem)[0]
     search_space.validate(kernel_config)
     constraint = search_space.violated(kernel_config, problem)
     if constraint is not None:

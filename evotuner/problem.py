@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from evotuner.errors import ShapeError
 
 DTYPES = ("fp16", "bf16")
-#: Head dims the FlashCore kernel is built for (the kernel's traits assert the same).
-HEAD_DIMS = (32, 64, 96, 128, 256)
+#: Head dims some family is built for (each family's ``head_dims`` says which it takes:
+#: FlashCore 32, 64, 96, 128, 256; hopper 64, 128, 192, 256).
+HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 
 _SHAPE_KEYS = {"B": "batch", "H": "heads", "HKV": "heads_kv", "S": None, "SQ": "seqlen_q", "SK": "seqlen_k",
                "D": "head_dim"}

@@ -179,6 +179,7 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
     ``replay`` sweep was recorded with, else the default space of the family
     ``evotuner.flash_attention`` runs for ``problem`` (its recommended config is fastest)."""
     from evotuner.defaults import fastest_recommended
+    from evotuner.family import get_family
     from evotuner.space import load_space
 
     if space is not None:
@@ -188,6 +189,8 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
                                 "drop one of the two options")
         return chosen, None
     if family is not None:
+        if problem is not None:
+            return load_space(get_family(family).space_for(problem)), None
         return load_space(family=family), None
     if store is not None and study is not None and store.study_exists(study):
         return study_space(store, study), None
@@ -202,7 +205,7 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
     if problem is None:
         return load_space(None), None
     fam = fastest_recommended(problem)[0]
-    chosen = load_space(family=fam.name)
+    chosen = load_space(fam.space_for(problem))
     return chosen, (f"tuning the {fam.name} family (space {Path(str(chosen.path)).stem}): the kernel "
                     f"evotuner.flash_attention runs for {problem}; --family or --space picks another")
 

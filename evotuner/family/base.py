@@ -155,6 +155,11 @@ class KernelFamily(abc.ABC):
     def default_space(self) -> Path:
         """The family's packaged space file."""
 
+    def space_for(self, problem: Problem) -> Path:
+        """The packaged space file a new study of ``problem`` tunes (a family whose knobs
+        differ by head dim keeps one space per range); default :meth:`default_space`."""
+        return self.default_space()
+
     # -- problems and configs --------------------------------------------------------------
 
     def reserved(self) -> frozenset[str]:

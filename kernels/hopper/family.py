@@ -30,6 +30,8 @@ PARAM_ORDER = ("BLOCK_N", "CONSUMER_WGS", "STAGES", "REG_PROD", "REG_CONS", "OVE
                "RESCALE_LOG2", "EXP_EMU")
 #: ptxas notes that wgmma instructions were serialized (C7510-C7519): a slow kernel.
 WGMMA_SERIALIZED = re.compile(r"^.*\(C751\d\).*$", re.M)
+#: Head dims tuned in search_spaces/hopper_wide.toml (the rest in hopper.toml).
+WIDE_HEAD_DIMS = (192, 256)
 #: Bytes of the SCHED=2 tile counter (one int32, zero at launch).
 TILE_COUNTER_BYTES = 4
 
@@ -53,7 +55,7 @@ class Hopper(KernelFamily):
     echoed = {"BLOCK_N": "block_n", "CONSUMER_WGS": "consumer_wgs", "STAGES": "stages", "REG_PROD": "reg_prod",
               "REG_CONS": "reg_cons", "OVERLAP": "overlap", "PINGPONG": "pingpong", "SCHED": "sched",
               "RESCALE_LOG2": "rescale_log2", "EXP_EMU": "exp_emu"}
-    head_dims = (64, 128)
+    head_dims = (64, 128, 192, 256)
     dtypes = ("fp16", "bf16")
     min_blocks_label = "blocks per SM (__launch_bounds__) "
     export_namespace = "hopper::tuned"
@@ -61,6 +63,13 @@ class Hopper(KernelFamily):
 
     def default_space(self) -> Path:
         return packaged("evotuner.search_spaces", "hopper.toml")
+
+    def space_for(self, problem: Problem) -> Path:
+        """hopper.toml for D=64 and 128, hopper_wide.toml for D=192 and 256 (its tiles stop
+        at BLOCK_N=128; hopper.toml's recorded sweeps pin that file's constraints)."""
+        if problem.shape.head_dim in WIDE_HEAD_DIMS:
+            return packaged("evotuner.search_spaces", "hopper_wide.toml")
+        return self.default_space()
 
     def defaults_file(self) -> Path:
         return packaged("evotuner.kernels", "hopper", "defaults.toml")
