@@ -1,0 +1,263 @@
+// Hopper family: a consumer warpgroup (the mainloop's math). S = Q K^T by SS-wgmma, the
+// online softmax (softmax.cuh), O += P V by RS-wgmma with P in registers, the overlap and
+// ping-pong schedules, causal block passing; the epilogue stores O and the LSE (epilogue.cuh).
+#pragma once
+
+#include "hopper/params.h"
+#include "hopper/ptx.cuh"
+#include "hopper/smem.cuh"
+#include "hopper/tile_scheduler.cuh"
+#include "hopper/traits.cuh"
+#include "hopper/wgmma.cuh"
+
+namespace hopper {
+
+template <class T>
+struct Consumer {
+    static constexpr int DT = T::kDtype;
+    static constexpr int BN = T::kBlockN;
+    static constexpr int D = T::kHeadDim;
+
+    const Params& p;  // the __grid_constant__ parameter itself
+    const Smem<T> sm;
+    TileInfo t;
+    int g;      // consumer warpgroup 0..kWGs-1
+    int warp;   // warp in the warpgroup
+    int lane;
+    uint32_t q_base;  // this WG's 64-row slab inside panel 0 of Q
+    uint32_t o_base;  // this WG's 64-row slab inside panel 0 of the O staging tile
+    int kv;           // K/V ring iteration of this tile's first block
+
+    float o[T::kORegs];
+    float m[2];     // running row max, raw score units (rows r and r+8 of this thread)
+    float l[2];     // thread-partial row sums
+    float ms[2];    // m * scale_log2 with -inf replaced by 0
+
+    __device__ __forceinline__ Consumer(const Params& p_, const Smem<T>& sm_, int g_, int warp_, int lane_)
+        : p(p_), sm(sm_), g(g_), warp(warp_), lane(lane_) {
+        q_base = sm.q + g * 64 * 128;
+        o_base = (T::kPersistent ? sm.o : sm.q) + g * 64 * 128;
+        kv = 0;
+    }
+
+    __device__ __forceinline__ void issue_qk(float (&s)[T::kSRegs], int stage) {
+        // Descriptors: one base each, k-step offsets added to the address field
+        // (addresses stay < 256 KiB, so the 14-bit field cannot overflow).
+        const uint64_t da0 = make_desc(q_base, 16, 1024);
+        const uint64_t db0 = make_desc(sm.k_tile(stage), 16, 1024);
+        pin(s);
+        wgmma_fence();
+#pragma unroll
+        for (int j = 0; j < T::kKStepsQK; ++j) {
+            const uint64_t da = da0 + static_cast<uint64_t>(((j / 4) * T::kBlockM * 128 + (j % 4) * 32) >> 4);
+            const uint64_t db = db0 + static_cast<uint64_t>(((j / 4) * BN * 128 + (j % 4) * 32) >> 4);
+            Wgmma<BN, DT>::ss(s, da, db, j > 0 ? 1 : 0);
+        }
+        wgmma_commit();
+        pin(s);
+    }
+
+    __device__ __forceinline__ void issue_pv(uint32_t (&pr)[T::kPRegs], int stage) {
+        const uint64_t db0 = make_desc(sm.v_tile(stage), BN * 128, 1024);
+        pin(o);
+        pin(pr);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < T::kKStepsPV; ++kk) {
+            const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
+            const uint64_t db = db0 + static_cast<uint64_t>((kk * 2048) >> 4);
+            Wgmma<D, DT>::rs(o, a, db, 1);
+        }
+        wgmma_commit();
+        pin(o);
+    }
+
+    // Mask (if kMasked), update the running max, exponentiate S in place and
+    // accumulate the row sums. Returns the O rescale factors through `corr` (softmax.cuh).
+    template <bool kMasked>
+    __device__ __forceinline__ bool softmax(float (&s)[T::kSRegs], int n, float (&corr)[2]);
+    __device__ __forceinline__ void rescale_o(const float (&corr)[2], bool update);
+    __device__ __forceinline__ void to_p(const float (&s)[T::kSRegs], uint32_t (&pr)[T::kPRegs]);
+
+
+    __device__ __forceinline__ void pp_sync() {
+        if constexpr (T::kPingpong) named_sync(1 + g, 256);
+    }
+    // Every issue region ends with an arrival for the next WG; WG 0 got one up
+    // front from the last WG and absorbs the last WG's final one at exit.
+    __device__ __forceinline__ void pp_arrive() {
+        if constexpr (T::kPingpong) named_arrive(1 + (g + 1) % T::kWGs, 256);
+    }
+
+    __device__ __forceinline__ void release(uint32_t bar) {
+        if (warp == 0 && lane == 0) mbar_arrive(bar);
+    }
+
+    __device__ __forceinline__ void softmax_any(float (&s)[T::kSRegs], int n, float (&corr)[2]) {
+        if (n >= t.n_unmasked) {
+            softmax<true>(s, n, corr);
+        } else {
+            softmax<false>(s, n, corr);
+        }
+    }  // (first block only: O is still 0, no rescale needed)
+
+    template <bool kMasked>
+    __device__ __forceinline__ void overlap_step(float (&s)[T::kSRegs], uint32_t (&pr)[T::kPRegs], float (&corr)[2],
+                                                 int it) {
+        const int n = t.n_blocks - 1 - it;
+        const int st = stage_of<T>(kv + it);
+        const uint32_t ph = phase_of<T>(kv + it);
+        const int sp = stage_of<T>(kv + it - 1);
+        const uint32_t php = phase_of<T>(kv + it - 1);
+        mbar_wait(sm.k_full(st), ph);
+        mbar_wait(sm.v_full(sp), php);
+        pp_sync();
+        issue_qk(s, st);
+        issue_pv(pr, sp);
+        pp_arrive();
+        wgmma_wait<1>();
+        pin(s);
+        release(sm.k_empty(st));
+        const bool upd = softmax<kMasked>(s, n, corr);
+        wgmma_wait<0>();
+        pin(o);
+        pin(pr);
+        release(sm.v_empty(sp));
+        rescale_o(corr, upd);
+        to_p(s, pr);
+    }
+
+    template <bool kMasked>
+    __device__ __forceinline__ void plain_step(float (&s)[T::kSRegs], uint32_t (&pr)[T::kPRegs], float (&corr)[2],
+                                               int it) {
+        const int n = t.n_blocks - 1 - it;
+        const int st = stage_of<T>(kv + it);
+        const uint32_t ph = phase_of<T>(kv + it);
+        mbar_wait(sm.k_full(st), ph);
+        issue_qk(s, st);
+        wgmma_wait<0>();
+        pin(s);
+        release(sm.k_empty(st));
+        const bool upd = softmax<kMasked>(s, n, corr);
+        rescale_o(corr, upd);
+        to_p(s, pr);
+        mbar_wait(sm.v_full(st), ph);
+        issue_pv(pr, st);
+        wgmma_wait<0>();
+        pin(o);
+        release(sm.v_empty(st));
+    }
+
+    // Keep this warpgroup's side of iteration `it`'s handshakes without computing it:
+    // its ping-pong turn (passed on at once) and its K/V releases, each after that load
+    // landed (so an arrival never counts toward an older phase of the stage).
+    __device__ __forceinline__ void pass_block(int it) {
+        if constexpr (T::kOverlap) {
+            pp_sync();
+            pp_arrive();
+        }
+        const int st = stage_of<T>(kv + it);
+        const uint32_t ph = phase_of<T>(kv + it);
+        mbar_wait(sm.k_full(st), ph);
+        release(sm.k_empty(st));
+        mbar_wait(sm.v_full(st), ph);
+        release(sm.v_empty(st));
+    }
+
+    // A warpgroup whose 64 rows all lie past Sq (the ragged last m block: S=2048 at
+    // BLOCK_M=192, the longest causal tile at S=4096) computes nothing. It keeps only
+    // its side of every handshake, in the same order as run_tile: every block passed
+    // (pass_block), the ping-pong turn of run_tile's last P V (nb+1 turns in all, like
+    // run_tile's overlap path) and its Q release. The other warpgroups get the tensor cores:
+    // +1-2% at 16,16,2048,64 and +1-3% at 4,16,4096,64 causal (dev run 8, same run,
+    // c64r / c64dr against the code without it); memcheck/racecheck/synccheck clean.
+    __device__ __forceinline__ void skip_tile() {
+        const int nb = t.n_blocks;
+        for (int it = 0; it < nb; ++it) pass_block(it);
+        if constexpr (T::kOverlap) {
+            pp_sync();
+            pp_arrive();
+        }
+        mbar_arrive(sm.q_empty());  // every consumer thread, as in run_tile
+        kv += nb;
+    }
+
+    // Causal: the tile's key blocks reach its last row, this warpgroup's last row sees
+    // fewer. Blocks run from the last down, so the ones no row of this warpgroup sees
+    // are the first `causal_skip()` iterations: with 64-row warpgroups and BLOCK_N=128
+    // the first warpgroup of a 192-row tile skips one block, the second one every other tile.
+    __device__ __forceinline__ int causal_skip() const {
+        if constexpr (T::kIsCausal) {
+            const int last_row = min(t.m0 + g * 64 + 63, p.seqlen_q - 1);
+            const int mine = min((p.seqlen_k + BN - 1) / BN, last_row / BN + 1);
+            return t.n_blocks - mine;   // >= 0, < n_blocks (every row sees key 0)
+        } else {
+            return 0;
+        }
+    }
+
+    // One tile: t and kv set by the caller, who has waited for q_full.
+    __device__ __forceinline__ void run_tile() {
+        if (t.m0 + g * 64 >= p.seqlen_q) {
+            skip_tile();
+            return;
+        }
+#pragma unroll
+        for (int i = 0; i < T::kORegs; ++i) o[i] = 0.f;
+        m[0] = m[1] = -INFINITY;
+        l[0] = l[1] = 0.f;
+        ms[0] = ms[1] = 0.f;
+
+        float s[T::kSRegs];
+        uint32_t pr[T::kPRegs];
+        float corr[2];
+        const int nb = t.n_blocks;
+        const int n_masked_iters = nb - max(t.n_unmasked, 0);
+        const int first = causal_skip();   // iterations before it: masked for every row here
+        for (int it = 0; it < first; ++it) pass_block(it);
+        if constexpr (!T::kOverlap) {
+            int it = first;
+            for (; it < n_masked_iters; ++it) plain_step<true>(s, pr, corr, it);
+            for (; it < nb; ++it) plain_step<false>(s, pr, corr, it);
+            mbar_arrive(sm.q_empty());  // every consumer thread: its reads of Q and the tile slot precede it
+        } else {
+            // First block: S only.
+            mbar_wait(sm.k_full(stage_of<T>(kv + first)), phase_of<T>(kv + first));
+            pp_sync();
+            issue_qk(s, stage_of<T>(kv + first));
+            pp_arrive();
+            wgmma_wait<0>();
+            pin(s);
+            release(sm.k_empty(stage_of<T>(kv + first)));
+            softmax_any(s, nb - 1 - first, corr);
+            to_p(s, pr);
+            // Steady state: S of block it overlaps P V of block it-1. The masked
+            // blocks (the first ones, descending order) get their own loop: no
+            // branch between a wgmma's issue and its wait.
+            int it = first + 1;
+            for (; it < n_masked_iters; ++it) overlap_step<true>(s, pr, corr, it);
+            for (; it < nb; ++it) overlap_step<false>(s, pr, corr, it);
+            // Every Q K^T of this tile has retired: the producer may load the next Q.
+            mbar_arrive(sm.q_empty());  // every consumer thread: its reads of Q and the tile slot precede it
+            // Last P V.
+            const int sl = stage_of<T>(kv + nb - 1);
+            mbar_wait(sm.v_full(sl), phase_of<T>(kv + nb - 1));
+            pp_sync();
+            issue_pv(pr, sl);
+            pp_arrive();
+            wgmma_wait<0>();
+            pin(o);
+            release(sm.v_empty(sl));
+        }
+        kv += nb;
+        epilogue();
+    }
+
+    // O / l -> this WG's staging slab -> TMA store; LSE (epilogue.cuh).
+    __device__ __forceinline__ void epilogue();
+};
+
+}  // namespace hopper
+
+#include "hopper/softmax.cuh"
+#include "hopper/epilogue.cuh"

@@ -1,0 +1,56 @@
+// Hopper family: the producer warpgroup (the mainloop's loads). Lane 0 of warp 0 issues
+// every TMA load: Q once per tile, then K and V blocks into their rings, last block first;
+// under GQA a query head reads K/V head h / kv_group.
+#pragma once
+
+#include "hopper/params.h"
+#include "hopper/ptx.cuh"
+#include "hopper/smem.cuh"
+#include "hopper/tile_scheduler.cuh"
+
+namespace hopper {
+
+template <class T>
+__device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int num_tiles) {
+    prefetch_tmap(&p.tm_q);
+    prefetch_tmap(&p.tm_k);
+    prefetch_tmap(&p.tm_v);
+    int kv = 0;
+    int tile = blockIdx.x;
+    for (int local = 0;; ++local) {
+        // Q of the previous tile must be released by every consumer WG.
+        if (local > 0) mbar_wait(sm.q_empty(), (local - 1) & 1);
+        if constexpr (T::kDynamic) {
+            // Publish the tile (or -1 = done) to the consumers; the q_full arrival
+            // (release) orders this store before their wait (acquire).
+            st_shared_u32(sm.tile_slot(), tile < num_tiles ? tile : -1);
+            if (tile >= num_tiles) {
+                mbar_arrive(sm.q_full());
+                break;
+            }
+        } else {
+            if (tile >= num_tiles) break;
+        }
+        const TileInfo t = tile_info<T>(p, tile);
+        mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
+        tma_load_5d(sm.q, &p.tm_q, sm.q_full(), 0, t.m0, 0, t.head, t.batch);
+        const int kv_head = t.head / p.kv_group;  // GQA/MQA: the K/V head this query head reads
+        // Next tile: fetched now so the atomic's latency hides behind this tile.
+        const int next = T::kDynamic ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : tile + int(gridDim.x);
+        for (int it = 0; it < t.n_blocks; ++it, ++kv) {
+            const int n = t.n_blocks - 1 - it;
+            const int s = stage_of<T>(kv);
+            const uint32_t ph = phase_of<T>(kv) ^ 1;  // first round passes on a fresh barrier
+            mbar_wait(sm.k_empty(s), ph);
+            mbar_arrive_expect_tx(sm.k_full(s), T::kKVBytes);
+            tma_load_5d(sm.k_tile(s), &p.tm_k, sm.k_full(s), 0, n * T::kBlockN, 0, kv_head, t.batch);
+            mbar_wait(sm.v_empty(s), ph);
+            mbar_arrive_expect_tx(sm.v_full(s), T::kKVBytes);
+            tma_load_5d(sm.v_tile(s), &p.tm_v, sm.v_full(s), 0, n * T::kBlockN, 0, kv_head, t.batch);
+        }
+        if constexpr (!T::kPersistent) break;
+        tile = next;
+    }
+}
+
+}  // namespace hopper

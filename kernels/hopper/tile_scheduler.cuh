@@ -1,0 +1,63 @@
+// Hopper family: the tile scheduler. Tile index -> (query block, head, batch) and the key
+// blocks it needs, for SCHED 0 (one CTA per tile), 1 (persistent, static) and 2
+// (persistent, tiles handed out by an atomic counter).
+#pragma once
+
+#include "hopper/params.h"
+#include "hopper/traits.cuh"
+
+namespace hopper {
+
+// Per-tile work: which key blocks, which of them need the mask.
+struct TileInfo {
+    int m0, n_blocks, n_unmasked;  // blocks n < n_unmasked need no mask
+    int head, batch;
+};
+
+// Tile `tile` (0 .. num_tiles-1) -> coordinates. SCHED 0: tile = blockIdx.x of a
+// (num_m, H, B) grid, head/batch from blockIdx.y/z. SCHED 1: m fastest, then head,
+// then batch (consecutive tiles share K/V in L2). Causal: longest m block first.
+template <class T>
+__device__ __forceinline__ TileInfo tile_info(const Params& p, int tile) {
+    TileInfo t;
+    const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+    int m_block;
+    if constexpr (T::kPersistent && T::kIsCausal) {
+        // Causal persistent: heads in L2 sections of `sec` (K+V of a section
+        // <= ~24 MiB); inside a section, longest m blocks of all its heads first
+        // (static striding by gridDim then hands out work longest-first).
+        const int hb = p.heads * p.batch;
+        const long long kv_bytes = static_cast<long long>(p.seqlen_k) * T::kHeadDim * 4;
+        const int sec = static_cast<int>(max(1ll, min(static_cast<long long>(hb), (24ll << 20) / kv_bytes)));
+        const int s_idx = tile / (sec * num_m);
+        const int r = tile - s_idx * sec * num_m;
+        const int hs = min(sec, hb - s_idx * sec);  // heads in this (maybe last, short) section
+        m_block = r / hs;                           // reversed below: longest first
+        const int bh = s_idx * sec + r % hs;
+        t.head = bh % p.heads;
+        t.batch = bh / p.heads;
+    } else if constexpr (T::kPersistent) {
+        m_block = tile % num_m;
+        const int bh = tile / num_m;
+        t.head = bh % p.heads;
+        t.batch = bh / p.heads;
+    } else {
+        m_block = blockIdx.x;
+        t.head = blockIdx.y;
+        t.batch = blockIdx.z;
+    }
+    if constexpr (T::kIsCausal) m_block = num_m - 1 - m_block;
+    t.m0 = m_block * T::kBlockM;
+    int nb = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+    int unmasked = p.seqlen_k / T::kBlockN;  // whole blocks inside Sk
+    if constexpr (T::kIsCausal) {
+        const int last_row = min(t.m0 + T::kBlockM, p.seqlen_q) - 1;  // top-left: row i sees keys 0..i
+        nb = min(nb, last_row / T::kBlockN + 1);
+        unmasked = min(unmasked, (t.m0 + 1) / T::kBlockN);              // every key <= the tile's first row
+    }
+    t.n_blocks = nb;
+    t.n_unmasked = unmasked;
+    return t;
+}
+
+}  // namespace hopper
