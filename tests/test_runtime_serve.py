@@ -260,3 +260,34 @@ def test_a_shipped_table_serves_its_own_size_buckets_only(replayed_db, tmp_path)
                            "--family", "hopper", "--device", "NVIDIA H200", "--output", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stderr.startswith("error: ") and "NVIDIA H200" in proc.stderr
+
+
+def test_the_plan_key_covers_every_argument_that_changes_the_launch():
+    """Tensors of another shape, stride, dtype or device, another causal flag, scale, config,
+    layout, lse or family: another key (so another plan, resolved and validated afresh)."""
+    import torch
+
+    q = torch.empty(1, 2, 8, 64, dtype=torch.float16)
+    base = A._plan_key(q, q, q, False, None, None, "bhsd", False, None)
+    others = [
+        A._plan_key(torch.empty(1, 2, 9, 64, dtype=torch.float16), q, q, False, None, None, "bhsd", False, None),
+        A._plan_key(q.transpose(2, 3).contiguous().transpose(2, 3), q, q, False, None, None, "bhsd", False, None),
+        A._plan_key(q, q.to(torch.bfloat16), q, False, None, None, "bhsd", False, None),
+        A._plan_key(q, q, torch.empty(1, 1, 8, 64, dtype=torch.float16), False, None, None, "bhsd", False, None),
+        A._plan_key(q, q, q, True, None, None, "bhsd", False, None),
+        A._plan_key(q, q, q, False, 0.5, None, "bhsd", False, None),
+        A._plan_key(q, q, q, False, None, "SCHED=1", "bhsd", False, None),
+        A._plan_key(q, q, q, False, None, {"sched": 1}, "bhsd", False, None),
+        A._plan_key(q, q, q, False, None, None, "bshd", False, None),
+        A._plan_key(q, q, q, False, None, None, "bhsd", True, None),
+        A._plan_key(q, q, q, False, None, None, "bhsd", False, "hopper"),
+    ]
+    assert base is not None and all(k is not None and k != base for k in others)
+    assert len(set(others)) == len(others)
+    # the same mapping config in another order or case is the same key
+    assert A._plan_key(q, q, q, False, None, {"SCHED": 1, "STAGES": 2}, "bhsd", False, None) == \
+        A._plan_key(q, q, q, False, None, {"stages": 2, "sched": 1}, "bhsd", False, None)
+    # what must take the full path (and its clear errors): no key
+    assert A._plan_key(q, q, q, 1, None, None, "bhsd", False, None) is None          # causal not a bool
+    assert A._plan_key("q", q, q, False, None, None, "bhsd", False, None) is None    # not a tensor
+    assert A._plan_key(q, q, q, False, None, {"SCHED": [1]}, "bhsd", False, None) is None

@@ -475,10 +475,16 @@ if hasattr(torch._C, "_cuda_getCurrentRawStream"):
 def _plan_key(q: Any, k: Any, v: Any, causal: Any, scale: Any, config: Any, layout: Any, return_lse: Any,
               family: Any) -> tuple | None:
     """The plan key of a call, or None where the call must take the full path (not tensors,
-    a config given as a mapping, a causal flag that is not a bool)."""
+    a causal flag that is not a bool, a config of unhashable values)."""
     if causal is not True and causal is not False:
         return None
-    if config is not None and not isinstance(config, (str, KernelConfig)):
+    if isinstance(config, Mapping):
+        try:
+            config = ("mapping", tuple(sorted((str(k).upper(), v) for k, v in config.items())))
+            hash(config)
+        except TypeError:
+            return None
+    elif config is not None and not isinstance(config, (str, KernelConfig)):
         return None
     try:
         return (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
@@ -513,11 +519,14 @@ def _resolve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
 
 
 def _remember(key: tuple | None, plan: _Plan) -> None:
+    """Keep ``plan`` for ``key`` (the oldest plan goes past MAX_PLANS); misses are rare, so a
+    lock here costs the hot path nothing."""
     if key is None:
         return
-    if len(_plans) >= MAX_PLANS:
-        _plans.pop(next(iter(_plans)), None)
-    _plans[key] = plan
+    with _lock:
+        while len(_plans) >= MAX_PLANS:
+            _plans.pop(next(iter(_plans)), None)
+        _plans[key] = plan
 
 
 def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float | None, config: Any,
