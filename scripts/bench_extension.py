@@ -65,6 +65,18 @@ def bench(mod, shape: tuple[int, int, int, int, bool], dtype: str, args: argpars
             "speedup_vs_sdpa_default": statistics.median(t / m for t, m in zip(theirs, ours))}
 
 
+def load_extension(folder: Path):
+    """The one ``*_ext`` module scripts/build_extension.py built in ``folder`` (None, after a
+    one-line error, when the folder holds none or several)."""
+    sos = sorted(p for p in folder.glob("*_ext*.so") if p.name.split(".")[0].endswith("_ext"))
+    if len(sos) != 1:
+        print(f"error: {folder} holds {len(sos)} *_ext.so modules; give the folder build_extension wrote",
+              file=sys.stderr)
+        return None
+    sys.path.insert(0, str(folder))
+    return importlib.import_module(sos[0].name.split(".")[0])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--module", required=True, type=Path, help="the build folder holding <module>.so")
@@ -77,15 +89,11 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("error: bench_extension needs a CUDA GPU", file=sys.stderr)
         return 1
-    sos = sorted(args.module.glob("*_ext.so"))
-    if len(sos) != 1:
-        print(f"error: {args.module} holds {len(sos)} *_ext.so modules; give the folder build_extension wrote",
-              file=sys.stderr)
+    mod = load_extension(args.module)
+    if mod is None:
         return 1
-    sys.path.insert(0, str(args.module))
-    mod = importlib.import_module(sos[0].stem)
     rows = []
-    print(f"{sos[0].stem} on {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"{mod.__name__} on {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'shape':24s} {'dtype':5s} {'kernel':14s} {'µs':>9s} {'TFLOPS':>7s} {'SDPA µs':>9s} {'xdef':>5s} {'err':>8s}")
     for shape in args.shapes or SHAPES:
         for dtype in args.dtypes.split(","):

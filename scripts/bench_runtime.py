@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib
 import json
 import math
 import statistics
@@ -178,13 +177,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ext = None
     if args.extension is not None:
-        sos = sorted(args.extension.glob("*_ext*.so"))
-        if len(sos) != 1:
-            print(f"error: {args.extension} holds {len(sos)} *_ext.so modules; give the folder build_extension wrote",
-                  file=sys.stderr)
+        from bench_extension import load_extension   # scripts/ is on sys.path when a script runs
+
+        ext = load_extension(args.extension)
+        if ext is None:
             return 1
-        sys.path.insert(0, str(args.extension))
-        ext = importlib.import_module(sos[0].name.split(".")[0])
     rows = []
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, {args.rounds} rounds; "
           f"x = SDPA time / ours (median of per-round ratios)")
