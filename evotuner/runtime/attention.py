@@ -106,7 +106,7 @@ def _recommended(problem: Problem, family: str | None, exclude: Mapping[str, str
         picked = fam.recommended_configs(problem)
         cfg = picked[0] if picked else resolve_config(None, problem.shape.head_dim, problem.dtype, problem.causal,
                                                       family=fam.name)
-        return Choice(fam.name, cfg, "asked for (its recommended config)")
+        return Choice(fam.name, cfg, "asked for")
     fam, cfg, why = fastest_recommended(problem, exclude)
     return Choice(fam.name, cfg, why)
 
