@@ -193,6 +193,7 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
             return load_space(get_family(family).space_for(problem)), None
         return load_space(family=family), None
     if store is not None and study is not None and store.study_exists(study):
+        wait_for_study(store, study)     # a worker starting beside its creator: its row may be on the way
         return study_space(store, study), None
     if replay is not None:
         from evotuner.measure.replay import read_sweep
