@@ -107,8 +107,10 @@ def _pyplot() -> Any:
 
 def _title(summary: Any) -> str:
     p = summary.problem
-    device = (summary.device or {}).get("name", "no device")
-    return f"{summary.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} on {device}"
+    device = summary.device or {}
+    on = f"replayed from a sweep recorded on {device.get('name', 'no device')}" if device.get("replayed") \
+        else f"on {device.get('name', 'no device')}"
+    return f"{summary.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} {on}"
 
 
 def _importances(store: Any, study_name: str, complete: list[Any]) -> tuple[dict[str, float] | None, str]:
