@@ -96,7 +96,7 @@ def make_report(store: Any, study_name: str, output_dir: str | Path) -> Report:
 def _pyplot() -> Any:
     if importlib.util.find_spec("matplotlib") is None:
         raise ReportError("evotuner report needs matplotlib, which is not installed",
-                          "pip install 'evotuner[report]' (or pip install matplotlib)")
+                          "in the checkout: pip install -e '.[report]' (or pip install matplotlib)")
     import matplotlib
 
     matplotlib.use("Agg", force=True)
