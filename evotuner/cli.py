@@ -116,7 +116,7 @@ def search(
         if search_space is None:   # the study's own space, else the replayed sweep's, else flash_attention's family
             search_space, note = session.pick_space(problem=problem, replay=replay, store=store, study=study)
         if note:
-            _io.out.print(Text(for_terminal(note), style="dim"), soft_wrap=True)
+            _diag.say(for_terminal(note), style="dim")
         sampler = session.sampler_name(sampler, search_space)
         make_sampler(sampler, search_space, seed, problem)   # an unknown or unusable sampler is refused here
         exists = session.check_exists(store, study, sampler, seed, problem, search_space)
@@ -410,9 +410,10 @@ class _SearchView:
                 self._log(f"seeded from studies {where}: the sampler weighs their measurements against its "
                           "cost model (--no-transfer to start cold)")
             else:
-                where = ", ".join(f"{name} ({problem}, {n})" for name, problem, n, _ in event.sources)
-                self._log(f"seeded from studies {where}: their {event.configs} best configs follow the "
-                          "recommended one (--no-transfer to start cold)")
+                where = ", ".join(f"{name} ({problem}: {columns.count(n, 'config')})"
+                                  for name, problem, n, _ in event.sources)
+                self._log(f"seeded with the best configs of studies {where}, run right after the recommended "
+                          "one (--no-transfer to start cold)")
         elif isinstance(event, ev.DeviceChanged):
             self._log(f"warning: this study was measured on another device before; now on "
                       f"{event.device} (both are recorded; compare its timings with care)")
@@ -579,7 +580,7 @@ def _render_summary(summary: Any, top: int, space: Any) -> None:
 def _export_lines(result: Any) -> list[Text]:
     """The exported rows, one table per kernel family (each its own parameters), then the legend."""
     width = _io.out.width
-    lines = [Text(line) for line in columns.wrap(f"{result.path}  ({_count(len(result.rows), 'config')})", width, 2)]
+    lines = [Text(line) for line in columns.wrap(f"{result.path}  ({columns.count(len(result.rows), 'config')})", width, 2)]
     families = list(dict.fromkeys(r.family for r in result.rows))
     shorts: dict[str, str] = {}
     for family in families:
@@ -594,14 +595,9 @@ def _export_lines(result: Any) -> list[Text]:
         cells = [_export_cells(i, r, names) + ([] if long else [study]) for (i, r), study in zip(rows, studies)]
         lines += [Text("")] + columns.table_lines(cols[:-1] if long else cols, cells, width,
                                                   notes=[f"study {s}" for s in studies] if long else (),
-                                                  title=f"{family} ({_count(len(rows), 'row')})")
+                                                  title=f"{family} ({columns.count(len(rows), 'row')})")
     extra = ["S≤ = the max seqlen_k a row serves", "chk = evotuner check: ok, FAIL or - (unchecked)"]
     return lines + [Text("")] + [Text(line) for line in columns.legend_lines(shorts, width, extra)]
-
-
-def _count(n: int, noun: str) -> str:
-    """``1 config``, ``2 configs``."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _print_lines(lines: list[Text]) -> None:

@@ -103,7 +103,7 @@ def check(
     sel = _select(storage, study, top, config, shape, dtype, causal, space)
     targets = diagnose.build_targets(sel.space, sel.problem, sel.picks)
     p = sel.problem
-    say(f"checking {len(targets)} config(s) at {p.dtype} D={p.shape.head_dim}"
+    say(f"checking {columns.count(len(targets), 'config')} at {p.dtype} D={p.shape.head_dim}"
         f"{' causal' if p.causal else ''} with {', '.join(wanted)} ({exe})")
     store = _open_store(storage, must_exist=True) if sel.study else None
     results: dict[str, dict[str, Any]] = {}
@@ -126,7 +126,7 @@ def check(
             store.close()
     failed = [c for c, by in results.items() if not all(o.passed for o in by.values())]
     recorded = f"; recorded in study {sel.study!r}" if sel.study else " (not recorded: no --study)"
-    say(f"{len(results) - len(failed)} of {len(results)} config(s) clean{recorded}")
+    say(f"{len(results) - len(failed)} of {columns.count(len(results), 'config')} clean{recorded}")
     if failed:
         raise EvotunerError(f"check: {len(failed)} of {len(results)} config(s) did not pass: {', '.join(failed)}",
                             "see the findings above (or `evotuner show --study S`)")

@@ -71,6 +71,11 @@ def legend_lines(short: Mapping[str, str], width: int, extra: Sequence[str] = ()
     return lines + [line] if line else lines
 
 
+def count(n: int, noun: str) -> str:
+    """``1 config``, ``2 configs``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def param_names(configs: Iterable[Mapping[str, int]], order: Sequence[str] = ()) -> list[str]:
     """The parameter names of ``configs``: ``order`` first (the space file's), then the rest sorted."""
     seen: set[str] = set()
