@@ -341,7 +341,7 @@ def seeded_start(store: StudyStore, study: str, problem: Problem, space: SearchS
     optimum at most recorded problems (one evaluation). A sampler that takes measurements
     (``takes_related``) gets nothing enqueued: its own first pick weighs the sources against
     the cost model, where an enqueued seed that is not within 2% costs an evaluation
-    (README "Transfer")."""
+    (docs/transfer.md)."""
     from evotuner.transfer import plan_transfer
 
     plan = plan_transfer(store, study, problem, space, measure.device(), observations=takes_related)
