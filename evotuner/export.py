@@ -342,8 +342,9 @@ def _render_section(rows: list[ExportRow], arch: str, family: KernelFamily) -> l
         tf = "unknown" if r.tflops is None else f"{r.tflops:.2f}"
         lines.append(f"    // [{i}] study {_text(r.study)!s}, trial {r.trial}: {r.median_us:.3f} us, {tf} TFLOPS "
                      f"(seqlen_k {r.seqlen_k})")
-        lines.append(f"    //     {r.date}; nvcc {r.nvcc_version}; source {r.source_hash}; device {r.device_name}"
-                     + (" (replayed from a recorded sweep, not measured by this study)" if r.replayed else ""))
+        lines.append(f"    //     {r.date}; nvcc {r.nvcc_version}; source {r.source_hash}; device {r.device_name}")
+        if r.replayed:   # a line of its own: the device line ends with the GPU's name (evotuner.tuned reads it)
+            lines.append("    //     replayed from a sweep recorded on that device: not measured by this study")
         lines.append(f"    //     evotuner check (compute-sanitizer {', '.join(CHECK_TOOLS)}): {r.checked}")
         if r.beat:
             beaten = ", ".join(f"study {_text(s)} ({us:.3f} us)" for s, us in r.beat)

@@ -77,7 +77,9 @@ def test_a_replayed_study_says_so_in_show_report_and_export(env, capsys, monkeyp
     code, out, err = run(capsys, "export", "--study", "r", "--output", header, "--storage", db)
     assert code == 0, err
     assert "r #" in out and "(replayed)" in out
-    assert "(replayed from a recorded sweep, not measured by this study)" in header.read_text()
+    text = header.read_text()
+    assert "replayed from a sweep recorded on that device: not measured by this study" in text
+    assert "; device NVIDIA H100 80GB HBM3\n" in text                 # the device line names only the GPU
 
 
 # -- errors that name their remedy ---------------------------------------------------------------
