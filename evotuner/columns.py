@@ -42,19 +42,15 @@ def short_names(names: Iterable[str], longest: int = _SHORT_ENOUGH) -> dict[str,
     return {n: (s if counts[s] == 1 and (s == n or s not in names) else n) for n, s in out.items()}
 
 
-def legend(short: Mapping[str, str]) -> str:
-    """``TM = TILE_M, TN = TILE_N, ...`` for the headers that abbreviate."""
-    return ", ".join(_pairs(short))
-
-
 def _pairs(short: Mapping[str, str]) -> list[str]:
     """``X = NAME`` for every header that is not the name itself."""
     return [f"{s} = {n}" for n, s in short.items() if s != n]
 
 
 def legend_lines(short: Mapping[str, str], width: int, extra: Sequence[str] = ()) -> list[str]:
-    """:func:`legend` (then the ``extra`` pairs) in lines of at most ``width`` columns, never
-    breaking an ``X = NAME`` pair (only a pair longer than ``width`` is wrapped, at its spaces)."""
+    """``TM = TILE_M, TN = TILE_N, ...`` for the headers that abbreviate, then the ``extra``
+    pairs, in lines of at most ``width`` columns, never breaking an ``X = NAME`` pair (only a
+    pair longer than ``width`` is wrapped, at its spaces)."""
     lines: list[str] = []
     line = ""
     for pair in [*_pairs(short), *extra]:
