@@ -97,13 +97,16 @@ def headers(names: Iterable[str]) -> dict[str, str]:
 
 #: Where a line may break besides a space: after a comma (a config), a slash (a path) or a semicolon.
 _PIECES = re.compile(r"[^,/;]*[,/;]+|[^,/;]+")
+#: Where a piece still longer than a line may break: after an underscore.
+_UNDERSCORED = re.compile(r"[^_]*_+|[^_]+")
 
 
 def wrap(text: str, width: int, indent: int = 0) -> list[str]:
     """``text`` in lines of at most ``width`` columns, broken at spaces; a word longer than a
     line (a config, a path) is broken after a ``,`` ``/`` or ``;`` in it, so ``REG_CONS=160``
-    or a directory name is never split. Lines after the first are indented by ``indent``.
-    Only a piece longer than a whole line is cut, where it must be."""
+    or a directory name is never split, and a piece still longer than a line after a ``_``.
+    Lines after the first are indented by ``indent``. Only what is longer than a whole line
+    even then is cut, where it must be."""
     width = max(width, indent + 8)
     lines: list[str] = []
     line = ""
@@ -124,7 +127,9 @@ def wrap(text: str, width: int, indent: int = 0) -> list[str]:
         if len(word) <= room or (line.strip() and len(line) + 1 + len(word) <= width):
             add(word, " ")
             continue
-        for n, piece in enumerate(_PIECES.findall(word)):
+        pieces = [part for piece in _PIECES.findall(word)        # then after a '_' (a kernel's name)
+                  for part in (_UNDERSCORED.findall(piece) if len(piece) > width - indent else [piece])]
+        for n, piece in enumerate(pieces):
             add(piece, " " if n == 0 else "")
     if line.strip() or not lines:
         lines.append(line.rstrip())

@@ -180,6 +180,10 @@ def test_wrap_breaks_at_word_boundaries_and_legend_never_splits_a_pair():
     assert "REG_CONS=160" in pieces and "RESCALE_LOG2=8" in pieces               # no NAME=VALUE split
     path = "/home/user/.cache/evotuner/builds/9e/" + "9e" * 32 + "/kernel.cubin"
     assert columns.wrap(path, 80) == ["/home/user/.cache/evotuner/builds/9e/", "9e" * 32 + "/kernel.cubin"]
+    kernel = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0"
+    lines = columns.wrap(f"SDPA = default backend: {kernel}", 80, 2)
+    assert all(len(line) <= 80 for line in lines) and lines[0].endswith("_")       # after an underscore
+    assert "".join(line.strip() for line in lines).endswith(kernel)
     short = columns.headers(["BLOCK_N", "CONSUMER_WGS", "OVERLAP", "PINGPONG", "REG_CONS", "MIN_BLOCKS"])
     for width in range(24, 60):
         text = "\n".join(columns.legend_lines(short, width, ["S≤ = the max seqlen_k a row serves"]))
@@ -197,3 +201,33 @@ def test_a_table_too_wide_for_the_terminal_stacks_its_groups_instead_of_cutting(
     cells = " ".join(lines).split()
     assert all(str(100 + i) in cells for i in range(12)) and "579.6" in cells and "12" in cells
     assert sum(1 for line in lines if line.strip().startswith("a reason") or "reason" in line) >= 2
+
+
+def test_profiles_in_show_and_report_read_whole_at_80_columns(db, cli80, capsys):
+    """ncu figures of two configs and SDPA's kernel (real saved ncu output) beside each other:
+    the subjects that do not fit make a second table that repeats the figure names."""
+    import shutil
+
+    from evotuner.storage import StudyStore, diagnostics
+    from evotuner.tools import ncu
+
+    copy = cli80 / "profiled.db"
+    shutil.copy(db.removeprefix("sqlite:///"), copy)
+    url = f"sqlite:///{copy}"
+    saved = DATA / "tools" / "ncu"
+    cfg = ncu.combine(ncu.parse_raw_csv((saved / "flashcore_d64_b16h16s2048.csv").read_text()))
+    sdpa = ncu.combine(ncu.parse_raw_csv((saved / "sdpa_cudnn_d64_b16h16s2048.csv").read_text()))
+    with StudyStore(url) as store:
+        best = sorted((t for t in store.summary("hop").trials if t.state == "COMPLETE"), key=lambda t: t.value)
+        for trial in best[:2]:
+            diagnostics.record_profile(store, "hop", trial.config, "config", problem={}, figures=cfg, seconds=10.5)
+        diagnostics.record_profile(store, "hop", "sdpa_default", "sdpa", problem={}, figures=sdpa, seconds=9.9)
+    code, out, err = run(capsys, "show", "--study", "hop", "--storage", url)
+    assert code == 0, err
+    assert_whole(out)
+    assert "ncu profiles" in out and "config 2" in out and "SDPA" in out
+    words = re.sub(r",\s+", ",", " ".join(out.split()))          # the legend's configs wrap after a comma
+    assert f"config 1 = {best[0].config}" in words
+    code, out, err = run(capsys, "report", "--study", "hop", "--output", cli80 / "rep", "--storage", url)
+    assert code == 0, err
+    assert_whole(out)
