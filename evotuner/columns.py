@@ -88,8 +88,8 @@ def cells(config: Mapping[str, int] | None, names: Sequence[str]) -> list[str]:
 
 def headers(names: Iterable[str]) -> dict[str, str]:
     """The table header of each parameter, the same at every terminal width: initials of a
-    ``_``-separated name (``CONSUMER_WGS`` -> ``CW``), a one-word name of at most 4 letters
-    itself, a longer one its first 4 (``STAGES`` -> ``STAG``)."""
+    ``_``-separated name (``WARP_COUNT`` -> ``WC``), a one-word name of at most 4 letters
+    itself, a longer one its first 4 (``DEPTH`` -> ``DEPT``)."""
     return short_names(names, 4)
 
 
@@ -103,7 +103,7 @@ _UNDERSCORED = re.compile(r"[^_]*_+|[^_]+")
 
 def wrap(text: str, width: int, indent: int = 0) -> list[str]:
     """``text`` in lines of at most ``width`` columns, broken at spaces; a word longer than a
-    line (a config, a path) is broken after a ``,`` ``/`` or ``;`` in it, so ``REG_CONS=160``
+    line (a config, a path) is broken after a ``,`` ``/`` or ``;`` in it, so ``TILE_M=128``
     or a directory name is never split, and a piece still longer than a line after a ``_``.
     Lines after the first are indented by ``indent``. Only what is longer than a whole line
     even then is cut, where it must be."""
