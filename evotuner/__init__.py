@@ -1,4 +1,5 @@
-"""evotuner: an Optuna-driven autotuner for the FlashCore attention kernel.
+"""evotuner: an Optuna-driven autotuner for fused attention CUDA kernels on NVIDIA Hopper,
+in two kernel families: hopper (wgmma + TMA + warp specialization) and FlashCore (mma.sync).
 
 ``import evotuner`` stays cheap and works without CUDA: ``flash_attention`` and
 ``use_tuned`` (which pull in torch and the driver binding) are imported on first access.
@@ -24,4 +25,5 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    """The public names and the module's dunders (not ``Any`` or ``annotations``)."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__") and n.endswith("__"))})

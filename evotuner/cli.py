@@ -28,12 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich import box
 from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 from rich.text import Text
 
 from evotuner import columns
@@ -118,7 +116,7 @@ def search(
         if search_space is None:   # the study's own space, else the replayed sweep's, else flash_attention's family
             search_space, note = session.pick_space(problem=problem, replay=replay, store=store, study=study)
         if note:
-            _io.out.print(Text(for_terminal(note), style="dim"), soft_wrap=True)
+            _diag.say(for_terminal(note), style="dim")
         sampler = session.sampler_name(sampler, search_space)
         make_sampler(sampler, search_space, seed, problem)   # an unknown or unusable sampler is refused here
         exists = session.check_exists(store, study, sampler, seed, problem, search_space)
@@ -177,7 +175,7 @@ def show(
         _print_json({**_decoded_json(summary, space), **diag.as_json()})
         return
     _render_summary(summary, top, space)
-    _diag.render(diag)
+    _diag.render(diag, tuple(space.names))
 
 
 @app.command()
@@ -196,15 +194,15 @@ def report(
     finally:
         store.close()
     for path in result.files:
-        _io.out.print(f"wrote {for_terminal(path)}", markup=False, highlight=False, soft_wrap=True)
+        _diag.say(f"wrote {for_terminal(path)}")
     if diag.profiles:
         path = Path(output) / "ncu_profiles.md"
         path.write_text(_diag.profiles_markdown(diag), encoding="utf-8")
-        _io.out.print(f"wrote {for_terminal(path)}", markup=False, highlight=False, soft_wrap=True)
-        _io.out.print(_diag.profile_table({s: r.figures for s, r in diag.profiles.items()},
-                                          {s: r.seconds for s, r in diag.profiles.items()}))
+        _diag.say(f"wrote {for_terminal(path)}")
+        _print_lines(_diag.profile_table({s: r.figures for s, r in diag.profiles.items()},
+                                         {s: r.seconds for s, r in diag.profiles.items()}))
     for name, why in result.skipped.items():
-        _io.out.print(Text(for_terminal(f"left out {name}: {why}"), style="dim"), soft_wrap=True)
+        _diag.say(for_terminal(f"left out {name}: {why}"), style="dim")
 
 
 @app.command("export")
@@ -222,22 +220,7 @@ def export_cmd(
         result = export_header(store, list(study), output, require_checked=require_checked)
     finally:
         store.close()
-    names = columns.param_names([dict(r.params) for r in result.rows], result.rows[0].order if result.rows else ())
-    short = columns.short_names(names)
-    table = Table(title=Text(for_terminal(f"{result.path}  ({len(result.rows)} configs)")), title_justify="left",
-                  caption=", ".join(filter(None, ["S≤ = the max seqlen_k a row serves", columns.legend(short),
-                                                   "chk = evotuner check: ok, FAIL or - (unchecked)"])),
-                  caption_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for col in ("#", "dtype", "D", "causal", "S≤"):
-        table.add_column(col, no_wrap=True)
-    for name in names:
-        table.add_column(Text(short[name]), justify="right", no_wrap=True)
-    table.add_column("chk", no_wrap=True)
-    table.add_column("µs", justify="right", no_wrap=True)
-    table.add_column("study", overflow="fold", min_width=12)
-    for i, row in enumerate(result.rows):
-        table.add_row(*(_export_cells(i, row, names)))
-    _io.out.print(table)
+    _print_lines(_export_lines(result))
     for skipped in result.skipped:
         _io.err.print(f"skipped: {for_terminal(skipped)}", markup=False, highlight=False)
 
@@ -286,17 +269,13 @@ def compile_cmd(
             "build_seconds": round(build.seconds, 3), "cached": build.cached,
         })
         return 0 if gate.passed else GATE_REJECTED_EXIT
-    table = Table(title=f"{kernel_config}  ({problem.dtype}, D={problem.shape.head_dim}"
-                        f"{', causal' if problem.causal else ''})", title_justify="left", show_header=False)
-    table.add_column("figure")
-    table.add_column("value", justify="right", overflow="fold")
-    for key, value in figures.items():
-        table.add_row(key, str(value))
-    table.add_row("build", f"{build.seconds:.2f} s{' (cached)' if build.cached else ''}")
-    table.add_row("cubin", str(build.artifact.cubin) if build.artifact else "-")
-    verdict = Text("passed", style="green") if gate.passed else Text(f"rejected: {gate.reason}", style="red")
-    table.add_row("gate", verdict)
-    _io.out.print(table)
+    pairs = [(key, str(value)) for key, value in figures.items()]
+    pairs += [("build", f"{build.seconds:.2f} s{' (cached)' if build.cached else ''}"),
+              ("cubin", str(build.artifact.cubin) if build.artifact else "-"),
+              ("gate", Text("passed", style="green") if gate.passed else Text(f"rejected: {gate.reason}", style="red"))]
+    title = f"{kernel_config}  ({problem.dtype}, D={problem.shape.head_dim}{', causal' if problem.causal else ''})"
+    _print_lines([Text(line) for line in columns.wrap(title, _io.out.width, 2)]
+                 + columns.kv_lines(pairs, _io.out.width))
     return 0 if gate.passed else GATE_REJECTED_EXIT
 
 
@@ -327,43 +306,43 @@ def bench(
     if as_json:
         _print_json(result.as_json())
         return
-    _io.out.print(_bench_table(result))
+    _print_lines(_bench_lines(result, _io.out.width, tuple(space.names)))
     for name, why in result.baseline_reasons.items():
         _io.err.print(f"{name}: not measured: {_one_line(why)}", markup=False, highlight=False)
 
 
-def _bench_table(result: Any) -> Table:
-    from rich import box
-
-
+def _bench_lines(result: Any, width: int, order: tuple[str, ...] = ()) -> list[Text]:
+    """The configs (one column per parameter, then µs, TFLOPS, the ratio to each SDPA backend
+    and the µs the study recorded), then the backends' own figures, then the legend."""
     p = result.problem
-    device = (result.device or {}).get("name", "unknown device")
-    names = [n for n in BASELINE_NAMES if n in result.baselines] + \
-            [n for n in result.baselines if n not in BASELINE_NAMES]
-    table = Table(title=f"{result.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} on {device}",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, caption_justify="left",
-                  caption=f"{', '.join(n.removeprefix('sdpa_') for n in names)}: ratio = SDPA µs / µs "
-                          "(>1: faster than that SDPA backend); was: the µs the study recorded")
-    table.add_column("#", justify="right", no_wrap=True)
-    table.add_column("config", overflow="fold", min_width=16, ratio=1)   # folds on a narrow terminal
-    for col in ("µs", "TFLOPS", *(n.removeprefix("sdpa_") for n in names), "was"):
-        table.add_column(col, justify="right", no_wrap=True)
-    for row in result.rows:
+    device = _device_text(result.device)
+    base = [n for n in BASELINE_NAMES if n in result.baselines] + \
+           [n for n in result.baselines if n not in BASELINE_NAMES]
+    configs = [dict(row.config.as_dict()) for row in result.rows]
+    names = columns.param_names(configs, order)
+    short = columns.headers(names)
+    cols = [columns.Col("#", right=True), *(columns.Col(short[n], right=True, group=1) for n in names),
+            *(columns.Col(h, right=True, group=2)
+              for h in ("µs", "TFLOPS", *(n.removeprefix("sdpa_") for n in base), "was"))]
+    rows, notes = [], []
+    for row, config in zip(result.rows, configs):
         if row.ok:
-            cells = [f"{row.median_us:.1f}", f"{row.tflops:.1f}" if row.tflops else "-",
-                     *(f"{row.ratios[n]:.2f}x" if row.ratios.get(n) else "-" for n in names)]
+            figures = [f"{row.median_us:.1f}", f"{row.tflops:.1f}" if row.tflops else "-",
+                       *(f"{row.ratios[n]:.2f}x" if row.ratios.get(n) else "-" for n in base)]
         else:
-            cells = [Text("failed", style="red"), "-", *(["-"] * len(names))]
+            figures = [Text("failed", style="red"), "-", *(["-"] * len(base))]
         recorded = f"{row.recorded_us:.1f}" if row.recorded_us is not None else "-"
-        config = str(row.config) if row.ok else f"{row.config}\nfailed: {_one_line(row.failure)}"
-        table.add_row(str(row.trial), config, *cells, recorded)
-    table.add_section()
-    for name in names:
-        us = result.baselines.get(name)
-        tflops = result.baseline_tflops.get(name)
-        table.add_row("", name, f"{us:.1f}" if us else "cannot run", f"{tflops:.1f}" if tflops else "-",
-                      *(["1.00x" if n == name and us else "-" for n in names]), "-")
-    return table
+        rows.append([str(row.trial), *columns.cells(config, names), *figures, recorded])
+        notes.append(None if row.ok else f"failed: {_one_line(row.failure)}")
+    title = f"{result.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} on {device}"
+    lines = columns.table_lines(cols, rows, width, notes=notes, title=title)
+    sdpa = [[name, f"{us:.1f}" if (us := result.baselines.get(name)) else "cannot run",
+             f"{tf:.1f}" if (tf := result.baseline_tflops.get(name)) else "-"] for name in base]
+    lines += [Text("")] + columns.table_lines(
+        [columns.Col("SDPA backend"), columns.Col("µs", right=True), columns.Col("TFLOPS", right=True)], sdpa, width)
+    legend = [f"{'/'.join(n.removeprefix('sdpa_') for n in base)} = that SDPA backend's µs / µs (>1: faster)",
+              "was = the µs the study recorded"]
+    return lines + [Text(line) for line in columns.legend_lines(short, width, legend)]
 
 
 # -- the search run and its live view ------------------------------------------------------
@@ -431,9 +410,10 @@ class _SearchView:
                 self._log(f"seeded from studies {where}: the sampler weighs their measurements against its "
                           "cost model (--no-transfer to start cold)")
             else:
-                where = ", ".join(f"{name} ({problem}, {n})" for name, problem, n, _ in event.sources)
-                self._log(f"seeded from studies {where}: their {event.configs} best configs follow the "
-                          "recommended one (--no-transfer to start cold)")
+                where = ", ".join(f"{name} ({problem}: {columns.count(n, 'config')})"
+                                  for name, problem, n, _ in event.sources)
+                self._log(f"seeded with the best configs of studies {where}, run right after the recommended "
+                          "one (--no-transfer to start cold)")
         elif isinstance(event, ev.DeviceChanged):
             self._log(f"warning: this study was measured on another device before; now on "
                       f"{event.device} (both are recorded; compare its timings with care)")
@@ -482,7 +462,7 @@ class _SearchView:
         return next((f for f in forms if len(f) <= width), forms[-1])
 
     def _log(self, line: str) -> None:
-        _io.out.print(for_terminal(line), markup=False, highlight=False, soft_wrap=True)
+        _diag.say(for_terminal(line))
 
     def close(self, result: Any, summary: Any, space: Any) -> None:
         outcome = {
@@ -500,7 +480,7 @@ class _SearchView:
         self._refresh()
         self._log(self.status.plain)
         self._log(outcome)
-        _io.out.print(_top_table(summary, 10, dict(summary.baselines or self.baselines or {}), space))
+        _print_lines(_top_table(summary, 10, dict(summary.baselines or self.baselines or {}), space))
 
 
 # -- rendering helpers ---------------------------------------------------------------------
@@ -547,32 +527,22 @@ def _decoded_json(summary: Any, space: Any) -> dict[str, Any]:
     return data
 
 
-def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space: Any = None) -> Group:
+def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space: Any = None) -> list[Text]:
+    """The best trials: one column per parameter under its fixed short header, the figures, the legend."""
     done = sorted((t for t in summary.trials
                    if t.state == "COMPLETE" and t.value is not None and t.duplicate_of is None),
                   key=lambda t: t.value)[:top]
     configs = [_config_values(t, space) for t in done]
     names = columns.param_names(configs, tuple(space.names) if space is not None else ())
+    short = columns.headers(names)
     fastest = min((v for v in baselines.values() if v), default=None)
-    heads = ("#", "µs", "TFLOPS", "vs SDPA")
-    figures = [(str(t.number), f"{t.value:.1f}", f"{t.tflops:.1f}" if t.tflops else "-",
-                f"{fastest / t.value:.2f}x" if fastest else "-") for t in done]
-    # Fit the console (a log is 80 columns) with every value whole: no vertical rules (two
-    # columns of gap each), and shorter parameter headers where the full ones do not fit.
-    values = {n: max((len(c) for config in configs for c in columns.cells(config, [n])), default=1) for n in names}
-    others = sum(max([len(h), *(len(row[i]) for row in figures)]) for i, h in enumerate(heads)) + 2 * (len(heads) - 1)
-    short = columns.fitting_names(names, values, others, 2, _io.out.width - 1)
-    table = Table(title=f"best {len(done)} of {len(summary.trials)} trials", title_justify="left",
-                  box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
-    table.add_column("#", justify="right", no_wrap=True)
-    for name in names:
-        table.add_column(Text(for_terminal(short[name])), justify="right", no_wrap=True)
-    for col in heads[1:]:
-        table.add_column(col, justify="right", no_wrap=True)
-    for (number, *rest), config in zip(figures, configs):
-        table.add_row(number, *columns.cells(config, names), *rest)
-    # The legend below at the console's width (as the table's caption it wrapped at the table's)
-    return Group(table, *(Text(line) for line in columns.legend_lines(short, _io.out.width)))
+    cols = [columns.Col("#", right=True), *(columns.Col(for_terminal(short[n]), right=True, group=1) for n in names),
+            *(columns.Col(h, right=True, group=2) for h in ("µs", "TFLOPS", "vs SDPA"))]
+    rows = [[str(t.number), *columns.cells(config, names), f"{t.value:.1f}", f"{t.tflops:.1f}" if t.tflops else "-",
+             f"{fastest / t.value:.2f}x" if fastest else "-"] for t, config in zip(done, configs)]
+    width = _io.out.width
+    lines = columns.table_lines(cols, rows, width, title=f"best {len(done)} of {len(summary.trials)} trials")
+    return lines + [Text(line) for line in columns.legend_lines(short, width)]
 
 
 def _config_values(record: Any, space: Any) -> dict[str, int]:
@@ -584,28 +554,60 @@ def _config_values(record: Any, space: Any) -> dict[str, int]:
         return {str(k): v for k, v in (record.params or {}).items()}
 
 
+def _device_text(device: Any) -> str:
+    """The device a study's (or a bench run's) figures come from; a replayed study says that no
+    GPU measured it here: its figures are a recorded sweep's."""
+    device = device or {}
+    name = str(device.get("name", "never measured"))
+    return f"{name} (replayed from a recorded sweep)" if device.get("replayed") else name
+
+
 def _render_summary(summary: Any, top: int, space: Any) -> None:
     p = summary.problem
-    head = Table(show_header=False, box=None, pad_edge=False)
-    head.add_column(style="bold")
-    head.add_column()
-    head.add_row("study", Text(for_terminal(summary.study)))
-    head.add_row("problem", f"{p.shape} {p.dtype}{' causal' if p.causal else ''}")
-    head.add_row("space", Text(for_terminal(f"{summary.space_name} ({summary.space_fingerprint[:12]})")))
-    head.add_row("sampler", f"{summary.sampler} seed={summary.seed}")
-    device = summary.device or {}
-    head.add_row("device", Text(for_terminal(device.get("name", "never measured"))))
-    head.add_row("baselines", ", ".join(f"{k} {v:.1f} µs" for k, v in summary.baselines.items() if v) or "-")
-    head.add_row("trials", ", ".join(f"{k} {v}" for k, v in sorted(summary.counts().items())) or "none")
-    _io.out.print(head)
-    _io.out.print(_top_table(summary, top, dict(summary.baselines), space))
+    pairs = [
+        ("study", for_terminal(summary.study)),
+        ("problem", f"{p.shape} {p.dtype}{' causal' if p.causal else ''}"),
+        ("space", for_terminal(f"{summary.space_name} ({summary.space_fingerprint[:12]})")),
+        ("sampler", f"{summary.sampler} seed={summary.seed}"),
+        ("device", for_terminal(_device_text(summary.device))),
+        ("baselines", ", ".join(f"{k} {v:.1f} µs" for k, v in summary.baselines.items() if v) or "-"),
+        ("trials", ", ".join(f"{k} {v}" for k, v in sorted(summary.counts().items())) or "none"),
+    ]
+    _print_lines(columns.kv_lines([(k, Text(v)) for k, v in pairs], _io.out.width))
+    _print_lines(_top_table(summary, top, dict(summary.baselines), space))
+
+
+def _export_lines(result: Any) -> list[Text]:
+    """The exported rows, one table per kernel family (each its own parameters), then the legend."""
+    width = _io.out.width
+    lines = [Text(line) for line in columns.wrap(f"{result.path}  ({columns.count(len(result.rows), 'config')})", width, 2)]
+    families = list(dict.fromkeys(r.family for r in result.rows))
+    shorts: dict[str, str] = {}
+    for family in families:
+        rows = [(i, r) for i, r in enumerate(result.rows) if r.family == family]
+        names = columns.param_names([dict(r.params) for _, r in rows], rows[0][1].order)
+        short = columns.headers(names)
+        shorts.update(short)
+        cols = [*(columns.Col(h, right=h in ("#", "D", "µs")) for h in ("#", "dtype", "D", "causal", "S≤", "chk", "µs")),
+                *(columns.Col(short[n], right=True, group=1) for n in names), columns.Col("study", group=2)]
+        studies = [for_terminal(f"{r.study} #{r.trial}") + (" (replayed)" if r.replayed else "") for _, r in rows]
+        long = max(len(s) for s in studies) > width // 2
+        cells = [_export_cells(i, r, names) + ([] if long else [study]) for (i, r), study in zip(rows, studies)]
+        lines += [Text("")] + columns.table_lines(cols[:-1] if long else cols, cells, width,
+                                                  notes=[f"study {s}" for s in studies] if long else (),
+                                                  title=f"{family} ({columns.count(len(rows), 'row')})")
+    extra = ["S≤ = the max seqlen_k a row serves", "chk = evotuner check: ok, FAIL or - (unchecked)"]
+    return lines + [Text("")] + [Text(line) for line in columns.legend_lines(shorts, width, extra)]
+
+
+def _print_lines(lines: list[Text]) -> None:
+    _diag.print_lines(lines)
 
 
 def _export_cells(i: int, row: Any, names: list[str]) -> list[Any]:
     max_seqlen = "any" if row.max_seqlen >= 2**31 - 1 else str(row.max_seqlen)
     return [str(i), row.dtype, str(row.head_dim), "yes" if row.causal else "no", max_seqlen,
-            *columns.cells(dict(row.params), names), _CHECK_MARK.get(row.checked, row.checked),
-            f"{row.median_us:.1f}", Text(for_terminal(f"{row.study} #{row.trial}"))]
+            _CHECK_MARK.get(row.checked, row.checked), f"{row.median_us:.1f}", *columns.cells(dict(row.params), names)]
 
 
 #: The export table's ``chk`` cell per `evotuner check` verdict (short: the table fits 80 columns).

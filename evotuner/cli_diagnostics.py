@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich.table import Table
 from rich.text import Text
 
+from evotuner import columns
 from evotuner.cli_options import (
     CausalOpt, DtypeOpt, SpaceOpt, StorageOpt, _io, _one_line, _open_store, app,
 )
@@ -103,8 +103,8 @@ def check(
     sel = _select(storage, study, top, config, shape, dtype, causal, space)
     targets = diagnose.build_targets(sel.space, sel.problem, sel.picks)
     p = sel.problem
-    _io.out.print(f"checking {len(targets)} config(s) at {p.dtype} D={p.shape.head_dim}"
-                  f"{' causal' if p.causal else ''} with {', '.join(wanted)} ({exe})", markup=False, highlight=False)
+    say(f"checking {columns.count(len(targets), 'config')} at {p.dtype} D={p.shape.head_dim}"
+        f"{' causal' if p.causal else ''} with {', '.join(wanted)} ({exe})")
     store = _open_store(storage, must_exist=True) if sel.study else None
     results: dict[str, dict[str, Any]] = {}
     try:
@@ -120,14 +120,13 @@ def check(
             line = f"{where}{outcome.config} {outcome.tool}: {verdict}, {outcome.seconds:.1f} s"
             if not outcome.passed and outcome.findings:
                 line += f": {_one_line(outcome.findings[0])}"
-            _io.out.print(line, markup=False, highlight=False, soft_wrap=True)
+            say(line)
     finally:
         if store is not None:
             store.close()
     failed = [c for c, by in results.items() if not all(o.passed for o in by.values())]
     recorded = f"; recorded in study {sel.study!r}" if sel.study else " (not recorded: no --study)"
-    _io.out.print(f"{len(results) - len(failed)} of {len(results)} config(s) clean{recorded}",
-                  markup=False, highlight=False)
+    say(f"{len(results) - len(failed)} of {columns.count(len(results), 'config')} clean{recorded}")
     if failed:
         raise EvotunerError(f"check: {len(failed)} of {len(results)} config(s) did not pass: {', '.join(failed)}",
                             "see the findings above (or `evotuner show --study S`)")
@@ -159,8 +158,8 @@ def profile(
     targets = diagnose.build_targets(sel.space, sel.problem, sel.picks)
     version = diagnose.tool_version(exe)
     device = _device_name()
-    _io.out.print(f"profiling {len(targets)} config(s){' and SDPA' if sdpa else ''} at {sel.problem.shape} "
-                  f"{sel.problem.dtype}{' causal' if sel.problem.causal else ''} ({exe})", markup=False, highlight=False)
+    say(f"profiling {len(targets)} config(s){' and SDPA' if sdpa else ''} at {sel.problem.shape} "
+        f"{sel.problem.dtype}{' causal' if sel.problem.causal else ''} ({exe})")
     store = _open_store(storage, must_exist=True) if sel.study else None
     outcomes = []
     try:
@@ -168,11 +167,9 @@ def profile(
             outcome = diagnose.profile(sel.problem, exe=exe, target=target, version=version, timeout_s=timeout)
             outcomes.append(outcome)
             if outcome.figures is None:
-                _io.out.print(f"{outcome.subject}: no profile ({_one_line(outcome.error)}), {outcome.seconds:.1f} s",
-                              markup=False, highlight=False, soft_wrap=True)
+                say(f"{outcome.subject}: no profile ({_one_line(outcome.error)}), {outcome.seconds:.1f} s")
                 continue
-            _io.out.print(f"{outcome.subject}: {outcome.figures.get('kernel')} profiled in {outcome.seconds:.1f} s",
-                          markup=False, highlight=False, soft_wrap=True)
+            say(f"{outcome.subject}: {outcome.figures.get('kernel')} profiled in {outcome.seconds:.1f} s")
             if store is not None:
                 diagnostics.record_profile(store, sel.study, outcome.subject, outcome.kind,
                                            problem=sel.problem.as_dict(), figures=outcome.figures,
@@ -182,8 +179,8 @@ def profile(
             store.close()
     rows = {o.subject: o for o in outcomes if o.figures is not None}
     if rows:
-        _io.out.print(profile_table({s: o.figures for s, o in rows.items()},
-                                    {s: o.seconds for s, o in rows.items()}, f"ncu at {sel.problem.shape}"))
+        print_lines(profile_table({s: o.figures for s, o in rows.items()},
+                                  {s: o.seconds for s, o in rows.items()}, f"ncu at {sel.problem.shape}"))
     if len(rows) < len(outcomes):
         raise EvotunerError(f"profile: {len(outcomes) - len(rows)} of {len(outcomes)} run(s) gave no profile",
                             "see the reasons above")
@@ -219,31 +216,47 @@ def load(store: Any, study: str) -> Diagnostics:
     return Diagnostics(diagnostics.latest_checks(store, study), diagnostics.latest_profiles(store, study))
 
 
-def checks_table(checks: dict) -> Table:
+def checks_table(checks: dict, order: tuple[str, ...] = ()) -> list[Text]:
+    """One row per checked config (a column per parameter), each tool's verdict; the first
+    finding of a config that failed is wrapped under its row."""
     from evotuner.export import CHECK_TOOLS
     from evotuner.storage.diagnostics import verdict
 
-    table = Table(title="evotuner check (compute-sanitizer, latest run per tool)", title_justify="left")
-    table.add_column("config", overflow="fold")
-    for tool in CHECK_TOOLS:
-        table.add_column(tool, justify="right")
-    table.add_column("verdict")
-    table.add_column("first finding", overflow="fold")
+    configs = {c: _config_dict(c) for c in checks}
+    names = columns.param_names([d for d in configs.values() if d is not None], order)
+    short = columns.headers(names)
+    cols = [*(columns.Col(short[n], right=True) for n in names),
+            *(columns.Col(h, right=True, group=1) for h in (*CHECK_TOOLS, "verdict"))]
+    rows, notes = [], []
     for config, by in checks.items():
-        cells = []
+        cells: list[Any] = []
         for tool in CHECK_TOOLS:
             r = by.get(tool)
             cells.append("-" if r is None else Text("clean", style="green") if r.passed
                          else Text(f"{r.errors} err" + ("" if r.complete else "+"), style="red"))
         first = next((r.findings[0] for t in CHECK_TOOLS if (r := by.get(t)) and not r.passed and r.findings), "")
         v = verdict(by, CHECK_TOOLS)
-        table.add_row(config, *cells, Text(v, style={"passed": "green", "failed": "red"}.get(v, "yellow")),
-                      _one_line(first)[:300])
-    return table
+        params = configs[config]
+        rows.append([*columns.cells(params, names), *cells,
+                     Text(v, style={"passed": "green", "failed": "red"}.get(v, "yellow"))])
+        unparsed = "" if params is not None else f"config {config}"
+        notes.append("; ".join(filter(None, [unparsed, f"first finding: {_one_line(first)[:300]}" if first else ""])))
+    width = _io.out.width
+    lines = columns.table_lines(cols, rows, width, notes=notes,
+                                title="evotuner check (compute-sanitizer, latest run per tool)")
+    return lines + [Text(line) for line in columns.legend_lines(short, width)]
 
 
-def profile_table(figures: dict, seconds: dict | None = None, title: str = "ncu profiles (latest per config)") -> Table:
-    """One row per figure, one column per subject (the configs, then SDPA's kernel)."""
+def _config_dict(text: str) -> dict[str, int] | None:
+    try:
+        return KernelConfig.parse(text).as_dict()
+    except (EvotunerError, ValueError):
+        return None
+
+
+def profile_table(figures: dict, seconds: dict | None = None, title: str = "ncu profiles (latest per config)") -> list[Text]:
+    """One row per figure, one column per subject (the configs, then SDPA's kernel); subjects
+    that do not fit beside the others make a further table with the figure names again."""
     from evotuner.diagnose import PROFILE_COLUMNS, SDPA_SUBJECT
 
     configs = [s for s in figures if s != SDPA_SUBJECT]
@@ -252,21 +265,19 @@ def profile_table(figures: dict, seconds: dict | None = None, title: str = "ncu 
     legend = [f"config {i + 1} = {s}" for i, s in enumerate(configs)]
     if SDPA_SUBJECT in figures:
         legend.append(f"SDPA = default backend: {figures[SDPA_SUBJECT].get('kernel', '?')}")
-    table = Table(title=title, title_justify="left", caption="\n".join(legend), caption_justify="left")
-    table.add_column("figure")
-    for s in order:
-        table.add_column(heads[s], justify="right")
-    for key, head in PROFILE_COLUMNS:
-        table.add_row(head, *(_fmt(figures[s].get(key)) for s in order))
+    rows = [[head, *(_fmt(figures[s].get(key)) for s in order)] for key, head in PROFILE_COLUMNS]
     for rank in range(3):
         cells = []
         for s in order:
             stalls = figures[s].get("top_stalls") or []
             cells.append(f"{stalls[rank][0]} {stalls[rank][1]:g}" if rank < len(stalls) else "-")
-        table.add_row(f"stall #{rank + 1} (warps/issue)", *cells)
+        rows.append([f"stall #{rank + 1} (warps/issue)", *cells])
     if seconds:
-        table.add_row("ncu run, s", *(f"{seconds.get(s, 0.0):.1f}" for s in order))
-    return table
+        rows.append(["ncu run, s", *(f"{seconds.get(s, 0.0):.1f}" for s in order)])
+    cols = [columns.Col("figure", key=True), *(columns.Col(heads[s], right=True, group=i) for i, s in enumerate(order))]
+    width = _io.out.width
+    lines = columns.table_lines(cols, rows, width, title=title)
+    return lines + [Text(part) for line in legend for part in columns.wrap(line, width, 2)]
 
 
 def _fmt(v: Any) -> str:
@@ -277,12 +288,24 @@ def _fmt(v: Any) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def render(diag: Diagnostics) -> None:
+def render(diag: Diagnostics, order: tuple[str, ...] = ()) -> None:
+    """The study's check verdicts and profiles (``order``: the space's parameter names)."""
     if diag.checks:
-        _io.out.print(checks_table(diag.checks))
+        print_lines(checks_table(diag.checks, order))
     if diag.profiles:
-        _io.out.print(profile_table({s: r.figures for s, r in diag.profiles.items()},
-                                    {s: r.seconds for s, r in diag.profiles.items()}))
+        print_lines(profile_table({s: r.figures for s, r in diag.profiles.items()},
+                                  {s: r.seconds for s, r in diag.profiles.items()}))
+
+
+def say(line: str, style: str = "") -> None:
+    """One message, wrapped at word boundaries to the console's width (later lines indented)."""
+    print_lines([Text(part, style=style) for part in columns.wrap(line, _io.out.width, 4)])
+
+
+def print_lines(lines: list[Text]) -> None:
+    """Lines laid out by :mod:`evotuner.columns`: printed as they are, never re-wrapped or cut."""
+    for line in lines:
+        _io.out.print(line, soft_wrap=True, highlight=False)
 
 
 def profiles_markdown(diag: Diagnostics) -> str:

@@ -21,7 +21,8 @@ STORAGE_ENV = "EVOTUNER_STORAGE"
 
 app = typer.Typer(
     name="evotuner",
-    help="Optuna-driven autotuner for the FlashCore attention kernel on NVIDIA Hopper (sm_90a).",
+    help="Optuna-driven autotuner for fused attention CUDA kernels on NVIDIA Hopper (sm_90a): "
+         "the hopper (wgmma + TMA) and FlashCore (mma.sync) kernel families.",
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -137,3 +138,19 @@ def _one_line(text: str | None) -> str:
 
 def _open_store(storage: str | None, *, must_exist: bool = False, read_only: bool = False) -> Any:
     return session.open_store(_storage_url(storage), must_exist=must_exist, read_only=read_only)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from evotuner import __version__
+
+        _io.out.print(f"evotuner {__version__}", markup=False, highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _top(
+    version: Annotated[bool, typer.Option("--version", is_eager=True, callback=_print_version,
+                                          help="Print evotuner's version and exit.")] = False,
+) -> None:
+    """The options before a command (``--version``); the app's ``help`` above is its text."""

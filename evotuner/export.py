@@ -111,6 +111,7 @@ class ExportRow:
     device_name: str
     beat: tuple[tuple[str, float], ...] = ()   # (study, µs) of same-key studies this row won over
     checked: str = "unchecked"                 # `evotuner check`: passed, failed or unchecked
+    replayed: bool = False                     # its figures are a recorded sweep's (search --replay)
 
     @property
     def key(self) -> tuple[str, str, str, int, bool, int]:
@@ -230,6 +231,7 @@ def best_row(store: _Store, study: str) -> ExportRow:
         nvcc_version=_nvcc_short(getattr(summary, "nvcc_version", None)),
         source_hash=_text(getattr(summary, "source_hash", None)),
         device_name=_text(device.get("name") if isinstance(device, dict) else None),
+        replayed=bool(isinstance(device, dict) and device.get("replayed")),
     )
 
 
@@ -341,6 +343,8 @@ def _render_section(rows: list[ExportRow], arch: str, family: KernelFamily) -> l
         lines.append(f"    // [{i}] study {_text(r.study)!s}, trial {r.trial}: {r.median_us:.3f} us, {tf} TFLOPS "
                      f"(seqlen_k {r.seqlen_k})")
         lines.append(f"    //     {r.date}; nvcc {r.nvcc_version}; source {r.source_hash}; device {r.device_name}")
+        if r.replayed:   # a line of its own: the device line ends with the GPU's name (evotuner.tuned reads it)
+            lines.append("    //     replayed from a sweep recorded on that device: not measured by this study")
         lines.append(f"    //     evotuner check (compute-sanitizer {', '.join(CHECK_TOOLS)}): {r.checked}")
         if r.beat:
             beaten = ", ".join(f"study {_text(s)} ({us:.3f} us)" for s, us in r.beat)

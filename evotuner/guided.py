@@ -2,8 +2,8 @@
 family's cost model as the prior (the ``guided`` sampler).
 
 Why: a search that starts cold learns from scratch what the kernel's structure already
-says, and on the Hopper family's space (5-8 thousand feasible configs, a few within 2% of
-the best) TPE needed 0.4-0.7 of random search's evaluations (README, "Samplers"). A family
+says, and on the Hopper family's space (thousands of feasible configs, a few within 2% of
+the best) TPE does little better than random search (docs/samplers.md). A family
 that can predict its configs' time (:meth:`evotuner.family.KernelFamily.estimate_us`, e.g.
 kernels/hopper/cost.py) gives the search its ranking before the first build; the search
 then measures where the model is unsure or wrong.
@@ -24,8 +24,7 @@ How, per proposal:
   ``LENGTH_SCALES`` that maximises the marginal likelihood (coordinate search, two
   passes): a parameter whose changes leave the residual unchanged (a register split,
   the scheduler at one shape) gets a long one, so near-copies of a measured config stop
-  looking unexplored (on the held-out sweep B=1,H=16,S=4096,D=64 bf16, where the model
-  ranks the optimum's structure 66th, this took the search from 32 evaluations to 6);
+  looking unexplored, which matters most where the model ranks the optimum badly;
 * a config that reached the compiler and failed (gate, runtime) counts as measured
   ``FAILURE_PENALTY`` above the worst measured residual; running and waiting configs count
   as measured at the current mean (a constant liar: parallel builds spread out);
@@ -40,15 +39,11 @@ evotuner/transfer.py), nearest first, change two things:
   the next proposal is the *lead*: of the LEAD_PER_STUDY fastest configs of each related
   study that are candidates here, the one the model rates best here. The winners of
   nearby problems often carry over where the model is wrong (the nearest study's best
-  is within 2% at six of the ten recorded hopper sweeps; the model's first pick at
-  three, and at three more depending on how its ties break), and the model, choosing
-  among them, knows this problem's size (on the H100, the nearest study's best at
-  2,16,1024,64 was a three-warpgroup config from a problem with 4x the query rows, 16%
-  slower than the two-warpgroup recommended one). Where the model rates even the best of
-  them more than LEAD_WITHIN_SD residual SDs slower than its own best, there is no lead:
-  the sources' winners do not fit this problem (their tiles, its waves), and the model's
-  error is not that large (the recorded sweep at 2,16,1024,64: rated 41% slower by the
-  model, measured 17-20% slower);
+  is often within 2% of the optimum where the model's first pick is not), and the model, choosing
+  among them, knows this problem's size (a nearby problem's winner may be tiled for 4x
+  the query rows). Where the model rates even the best of them more than LEAD_WITHIN_SD
+  residual SDs slower than its own best, there is no lead: the sources' winners do not
+  fit this problem (their tiles, its waves), and the model's error is not that large;
 * the GP takes their measurements as correlated tasks: the model's residual at problem
   *s* is ``a_s g + sqrt(1 - a_s^2) h_s``, with ``g`` the residual here and ``h_s``
   independent of it (a one-factor model: two problems' residuals correlate ``a_s a_t``,
@@ -56,16 +51,14 @@ evotuner/transfer.py), nearest first, change two things:
   residuals are centred on their own mean (its bias is its own); its compiled failures
   count as ours do.
 
-Measured against the alternative of letting the GP's posterior mean pick first
-(README "Transfer"): that lost 5-8 evaluations at two of the ten sweeps where the
-model's own first pick was within 2%, since the model's errors correlate 0.9-1.0 between
-problems of one head dim but a 2% decision needs more than that.
+The model's own first pick comes before the lead, not the GP's posterior mean: the model's
+errors correlate strongly between problems of one head dim, but not enough to decide 2%
+(docs/transfer.md has the leave-one-out figures).
 
-The starting length scale and the residual's spread are round figures, not fitted: the
-benchmark's figures moved by at most a few evaluations for 0.2-0.5 and 0.05-0.15
-(scripts/sampler_benchmark.py, README "Samplers"). The search is as good as the model's
-order: with a flat model it is plain GP expected improvement, with a model that ranks the
-configs backwards it is worse than random search (measured, README).
+The starting length scale and the residual's spread are round figures, not fitted
+(scripts/sampler_benchmark.py moves little over a range of them). The search is as good
+as the model's order: with a flat model it is plain GP expected improvement, with a model
+that ranks the configs backwards it is worse than random search (docs/samplers.md).
 """
 
 from __future__ import annotations

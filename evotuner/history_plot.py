@@ -95,6 +95,7 @@ def draw_history(plt: Any, summary: Any, title: str, path: Path) -> HistoryFacts
                 label=f"best so far: {by[0]:.1f} -> {by[-1]:.1f} µs")
         ax.set_ylim(lo, hi)
         styles = iter(["--", ":", "-.", (0, (5, 1))])
+        stacked = Counter()                      # off-scale labels at each edge so far: one under the other
         for name, us in sorted(summary.baselines.items()):
             if us is None:
                 continue
@@ -103,9 +104,11 @@ def draw_history(plt: Any, summary: Any, title: str, path: Path) -> HistoryFacts
                            label=f"{name} {us:.1f} µs")
                 continue
             off_scale[name] = us
-            edge, va, arrow = (hi, "top", "↑") if us > hi else (lo, "bottom", "↓")
+            edge, va, arrow, step = (hi, "top", "↑", -11) if us > hi else (lo, "bottom", "↓", 11)
             ax.annotate(f"{arrow} {name} {us:.1f} µs (off scale)", xy=(0.01, edge), xycoords=("axes fraction", "data"),
+                        xytext=(0, step * stacked[edge]), textcoords="offset points",
                         va=va, ha="left", fontsize=8, color="dimgrey")
+            stacked[edge] += 1
     else:
         ax.text(0.5, 0.5, "no COMPLETE trial yet", transform=ax.transAxes, ha="center", va="center")
     counts = Counter(reason_class(t) for t in unmeasured)
@@ -127,7 +130,8 @@ def draw_history(plt: Any, summary: Any, title: str, path: Path) -> HistoryFacts
     ax.set_ylabel("median latency (µs, lower is better)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper right")
+    # the legend beside the plot, never over its points (bbox_inches="tight" makes room for it)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return HistoryFacts(ylim=facts_ylim, above_axis=above, off_scale_baselines=off_scale,

@@ -65,16 +65,15 @@ def startup_trials(space: SearchSpace) -> int:
 
 
 #: Samplers proposed through :class:`evotuner.fresh.FreshSampler` (new, feasible configs only).
-#: Chosen by scripts/sampler_benchmark.py on the H100 sweeps (README, "Samplers"): it makes
+#: Chosen by scripts/sampler_benchmark.py on the H100 sweeps (docs/samplers.md): it makes
 #: random search draw without replacement and keeps GP from stalling on repeats, but costs
 #: TPE evaluations (median evaluations to 2% of the optimum, 50 seeds: 14.5 wrapped vs 12 plain
 #: at D=64, 15 vs 9.5 at D=128): TPE's repeats are free (copied, never rebuilt) and steer it.
 #: ``tpe-masked`` (TPE screening its own candidates, always wrapped) is the other way to
 #: keep TPE on feasible configs; it lost to plain TPE on FlashCore too (15-23.5 and 12-15
-#: evaluations, 30 seeds) and was the Hopper family's default until ``guided``
-#: (evotuner/guided.py: the family's cost model as the prior, new feasible configs only)
-#: needed 0.01-0.23 of random search's evaluations on the ten recorded sweeps where it needed 0.23-2.4
-#: (and 0.02-0.06 on the two few-row sweeps recorded later).
+#: evaluations, 30 seeds) and on the Hopper family, where ``guided`` (evotuner/guided.py:
+#: the family's cost model as the prior, new feasible configs only) needs far fewer
+#: evaluations (docs/samplers.md).
 FRESH_SAMPLERS = ("random", "gp")
 #: tpe-masked: candidates TPE draws per proposal before the screen (Optuna's default is 24),
 #: enough that one survives when 4 in 5 break a constraint (hopper_grid.toml) ...

@@ -96,7 +96,7 @@ def make_report(store: Any, study_name: str, output_dir: str | Path) -> Report:
 def _pyplot() -> Any:
     if importlib.util.find_spec("matplotlib") is None:
         raise ReportError("evotuner report needs matplotlib, which is not installed",
-                          "pip install 'evotuner[report]' (or pip install matplotlib)")
+                          "in the checkout: pip install -e '.[report]' (or pip install matplotlib)")
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -107,8 +107,10 @@ def _pyplot() -> Any:
 
 def _title(summary: Any) -> str:
     p = summary.problem
-    device = (summary.device or {}).get("name", "no device")
-    return f"{summary.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} on {device}"
+    device = summary.device or {}
+    on = f"replayed from a sweep recorded on {device.get('name', 'no device')}" if device.get("replayed") \
+        else f"on {device.get('name', 'no device')}"
+    return f"{summary.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} {on}"
 
 
 def _importances(store: Any, study_name: str, complete: list[Any]) -> tuple[dict[str, float] | None, str]:

@@ -37,8 +37,10 @@ MeasureFactory = Callable[[], MeasureStage]
 
 def no_gpu(command: str = "search") -> NoGpuError:
     """The refusal on a machine without a GPU, naming the command the user ran and what works here."""
-    instead = ("`evotuner search --replay SWEEP.csv`, `compile`, `show`, `export` and `report` work here"
-               if command in ("search", "resume") else "`evotuner compile`, `show`, `export` and `report` work here")
+    replay = {"search": "`evotuner search --replay SWEEP.csv`",
+              "resume": "`evotuner resume --replay SWEEP.csv` (with the sweep a replayed study was made from)"}
+    instead = (f"{replay.get(command, '`search --replay SWEEP.csv` (a study answered from a recorded sweep)')}, "
+               "`compile`, `show`, `export` and `report` work here")
     return NoGpuError(f"no CUDA GPU on this machine: evotuner {command} needs one to measure; {instead}",
                       f"run evotuner {command} on a machine with an NVIDIA Hopper GPU")
 
@@ -340,7 +342,7 @@ def seeded_start(store: StudyStore, study: str, problem: Problem, space: SearchS
     optimum at most recorded problems (one evaluation). A sampler that takes measurements
     (``takes_related``) gets nothing enqueued: its own first pick weighs the sources against
     the cost model, where an enqueued seed that is not within 2% costs an evaluation
-    (README "Transfer")."""
+    (docs/transfer.md)."""
     from evotuner.transfer import plan_transfer
 
     plan = plan_transfer(store, study, problem, space, measure.device(), observations=takes_related)

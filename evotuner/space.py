@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from evotuner.config import PARAM_NAME, KernelConfig
-from evotuner.errors import SpaceError
+from evotuner.errors import EvotunerError, SpaceError
 from evotuner.family import get_family
 from evotuner.spacelimits import check_bits, check_depth, check_pow, first_duplicate
 from evotuner.problem import Problem
@@ -202,6 +202,20 @@ class SearchSpace:
         """The configs no static constraint rejects for ``problem``."""
         return (c for c in self.configs() if self.violated(c, problem) is None)
 
+    def _other_family(self, config: KernelConfig) -> str | None:
+        """The remedy for a config of another kernel family (its parameters, not this space's):
+        the option that names that family's space on the command line and in Python."""
+        from evotuner.defaults import config_family
+
+        try:
+            family = config_family(config).name
+        except EvotunerError:
+            return None
+        if family == self.kernel:
+            return None
+        return (f"a {family} config: pass --space {family} on the command line, family=\"{family}\" "
+                f"from Python (this space is the {self.kernel} family's: {', '.join(self.names)})")
+
     def validate(self, config: KernelConfig) -> None:
         """Raise SpaceError unless ``config`` sets exactly the space's parameters to allowed values."""
         given = config.as_dict()
@@ -209,7 +223,7 @@ class SearchSpace:
         if unknown:
             raise SpaceError(
                 f"config: unknown parameter {unknown[0]} (space {self.path})",
-                f"the space defines {', '.join(self.names)}",
+                self._other_family(config) or f"the space defines {', '.join(self.names)}",
             )
         for p in self.params:
             if p.name not in given:

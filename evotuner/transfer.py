@@ -25,17 +25,13 @@ plan's ``skipped``):
 * at least one COMPLETE trial.
 
 Nearness is :func:`similarity`, the correlation the guided sampler assumes between the
-cost model's errors at two problems. The twelve recorded hopper sweeps measured it
-(``scripts/transfer_benchmark.py --correlations``, README "Transfer"): between two
-problems of one head dim the model's log errors correlate 0.88-1.00 over every
-compiled config, 0.65-1.00 over the configs within 15% of the optimum; a dtype change
-alone leaves them at 0.99-1.00 (so dtype counts least), a causal change is the largest
-single step, and sizes move them per doubling of the query rows B x H x Sq (how many
-tiles, how many waves on the SMs) and of the key length (each tile's loop), not of Sq and
-B x H apart: 2,16,1024 and 1,8,4096 have one tile count. Those two sizes order the 60
-pairs' correlations better than the three did (``--correlations`` prints it: rank
-correlation 0.74 against 0.65 over all configs, 0.51 against 0.48 near the optimum). The
-weights below are round figures set under those correlations, not fitted to the benchmark.
+cost model's errors at two problems (``scripts/transfer_benchmark.py --correlations``
+measures it on the recorded sweeps; docs/transfer.md has the figures): errors correlate
+strongly within one head dim; a dtype change moves them least, a causal change most;
+sizes move them per doubling of the query rows B x H x Sq (how many tiles, how many
+waves on the SMs) and of the key length (each tile's loop), not of Sq and B x H apart
+(2,16,1024 and 1,8,4096 have one tile count). The weights below are round figures set
+under those correlations, not fitted to the benchmark.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from cli_helpers import assert_one_line_error as one_line_error, run, scaffold_e
 from scaffold import make_measure
 from evotuner.bench import BenchResult, bench_study, ratios
 from evotuner.compiler import Builder
+from evotuner import columns
 from evotuner.config import KernelConfig
 from evotuner.problem import Problem, Shape
 from evotuner.space import load_space
@@ -97,20 +98,24 @@ def test_bench_json_remeasures_the_best_configs_and_the_baselines(capsys, studie
 
 def test_bench_table_shows_configs_baselines_and_ratios(capsys, studied, monkeypatch):
     want = expected_best(studied, 3)
-    monkeypatch.setenv("COLUMNS", "160")         # one config per line
+    monkeypatch.setenv("COLUMNS", "160")         # one row per config
     code, out, err = run(capsys, "bench", "--study", "s", "--top", 3, "--storage", f"sqlite:///{studied}")
     assert code == 0, err
-    header = next(line for line in out.splitlines() if "config" in line and "TFLOPS" in line).split()
-    assert header == ["#", "config", "µs", "TFLOPS", "default", "flash", "efficient", "was"]
-    lines = {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
+    lines = out.splitlines()
+    header = next(line for line in lines if "TFLOPS" in line and "was" in line).split()
+    names = list(load_space(TINY).names)
+    heads = [columns.headers(names)[n] for n in names]
+    assert header == ["#", *heads, "µs", "TFLOPS", "default", "flash", "efficient", "was"]
+    rows = {line.split()[0]: line.split() for line in lines if line.split()}
     for number, config, recorded in want:
         us = scaffold_median_us(config)
-        cells = lines[str(number)]
-        assert cells[1] == str(config) and cells[2] == f"{us:.1f}" and cells[-1] == f"{recorded:.1f}"
-        assert cells[4:7] == [f"{BASELINES[n] / us:.2f}x" for n in ("sdpa_default", "sdpa_flash", "sdpa_efficient")]
+        cells = rows[str(number)]
+        assert cells[1:1 + len(names)] == [str(config.as_dict()[n]) for n in names]
+        assert cells[1 + len(names)] == f"{us:.1f}" and cells[-1] == f"{recorded:.1f}"
+        assert cells[-4:-1] == [f"{BASELINES[n] / us:.2f}x" for n in ("sdpa_default", "sdpa_flash", "sdpa_efficient")]
     for name, us in BASELINES.items():
-        assert lines[name][1] == f"{us:.1f}"
-    assert "ratio = SDPA µs / µs" in out
+        assert rows[name][1] == f"{us:.1f}"
+    assert "default/flash/efficient = that SDPA backend's µs / µs (>1: faster)" in out
 
 
 def test_bench_records_the_baselines_unless_told_not_to(capsys, tmp_path, studied):

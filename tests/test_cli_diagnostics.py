@@ -102,7 +102,8 @@ def test_check_records_the_findings_show_displays_them_export_refuses(capsys, mo
     code, out, err = run(capsys, "check", "--study", "r", "--top", 1, "--tools", "memcheck", "--storage", study,
                          "--timeout", 60)
     assert code == 1 and "Traceback" not in out + err
-    assert "memcheck: FAILED (4 error(s))" in out and "Invalid __global__ write of size 4 bytes" in out
+    words = " ".join(out.split())                 # the lines wrap at the console's width
+    assert "memcheck: FAILED (4 error(s))" in words and "Invalid __global__ write of size 4 bytes" in words
     assert err.strip().startswith("error: check: 1 of 1 config(s) did not pass")
     # recorded: the tool's findings and the worker's fate
     with StudyStore(study) as store:

@@ -250,7 +250,7 @@ def _lead(related, problem, grid):
 
 def test_related_studies_leave_the_first_pick_and_put_their_lead_second(grid):
     """At 2,8,8192,64 causal the model's first pick is 11-14% off the optimum (cold needs 26
-    evaluations, README "Samplers"); the 1,16,4096,64 bf16 sweep's fastest configs include
+    evaluations, docs/samplers.md); the 1,16,4096,64 bf16 sweep's fastest configs include
     ones within 1% there. With that study related, the first pick stays the model's and the
     second is the lead (see _lead); then the GP goes on with both studies' measurements. At
     similarity 0 (or with nothing related) the sampler is the cold one."""

@@ -345,15 +345,23 @@ class ReplayMeasure(MeasureStage):
             raise ReplayError(
                 f"--replay {path}: parameters {', '.join(self.table.names)} differ from the space's "
                 f"{', '.join(space.names)}",
-                "replay a sweep of this search space",
+                self._space_remedy("replay a sweep of this search space"),
             )
         recorded = self.table.header.get("space_fingerprint")
         if recorded != space.fingerprint():
             raise ReplayError(
                 f"--replay {path}: recorded with space fingerprint {str(recorded)[:12]}, this space is "
                 f"{space.fingerprint()[:12]} ({space.path})",
-                "replay with the space file the sweep used, or sweep this space again",
+                self._space_remedy("replay with the space file the sweep used, or sweep this space again"),
             )
+
+    def _space_remedy(self, otherwise: str) -> str:
+        """Names the space the sweep's sidecar records (``space_name``), as ``--space`` takes it."""
+        name = self.table.header.get("space_name")
+        if not isinstance(name, str) or not name:
+            return otherwise
+        return (f"this sweep was recorded with space {name}: pass --space {name} "
+                f"(search_spaces/{name}.toml), or sweep this space again")
         missing = [c for c in space.configs() if c not in self.table.rows]
         if missing:
             raise ReplayError(f"--replay {path}: no row for {len(missing)} config(s) of the space, e.g. {missing[0]}",

@@ -30,7 +30,7 @@ The throughputs are the H100 SXM's datasheet figures (``../shared/docs/hopper-ke
 989 TF dense fp16 = 132 SMs x 4096 flop/clk x 1.83 GHz; MUFU 16 ex2/clk/SM (3.9 T/s, FA3
 paper). The L2 bandwidth, the latencies and the softmax's FP32 op count are estimates, chosen
 once by hand (not fitted): the model orders configs, the search measures them. How well it
-orders them is measured on the recorded sweeps (README, "Samplers"): the model was written
+orders them is measured on the recorded sweeps (docs/samplers.md): the model was written
 against the first four; four more were recorded after it (the causal dispatch rule below was
 changed after the fourth of those), and two after that change.
 """

@@ -46,7 +46,7 @@ class Hopper(KernelFamily):
     title = "Hopper (wgmma/TMA)"
     # Bayesian optimisation on cost.py's estimates: cold, within 2% of a recorded sweep's
     # optimum in 1-6 evaluations where TPE screening its candidates (tpe-masked, the earlier
-    # default) needed 14.5-139 and random search 21-136 (README "Samplers").
+    # default) needed 14.5-139 and random search 21-136 (docs/samplers.md).
     default_sampler = "guided"
     macro_prefix = "HOPPER"
     entry = "hopper_fwd"

@@ -1,0 +1,7 @@
+"""``python -m evotuner``: the ``evotuner`` command, for an environment without its script on PATH."""
+
+import sys
+
+from evotuner.cli import main
+
+sys.exit(main())
