@@ -37,6 +37,7 @@ from rich.table import Table
 from rich.text import Text
 
 from evotuner import columns
+from evotuner.atomicfile import write_text_atomic
 from evotuner import events as ev
 from evotuner import session
 from evotuner.config import KernelConfig
@@ -193,13 +194,14 @@ def report(
     try:
         result = make_report(store, study, output)
         diag = _diag.load(store, study)
+        protect = store.database_files()
     finally:
         store.close()
     for path in result.files:
         _io.out.print(f"wrote {for_terminal(path)}", markup=False, highlight=False, soft_wrap=True)
     if diag.profiles:
         path = Path(output) / "ncu_profiles.md"
-        path.write_text(_diag.profiles_markdown(diag), encoding="utf-8")
+        write_text_atomic(path, _diag.profiles_markdown(diag), protect=protect)
         _io.out.print(f"wrote {for_terminal(path)}", markup=False, highlight=False, soft_wrap=True)
         _io.out.print(_diag.profile_table({s: r.figures for s, r in diag.profiles.items()},
                                           {s: r.seconds for s, r in diag.profiles.items()}))

@@ -37,6 +37,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from evotuner.atomicfile import protected_files
 from evotuner.compiler.instantiate import evotuner_version
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StorageError, StudyMismatchError
@@ -296,6 +297,12 @@ class StudyStore:
     @property
     def display_url(self) -> str:
         return _connect.display(self._url)
+
+    def database_files(self) -> tuple[Path, ...]:
+        """The files of a SQLite study database, its side files (``-wal``, ``-shm``,
+        ``-journal``) included, which no output may replace; () for a server database."""
+        path = _connect.sqlite_path(self._url)
+        return protected_files([path]) if path is not None else ()
 
     @property
     def optuna_storage(self) -> RDBStorage:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
 import re
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from evotuner.atomicfile import write_text_atomic
 from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StudyMismatchError
@@ -190,20 +192,19 @@ def write_sweep(path: str | Path, names: Iterable[str], rows: Iterable[SweepRow]
     if missing:
         raise ValueError(f"sweep header lacks {', '.join(missing)}")
     path = Path(path)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(list(names) + list(RESULT_COLUMNS))
-        for row in rows:
-            w.writerow(row.as_csv(names))
+    buffer = io.StringIO()
+    w = csv.writer(buffer, lineterminator="\n")
+    w.writerow(list(names) + list(RESULT_COLUMNS))
+    for row in rows:
+        w.writerow(row.as_csv(names))
+    write_text_atomic(path, buffer.getvalue())      # evotuner's output rule: never a link or a database
     write_sidecar(path, header)
     return path
 
 
 def write_sidecar(path: str | Path, header: Mapping[str, Any]) -> Path:
     side = sidecar_path(path)
-    tmp = side.with_name(side.name + ".tmp")
-    tmp.write_text(json.dumps(dict(header), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    tmp.replace(side)
+    write_text_atomic(side, json.dumps(dict(header), indent=2, sort_keys=True, default=str) + "\n")
     return side
 
 
