@@ -56,7 +56,7 @@ OPEN_BUCKET = INT32_MAX
 #: The arch a study targets when its summary does not say (DESIGN.md: Hopper only).
 DEFAULT_ARCH = "sm_90a"
 
-_PARAM = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_PARAM = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 #: Names the header's struct/macros use for the problem part; a parameter may not take them
 #: (nor any name the family reserves).
 _HEADER_NAMES = frozenset({"MAX_SEQLEN", "CAUSAL", "COUNT", "ARCH"})
@@ -476,7 +476,7 @@ def export_header(store: _Store, study_names: list[str], output: Path, *, arch: 
         if not rows:
             raise ExportError(f"export: none of the studies targets arch {arch}",
                               "leave --arch out to use the studies' own arch")
-    if not re.match(r"^sm_\d{2,3}[af]?$", arch):
+    if not re.match(r"^sm_\d{2,3}[af]?\Z", arch):
         raise ExportError(f"export: arch {arch!r} is not an SM target", "use e.g. sm_90a")
     first: dict[str, ExportRow] = {}
     for r in rows:

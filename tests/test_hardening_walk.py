@@ -136,3 +136,118 @@ def test_export_to_the_longest_file_name_works_and_a_longer_one_is_one_line(caps
     code, out, err = run(capsys, "export", "--study", "s", "-o", cli_env / ("h" * 300 + ".h"))
     assert_one_line_error(code, out, err, "File name too long", "shorter")
     assert "unexpected" not in err
+
+
+# -- 2. stored space text: whatever the user wrote reads back --------------------------------------
+
+SPACES = REPO / "search_spaces"
+HOPPER_SWEEP = REPO / "tests" / "data" / "sweep_h100_hopper_d64.csv"
+MARK_COMMENT = "# ---- base: hopper.toml"
+
+
+def _grid_with_comment(folder: Path) -> Path:
+    """hopper_grid.toml and its base beside it, the grid holding a comment that reads like the
+    mark the stored text used to join the two files with."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(SPACES / "hopper.toml", folder / "hopper.toml")
+    text = (SPACES / "hopper_grid.toml").read_text()
+    text = text.replace('base = "hopper.toml"\n', f'base = "hopper.toml"\n{MARK_COMMENT}\n', 1)
+    assert MARK_COMMENT in text
+    (folder / "hopper_grid.toml").write_text(text)
+    return folder / "hopper_grid.toml"
+
+
+def test_a_space_file_with_the_old_marker_comment_serves_show_resume_export(capsys, cli_env):
+    space = _grid_with_comment(cli_env / "spaces")
+    code, out, err = run(capsys, "search", "--study", "g", "--shape", SHAPE, "--trials", 3, "--sampler", "random",
+                         "--space", space, "--replay", HOPPER_SWEEP)
+    assert code == 0, err
+    code, out, err = run(capsys, "show", "--study", "g")
+    assert code == 0, err
+    assert "hopper_grid" in out
+    code, out, err = run(capsys, "resume", "--study", "g", "--trials", 5, "--replay", HOPPER_SWEEP)
+    assert code == 0, err
+    code, out, err = run(capsys, "export", "--study", "g", "-o", cli_env / "g.h")
+    assert code == 0, err
+    from evotuner.space import load_space, parse_space
+    from evotuner.storage import StudyStore
+
+    with StudyStore("sqlite:///evotuner.db", read_only=True) as store:
+        stored = store.space_text("g")
+    assert parse_space(stored).fingerprint() == load_space(space).fingerprint()
+    assert MARK_COMMENT in json.loads(stored)["files"][0]["text"]        # kept byte for byte
+
+
+@pytest.mark.parametrize("where", ["grid", "base", "plain"])
+def test_marker_comments_anywhere_round_trip(tmp_path, where):
+    from evotuner.space import load_space, parse_space
+
+    folder = tmp_path / "spaces"
+    folder.mkdir()
+    base = (SPACES / "hopper.toml").read_text()
+    grid = (SPACES / "hopper_grid.toml").read_text()
+    if where == "base":
+        base = base.replace("[space]\n", f"[space]\n{MARK_COMMENT}\n", 1)
+    else:
+        grid = grid.replace('base = "hopper.toml"\n', f'base = "hopper.toml"\n{MARK_COMMENT}\n', 1)
+    (folder / "hopper.toml").write_text(base)
+    (folder / "hopper_grid.toml").write_text(grid)
+    path = folder / ("hopper.toml" if where == "plain" else "hopper_grid.toml")
+    if where == "plain":
+        path.write_text(base.replace("[space]\n", f"[space]\n{MARK_COMMENT}\n", 1))
+    space = load_space(path)
+    again = parse_space(space.text, "stored")
+    assert again.fingerprint() == space.fingerprint() and again.params == space.params
+
+
+def test_texts_stored_before_the_stack_format_still_read_back(tmp_path):
+    """Studies stored a sub-grid as its text + "\\n# ---- base: NAME\\n" + the base's text; one
+    whose sub-grid held that comment line could not be read at all ("Cannot declare twice")."""
+    from evotuner.space import BASE_MARK, load_space, parse_space
+
+    grid_path = _grid_with_comment(tmp_path)
+    grid_text = grid_path.read_text()
+    base_text = (tmp_path / "hopper.toml").read_text()
+    old = f"{grid_text}{BASE_MARK}hopper.toml\n{base_text}"
+    assert parse_space(old, "old study").fingerprint() == load_space(grid_path).fingerprint()
+    plain = f"{grid_text.replace(MARK_COMMENT + chr(10), '')}{BASE_MARK}hopper.toml\n{base_text}"   # no stray comment
+    assert parse_space(plain, "old study").fingerprint() == load_space(grid_path).fingerprint()
+
+
+def test_a_damaged_stored_stack_is_one_line(capsys, cli_env):
+    from evotuner.errors import SpaceError
+    from evotuner.space import load_space, parse_space
+
+    text = load_space(_grid_with_comment(cli_env / "spaces")).text
+    for damaged in (text[:-40], text.replace('"name": "hopper.toml"', '"name": "other.toml"')):
+        with pytest.raises(SpaceError, match="damaged"):
+            parse_space(damaged, "stored")
+
+
+TINY_CONFIG = "BLOCK_M=64,BLOCK_N=32,NUM_WARPS=4,STAGES=1,MIN_BLOCKS=1"
+
+
+@pytest.mark.parametrize("edit, says", [
+    (('threads = "NUM_WARPS * 32"', 'threads = "min(NUM_WARPS) * 32"'), "min() takes at least 2 arguments"),
+    (('threads = "NUM_WARPS * 32"', 'threads = "abs(NUM_WARPS, 1) * 32"'), "abs() takes exactly 1 argument"),
+    (('kernel = "flashcore"', 'kernel = "flashcore\\n"'), "[space] kernel"),
+    (('arch = "sm_90a"', 'arch = "sm_90a\\n"'), "[space] arch"),
+    (('name = "loop_tiny"', 'name = "loop_tiny\\n"'), "[space] name"),
+])
+def test_odd_space_files_are_one_line(capsys, cli_env, edit, says):
+    text = TINY_SPACE.read_text()
+    assert edit[0] in text
+    space = cli_env / "odd.toml"
+    space.write_text(text.replace(edit[0], edit[1], 1))
+    code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", space)
+    assert_one_line_error(code, out, err, says, "odd.toml")
+    assert "unexpected" not in err
+
+
+def test_a_binary_base_file_is_one_line(capsys, cli_env):
+    (cli_env / "base.toml").write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe" * 20)
+    sub = cli_env / "sub.toml"
+    sub.write_text('[space]\nname = "sub"\nbase = "base.toml"\n[params.BLOCK_M]\nvalues = [64]\n')
+    code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", sub)
+    assert_one_line_error(code, out, err, "base.toml", "UTF-8")
+    assert "unexpected" not in err
