@@ -144,6 +144,7 @@ def output_file(path: str | os.PathLike[str], *, protect: Iterable[str | os.Path
         raise _explain(exc, path, option) from None
     try:
         with os.fdopen(fd, "wb") as f:
+            f.raw.name = tmp          # what the file is, for messages (os.fdopen names it by its fd)
             yield f
             f.flush()
             os.fchmod(f.fileno(), mode)

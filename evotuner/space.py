@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping
 from evotuner.config import PARAM_NAME, KernelConfig
 from evotuner.errors import SpaceError
 from evotuner.family import get_family
-from evotuner.spacelimits import check_bits, check_depth, check_pow, first_duplicate
+from evotuner.spacelimits import MAX_PARAM_VALUE, check_bits, check_depth, check_pow, check_size, first_duplicate
 from evotuner.problem import Problem
 
 if sys.version_info >= (3, 11):
@@ -676,7 +676,12 @@ class _Loader:
             doc = body.get("doc", "")
             if not isinstance(doc, str):
                 raise self.error(f"{key} doc", "must be a string")
+            big = next((v for v in values if abs(v) > MAX_PARAM_VALUE), None)
+            if big is not None:
+                raise self.error(f"{key} values", f"{big} does not fit a C int (|value| <= {MAX_PARAM_VALUE})",
+                                 "values become the kernel's int template arguments")
             out.append(Param(name, tuple(sorted(values)), doc))
+        check_size([(p.name, len(p.values)) for p in out], self.where)
         return out
 
     def device(self, table: dict[str, Any]) -> DeviceLimits:

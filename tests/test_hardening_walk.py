@@ -251,3 +251,61 @@ def test_a_binary_base_file_is_one_line(capsys, cli_env):
     code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", sub)
     assert_one_line_error(code, out, err, "base.toml", "UTF-8")
     assert "unexpected" not in err
+
+
+# -- 3. bounded work before anything expensive -------------------------------------------------------
+
+
+def _child_env(cache: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COLUMNS", "LINES", "EVOTUNER_STORAGE", "EVOTUNER_DEBUG")}
+    env.update(EVOTUNER_CACHE_DIR=str(cache))
+    return env
+
+
+def _cli_bounded(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 60,
+                 memory: int = 3 << 30) -> subprocess.CompletedProcess:
+    """The CLI as a subprocess with a hard timeout and address-space limit (a hang or a
+    runaway allocation fails the test, not the machine)."""
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+
+    try:
+        return subprocess.run([sys.executable, "-m", "evotuner.cli", *args], cwd=cwd, env=env, capture_output=True,
+                              text=True, timeout=timeout, preexec_fn=limit)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"evotuner {' '.join(args)} still running after {timeout} s")
+
+
+@pytest.mark.parametrize("exclude_all", [False, True])
+@pytest.mark.parametrize("command", ["search", "compile"])
+def test_a_huge_space_is_refused_before_the_gpu_check_naming_the_limit(tmp_path, build_cache_dir, exclude_all,
+                                                                       command):
+    from evotuner.spacelimits import MAX_CONFIGS
+
+    many = "values = [" + ", ".join(str(16 * i) for i in range(1, 4097)) + "]"
+    text = TINY_SPACE.read_text().replace("values = [64, 128]", many, 1).replace("values = [32, 64]", many, 1)
+    if exclude_all:
+        text += '\n[[constraints]]\nname = "nothing"\nexpr = "BLOCK_M < 0"\nmessage = "never"\n'
+    space = tmp_path / "huge.toml"
+    space.write_text(text)
+    args = (["search", "--study", "s", "--shape", SHAPE, "--trials", "4"] if command == "search"
+            else ["compile", "--config", TINY_CONFIG, "--shape", "D=32"])
+    started = time.monotonic()
+    result = _cli_bounded([*args, "--space", str(space)], tmp_path, _child_env(build_cache_dir))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert f"more than the limit of {MAX_CONFIGS}" in lines[0] and "33554432 configs" in lines[0]   # 4096 x 4096 x 2
+    assert "BLOCK_M (4096 values)" in lines[0] and "BLOCK_N (4096 values)" in lines[0]
+    assert "GPU" not in lines[0]                        # before the GPU check
+    assert time.monotonic() - started < 30
+    assert not (tmp_path / "evotuner.db").exists()
+
+
+def test_parameter_values_must_fit_a_c_int(capsys, cli_env):
+    space = cli_env / "wide.toml"
+    space.write_text(TINY_SPACE.read_text().replace("values = [1, 2]", "values = [1, 4294967296]", 1))
+    code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", space)
+    assert_one_line_error(code, out, err, "MIN_BLOCKS", "4294967296", "C int")
