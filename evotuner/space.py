@@ -727,7 +727,7 @@ _CMPOPS: dict[type, Callable[[int, int], bool]] = {
 _FUNCS: dict[str, Callable[..., int]] = {"min": min, "max": max, "abs": abs}
 #: How many arguments each function takes (min and max of one integer would iterate it).
 _ARITY = {"min": (2, 1 << 16), "max": (2, 1 << 16), "abs": (1, 1)}
-_ARITY_EXAMPLE = {"min": "min(BLOCK_M, 128)", "max": "max(1, NUM_WARPS // 2)", "abs": "abs(BLOCK_M - BLOCK_N)"}
+_ARITY_EXAMPLE = {"min": "min(x, 128)", "max": "max(1, x // 2)", "abs": "abs(x - y)"}
 _ALLOWED = "integers, names, + - * // % **, comparisons, and/or/not, min() max() abs()"
 
 

@@ -309,3 +309,79 @@ def test_parameter_values_must_fit_a_c_int(capsys, cli_env):
     space.write_text(TINY_SPACE.read_text().replace("values = [1, 2]", "values = [1, 4294967296]", 1))
     code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", space)
     assert_one_line_error(code, out, err, "MIN_BLOCKS", "4294967296", "C int")
+
+
+# -- 4. child processes: own group, killed as a group, output read with a deadline ----------------------
+
+FAKE_VERSION = 'if [ "$1" = "--version" ]; then echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0; fi\n'
+
+
+def _fake_nvcc(folder: Path, body: str) -> Path:
+    exe = folder / "nvcc"
+    exe.write_text("#!/bin/sh\n" + FAKE_VERSION + body)
+    exe.chmod(0o755)
+    return exe
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("leave_group", [False, True])
+def test_a_compiler_whose_daemon_keeps_stdout_open_does_not_hang(tmp_path, leave_group):
+    from evotuner.compiler import nvcc
+
+    pidfile = tmp_path / "daemon.pid"
+    spawn = "setsid sleep 300 &" if leave_group else "sleep 300 &"
+    exe = _fake_nvcc(tmp_path, f"echo compiling\n{spawn}\necho $! > {pidfile}\nexit 0\n")
+    started = time.monotonic()
+    try:
+        outcome = nvcc.run([str(exe), "-o", "kernel.cubin", "gen.cu"], cwd=tmp_path, timeout_s=120)
+        took = time.monotonic() - started
+        assert took < 10, took
+        assert outcome.returncode == 0 and not outcome.timed_out and "compiling" in outcome.output
+        daemon = int(pidfile.read_text())
+        if not leave_group:                 # what stayed in the compiler's group was killed with it
+            for _ in range(50):
+                if not _alive(daemon):
+                    break
+                time.sleep(0.1)
+            assert not _alive(daemon)
+    finally:
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), 9)
+            except (ProcessLookupError, ValueError):
+                pass
+
+
+def test_a_timeout_kills_the_whole_group(tmp_path):
+    from evotuner.compiler import nvcc
+
+    pidfile = tmp_path / "child.pid"
+    exe = _fake_nvcc(tmp_path, f"sleep 300 &\necho $! > {pidfile}\nwait\n")
+    started = time.monotonic()
+    outcome = nvcc.run([str(exe), "gen.cu"], cwd=tmp_path, timeout_s=1.5)
+    assert outcome.timed_out and outcome.returncode is None
+    assert time.monotonic() - started < 10
+    child = int(pidfile.read_text())
+    for _ in range(50):
+        if not _alive(child):
+            break
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def test_a_compiler_that_exits_0_without_a_cubin_is_one_line(capsys, cli_env, monkeypatch):
+    exe = _fake_nvcc(cli_env, "echo 'all good'\nexit 0\n")
+    monkeypatch.setenv("EVOTUNER_NVCC", str(exe))
+    monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(cli_env / "cache"))
+    code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", TINY_SPACE)
+    assert_one_line_error(code, out, err, "wrote no kernel.cubin", str(exe))
+    assert "unexpected" not in err
+    # nothing was cached: a real nvcc later builds it
+    assert not list((cli_env / "cache").rglob("build.json"))
