@@ -205,7 +205,14 @@ class StudyStore:
     """
 
     def __init__(self, url: str | None = None, *, create: bool = True, read_only: bool = False) -> None:
-        self._url = _connect.resolve_url(url)
+        resolved = _connect.resolve(url)
+        self._url = resolved.url
+        if resolved.read_only_option is not None and not read_only:
+            raise StorageError(
+                f"storage URL {_connect.display(self._url)} asks for a read-only database "
+                f"({resolved.read_only_option}), and this command writes to it",
+                f"drop ?{resolved.read_only_option} from --storage to write, or read it with show, export or report",
+            )
         self.read_only = read_only
         create = create and not read_only
         path = _connect.sqlite_path(self._url)

@@ -385,3 +385,59 @@ def test_a_compiler_that_exits_0_without_a_cubin_is_one_line(capsys, cli_env, mo
     assert "unexpected" not in err
     # nothing was cached: a real nvcc later builds it
     assert not list((cli_env / "cache").rglob("build.json"))
+
+
+# -- 5. SQLite URL options are honoured --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["?mode=ro&uri=true", "?mode=ro", "?immutable=1", "?immutable=1&uri=true"])
+def test_a_read_only_url_reads_and_a_writing_command_refuses_it(capsys, cli_env, option):
+    csv = _replayed(capsys, cli_env, "s", 4, "sqlite:///ro.db")
+    before = _listing(cli_env)
+    url = f"sqlite:///ro.db{option}"
+    code, out, err = run(capsys, "show", "--study", "s", "--storage", url)
+    assert code == 0, err
+    assert "best" in out and err == ""                           # no SQLAlchemy warnings either
+    code, out, err = run(capsys, "export", "--study", "s", "-o", cli_env / "h.h", "--storage", url)
+    assert code == 0, err
+    (cli_env / "h.h").unlink()
+    for argv in (["search", "--study", "s", "--shape", SHAPE, "--trials", 6, "--replay", csv],
+                 ["resume", "--study", "s", "--replay", csv]):
+        code, out, err = run(capsys, *argv, "--storage", url)
+        assert_one_line_error(code, out, err, "read-only", option.split("&")[0].lstrip("?"))
+    assert _listing(cli_env) == before                        # no 'ro.db?mode=ro' file, ro.db untouched
+
+
+def test_a_read_only_url_to_a_missing_file_creates_nothing(capsys, cli_env):
+    csv = _sweep_copy(cli_env / "sweep")
+    code, out, err = run(capsys, "search", "--study", "s", "--shape", SHAPE, "--trials", 2, "--replay", csv,
+                         "--storage", "sqlite:///new.db?mode=ro&uri=true")
+    assert_one_line_error(code, out, err, "read-only")
+    assert sorted(p.name for p in cli_env.iterdir()) == ["sweep"]
+
+
+@pytest.mark.parametrize("url, says", [
+    ("sqlite:///x.db?mode=bogus", "mode='bogus'"),
+    ("sqlite:///x.db?colour=blue", "unknown SQLite option 'colour'"),
+    ("sqlite:///x.db?immutable=maybe", "not a boolean"),
+    ("sqlite+aiosqlite:///x.db", "Python's sqlite3"),
+    ("sqlite+pysqlcipher:///x.db", "Python's sqlite3"),
+])
+def test_odd_sqlite_urls_are_one_line(capsys, cli_env, url, says):
+    csv = _sweep_copy(cli_env / "sweep")
+    for argv in (["search", "--study", "s", "--shape", SHAPE, "--trials", 2, "--replay", csv], ["show", "--study", "s"]):
+        code, out, err = run(capsys, *argv, "--storage", url)
+        assert_one_line_error(code, out, err, says)
+        assert "unexpected" not in err
+    assert sorted(p.name for p in cli_env.iterdir()) == ["sweep"]
+
+
+def test_a_file_uri_names_the_file(capsys, cli_env):
+    _replayed(capsys, cli_env, "s", 4, "sqlite:///my%20db.db")
+    assert (cli_env / "my db.db").is_file()
+    code, out, err = run(capsys, "show", "--study", "s", "--storage", f"sqlite:///file:{cli_env}/my%20db.db?mode=ro&uri=true")
+    assert code == 0, err
+
+
+def _listing(folder: Path) -> dict[str, tuple[int, int]]:
+    return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
