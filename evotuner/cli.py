@@ -46,6 +46,7 @@ from evotuner.bench import BASELINE_NAMES, bench_study
 from evotuner.errors import EvotunerError, InterruptedByUser, SpaceError
 from evotuner.export import export_header
 from evotuner.gate import apply_gate
+from evotuner.numbers import json_safe
 from evotuner.problem import Problem, Shape
 from evotuner.propose import make_sampler
 from evotuner.report import make_report
@@ -625,7 +626,8 @@ def _report_dict(report: Any) -> dict[str, Any]:
 
 
 def _print_json(obj: Any) -> None:
-    _io.out.file.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    """Strict JSON: a value that is not finite (a damaged row) is null, never NaN or Infinity."""
+    _io.out.file.write(json.dumps(json_safe(obj), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
     _io.out.file.flush()
 
 

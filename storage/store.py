@@ -42,6 +42,7 @@ from evotuner.compiler.instantiate import evotuner_version
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StorageError, StudyMismatchError
 from evotuner.family import DEFAULT_FAMILY
+from evotuner.numbers import finite_or_none
 from evotuner.problem import Problem
 from evotuner.storage import connect as _connect
 from evotuner.storage import diagnostics as _diagnostics  # noqa: F401  (registers its tables)
@@ -167,11 +168,11 @@ def _trial_record(t: FrozenTrial, gate_from_build: dict[str, Any] | None = None)
     return TrialRecord(
         number=t.number,
         state=t.state.name,
-        value=t.value if t.state == TrialState.COMPLETE else None,
+        value=finite_or_none(t.value) if t.state == TrialState.COMPLETE else None,
         # The loop records the config's values as user attr "config" (Optuna's params hold
         # the sampler's encoding, e.g. BLOCK_M_index); trials without it keep their params.
         params=dict(attrs["config"]) if isinstance(attrs.get("config"), Mapping) else dict(t.params),
-        tflops=float(tflops) if isinstance(tflops, (int, float)) else None,
+        tflops=finite_or_none(tflops),
         gate=dict(gate) if isinstance(gate, Mapping) else gate_from_build,
         error=attrs.get(REASON_ATTR),
         duplicate_of=int(dup) if isinstance(dup, int) else None,
@@ -772,7 +773,7 @@ class StudyStore:
                         device_id=device_id,
                         problem_json=pj,
                         backend=str(backend),
-                        median_us=float(us) if us is not None else None,
+                        median_us=us if (us := finite_or_none(us)) is not None and us > 0 else None,
                         measured_at=now,
                     )
                 )
@@ -801,7 +802,7 @@ class StudyStore:
                 .where(schema.baselines.c.study_id == row.id, cond)
                 .order_by(schema.baselines.c.measured_at, schema.baselines.c.id)
             ).all()
-        return {b: us for b, us in rows} if rows else None
+        return {b: finite_or_none(us) for b, us in rows} if rows else None
 
     # -- reading -----------------------------------------------------------------------------
     def summary(self, study_name: str) -> StudySummary:
@@ -859,7 +860,7 @@ class StudyStore:
             evotuner_version=row.evotuner_version,
             device=devices[-1]["fingerprint"] if devices else None,
             devices=devices,
-            baselines={b.backend: b.median_us for b in base_rows},
+            baselines={b.backend: finite_or_none(b.median_us) for b in base_rows},
             best=min(complete, key=lambda r: (r.value, r.number)) if complete else None,
             trials=records,
         )

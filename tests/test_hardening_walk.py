@@ -441,3 +441,109 @@ def test_a_file_uri_names_the_file(capsys, cli_env):
 
 def _listing(folder: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_size, p.stat().st_mtime_ns) for p in folder.iterdir()}
+
+
+# -- 6. numbers: finite and in range at every entry ------------------------------------------------------
+
+
+@pytest.mark.parametrize("delay", ["nan,0", "0,inf", "1e400,0", "-1,0", "0.1"])
+def test_a_non_finite_replay_delay_is_one_line(capsys, cli_env, delay):
+    csv = _sweep_copy(cli_env / "sweep")
+    code, out, err = run(capsys, "search", "--study", "s", "--shape", SHAPE, "--trials", 2, "--replay", csv,
+                         "--replay-delay", delay)
+    assert_one_line_error(code, out, err, "--replay-delay")
+    assert "unexpected" not in err and not (cli_env / "evotuner.db").exists()
+
+
+@pytest.mark.parametrize("option, value", [("--stale-after", "inf"), ("--stale-after", "nan"),
+                                           ("--stale-after", "1e400"), ("--budget", "inf"), ("--budget", "nan")])
+def test_non_finite_seconds_options_are_usage_errors(capsys, cli_env, option, value):
+    csv = _sweep_copy(cli_env / "sweep")
+    argv = (["search", "--study", "s", "--shape", SHAPE, "--trials", 2, "--replay", csv] if option == "--stale-after"
+            else ["bench", "--study", "s"])
+    code, out, err = run(capsys, *argv, option, value)
+    assert_one_line_error(code, out, err, option)
+    assert code == 2 and not (cli_env / "evotuner.db").exists()
+
+
+def _edited_sweep(dest: Path, cell: dict[str, str] | None = None, sidecar: dict | None = None,
+                  row: int = 1) -> Path:
+    """The D=64 sweep with row ``row``'s cells (by column) or the sidecar's keys replaced."""
+    import csv as csvlib
+    import io
+
+    csv = _sweep_copy(dest)
+    rows = list(csvlib.reader(io.StringIO(csv.read_text())))
+    for col, value in (cell or {}).items():
+        rows[row][rows[0].index(col)] = value
+    buf = io.StringIO()
+    csvlib.writer(buf, lineterminator="\n").writerows(rows)
+    csv.write_text(buf.getvalue())
+    if sidecar:
+        side = csv.with_name(csv.name + ".json")
+        side.write_text(json.dumps({**json.loads(side.read_text()), **sidecar}))
+    return csv
+
+
+@pytest.mark.parametrize("cell, sidecar, says", [
+    ({"median_us": "inf"}, None, "median_us"),
+    ({"median_us": "nan"}, None, "median_us"),
+    ({"tflops": "nan"}, None, "tflops"),
+    ({"tflops": "-Infinity"}, None, "tflops"),
+    ({"p20_us": "0"}, None, "p20_us"),
+    ({"registers": "1e3"}, None, "registers"),
+    ({"meta": "[1, 2]"}, None, "meta"),
+    ({"meta": '{"threads": "many"}'}, None, "meta"),
+    ({"meta": '{"threads": NaN}'}, None, "meta"),
+    ({"ptxas_log": "x" * 200_000}, None, "field"),
+    (None, {"baselines": {"sdpa_flash": "fast"}}, "baselines sdpa_flash"),
+    (None, {"baselines": {"sdpa_flash": -5.0}}, "baselines sdpa_flash"),
+    (None, {"baselines": [1, 2]}, "'baselines'"),
+    (None, {"device": "H100"}, "'device'"),
+    (None, {"device": {"name": 7}}, "'device'"),
+])
+def test_malformed_replay_inputs_are_one_line_and_store_nothing(capsys, cli_env, cell, sidecar, says):
+    csv = _edited_sweep(cli_env / "sweep", cell, sidecar)
+    code, out, err = run(capsys, "search", "--study", "s", "--shape", SHAPE, "--trials", 4, "--replay", csv)
+    assert_one_line_error(code, out, err, says)
+    assert "unexpected" not in err
+
+
+def test_baseline_infinity_in_a_sidecar_is_refused(capsys, cli_env):
+    csv = _sweep_copy(cli_env / "sweep")
+    side = csv.with_name(csv.name + ".json")
+    side.write_text(side.read_text().replace('"sdpa_flash": 930.7519793510437', '"sdpa_flash": Infinity'))
+    assert "Infinity" in side.read_text()
+    code, out, err = run(capsys, "search", "--study", "s", "--shape", SHAPE, "--trials", 4, "--replay", csv)
+    assert_one_line_error(code, out, err, "Infinity")
+
+
+@pytest.mark.parametrize("shape", ["B=2147483648,H=1,S=128,D=64", "B=1,H=1,SQ=128,SK=99999999999,D=64"])
+def test_shapes_past_int32_are_one_line(capsys, cli_env, shape):
+    csv = _sweep_copy(cli_env / "sweep")
+    code, out, err = run(capsys, "search", "--study", "s", "--shape", shape, "--trials", 2, "--replay", csv)
+    assert_one_line_error(code, out, err, "32-bit")
+
+
+def _strict_json(text: str) -> dict:
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{name} in JSON output")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_show_json_is_strict_even_over_non_finite_rows(capsys, cli_env):
+    _replayed(capsys, cli_env)
+    conn = sqlite3.connect(cli_env / "evotuner.db")
+    with conn:
+        conn.execute("UPDATE evotuner_baselines SET median_us = 1e999 WHERE backend = 'sdpa_flash'")
+        conn.execute("UPDATE trial_user_attributes SET value_json = 'NaN' WHERE key = 'tflops'")
+        conn.execute("UPDATE trial_values SET value = 1e999 WHERE trial_id = (SELECT min(trial_id) FROM trial_values)")
+    conn.close()
+    code, out, err = run(capsys, "show", "--study", "s", "--json")
+    assert code == 0, err
+    data = _strict_json(out)
+    assert data["baselines"]["sdpa_flash"] is None
+    assert all(t["tflops"] is None for t in data["trials"])
+    code, out, err = run(capsys, "show", "--study", "s")
+    assert code == 0, err
+    assert "-0.0" not in out and "inf" not in out.lower().replace("info", "")
