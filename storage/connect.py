@@ -266,6 +266,9 @@ def translate(exc: SQLAlchemyError, url: URL, doing: str) -> StorageError:
     low = detail.lower()
     where = display(url)
     path = sqlite_path(url)
+    if "disk is full" in low or "disk full" in low or "no space left" in low:
+        return StorageError(f"database {path or where}: the disk is full while {doing} ({detail})",
+                            "free some disk space and run the command again; what was written before is kept")
     if path is not None:
         if "not a database" in low or "malformed" in low or "corrupt" in low:
             return StorageError(
@@ -305,6 +308,11 @@ def validate(conn: Connection, url: URL) -> None:
         refuse_foreign(tables, url)
     if schema.schema_version.name in tables:
         row = conn.execute(select(schema.schema_version.c.version, schema.schema_version.c.evotuner_version)).first()
+        if row is not None and row[0] is not None and (isinstance(row[0], bool) or not isinstance(row[0], int)):
+            from evotuner.storage.damage import damaged
+
+            raise damaged(str(sqlite_path(url) or display(url)), schema.schema_version.name, 1, "version", row[0],
+                          "not an integer")
         if row is not None and row[0] is not None and int(row[0]) > schema.SCHEMA_VERSION:
             raise StorageError(
                 f"database schema version {int(row[0])} (written by evotuner {row[1] or 'unknown'}) is newer "

@@ -547,3 +547,58 @@ def test_show_json_is_strict_even_over_non_finite_rows(capsys, cli_env):
     code, out, err = run(capsys, "show", "--study", "s")
     assert code == 0, err
     assert "-0.0" not in out and "inf" not in out.lower().replace("info", "")
+
+
+# -- 7. a damaged database is one line naming the table, row and remedy ------------------------------------
+
+
+@pytest.mark.parametrize("sql, says", [
+    ("UPDATE evotuner_studies SET problem_json = '{not json'", ("evotuner_studies", "problem_json")),
+    ("UPDATE evotuner_studies SET problem_json = '{\"batch\": 1}'", ("evotuner_studies", "problem_json")),
+    ("UPDATE evotuner_studies SET created_at = 'yesterday'", ("evotuner_studies", "created_at")),
+    ("UPDATE evotuner_studies SET seed = 'abc'", ("evotuner_studies", "seed")),
+    ("UPDATE trials SET state = 'EXPLODED' WHERE number = 1", ("trials", "state", "EXPLODED")),
+    ("UPDATE trials SET datetime_start = 'not a date' WHERE number = 2", ("trials", "datetime_start")),
+    ("UPDATE trial_user_attributes SET value_json = '{oops' WHERE trial_id = 1", ("trial_user_attributes",
+                                                                                  "value_json")),
+    ("UPDATE evotuner_schema_version SET version = 'three'", ("evotuner_schema_version", "version")),
+])
+def test_a_damaged_database_is_one_line_naming_the_row(capsys, cli_env, sql, says):
+    csv = _replayed(capsys, cli_env)
+    conn = sqlite3.connect(cli_env / "evotuner.db")
+    with conn:
+        conn.execute(sql)
+    conn.close()
+    for argv in (["show", "--study", "s"], ["show", "--study", "s", "--json"],
+                 ["export", "--study", "s", "-o", cli_env / "h.h"],
+                 ["resume", "--study", "s", "--trials", 6, "--replay", csv]):
+        code, out, err = run(capsys, *argv)
+        assert_one_line_error(code, out, err, "damaged", "restore it from a copy", *says)
+        assert "unexpected" not in err
+
+
+def test_a_full_disk_is_named_as_such(tmp_path):
+    """SQLite's max_page_count makes a database 'full' as a full disk does."""
+    from sqlalchemy import event
+
+    from evotuner.errors import StorageError
+    from evotuner.problem import Problem, Shape
+    from evotuner.space import load_space
+    from evotuner.storage import StudyStore
+
+    url = f"sqlite:///{tmp_path / 'full.db'}"
+    StudyStore(url).close()
+    store = StudyStore(url)
+    pages = sqlite3.connect(tmp_path / "full.db").execute("PRAGMA page_count").fetchone()[0]
+    for engine in (store._engine, store.optuna_storage.engine):
+        event.listen(engine, "connect", lambda dbapi, _r: dbapi.execute(f"PRAGMA max_page_count = {pages}"))
+        engine.dispose()
+    space = load_space(TINY_SPACE)
+    try:
+        with pytest.raises(StorageError, match="the disk is full") as info:
+            for i in range(50):
+                store.create_study(f"s{i}" + "x" * 4000, Problem(Shape.parse(SHAPE)), space, "tpe", 0,
+                                   source_hash="h", nvcc_version="n")
+        assert "free some disk space" in str(info.value)
+    finally:
+        store.close()
