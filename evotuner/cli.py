@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
@@ -390,8 +392,9 @@ def _interrupted(store: Any, study: str, trials: int) -> InterruptedByUser:
         kept = f"study {study!r} keeps its {store.count_finished(study)} finished trials"
     except (EvotunerError, Exception):  # noqa: BLE001 -- the message must come out whatever the database says
         kept = f"study {study!r} keeps every trial that finished"
+    what = "terminated (SIGTERM)" if _signalled["term"] else "interrupted"
     return InterruptedByUser(
-        f"interrupted: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
+        f"{what}: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
         f"continue with `evotuner resume --study {study} --trials {trials}`",
     )
 
@@ -660,6 +663,26 @@ from evotuner import cli_diagnostics as _diag  # noqa: E402
 # -- the error boundary ---------------------------------------------------------------------
 
 
+#: Exit status after SIGTERM (128 + 15, what a shell reports for a process it terminated).
+TERMINATED_EXIT = 143
+#: Whether this invocation received SIGTERM.
+_signalled = {"term": False}
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (kill, systemd, a batch scheduler's time limit) ends a command as Ctrl-C does:
+    the loop marks the trials in flight FAIL (interrupted) and the CLI says what was kept.
+    A second SIGTERM while that is done is ignored (SIGKILL remains)."""
+    if _signalled["term"]:
+        return
+    _signalled["term"] = True
+    raise KeyboardInterrupt
+
+
+def _interrupt_exit() -> int:
+    return TERMINATED_EXIT if _signalled["term"] else 130
+
+
 def _error_line(message: str) -> None:
     _io.err.print(f"error: {for_terminal(message)}", markup=False, highlight=False, soft_wrap=True)
 
@@ -675,14 +698,27 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # the CLI reports progress itself
+    _signalled["term"] = False
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv, debug)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None, debug: bool) -> int:
     try:
         result = app(args=argv if argv is not None else sys.argv[1:], prog_name="evotuner", standalone_mode=False)
         if result == 130:   # typer turned a Ctrl-C into a bare exit status
-            _error_line("interrupted by user")
+            _error_line("terminated (SIGTERM)" if _signalled["term"] else "interrupted by user")
+            return _interrupt_exit()
         return result if isinstance(result, int) else 0
     except InterruptedByUser as exc:
         _error_line(str(exc))
-        return 130
+        return _interrupt_exit()
     except EvotunerError as exc:
         if debug:
             raise
@@ -696,11 +732,12 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
         _error_line(f"{_one_line(message)} (see `evotuner --help`)")
         return int(getattr(exc, "exit_code", 2) or 2)
     except typer.Abort:
-        _error_line("aborted")
-        return 130
+        _error_line("terminated (SIGTERM)" if _signalled["term"] else "aborted")
+        return _interrupt_exit()
     except KeyboardInterrupt:
-        _error_line("interrupted by user (trials in flight were marked FAIL; `evotuner resume` continues)")
-        return 130
+        what = "terminated (SIGTERM)" if _signalled["term"] else "interrupted by user"
+        _error_line(f"{what} (trials in flight were marked FAIL; `evotuner resume` continues)")
+        return _interrupt_exit()
     except Exception as exc:  # noqa: BLE001 -- the one boundary for everything unexpected
         if debug:
             raise

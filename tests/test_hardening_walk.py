@@ -602,3 +602,50 @@ def test_a_full_disk_is_named_as_such(tmp_path):
         assert "free some disk space" in str(info.value)
     finally:
         store.close()
+
+
+# -- SIGTERM is handled as Ctrl-C is -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["search", "resume"])
+def test_sigterm_says_what_was_kept_and_leaves_no_trial_running(tmp_path, build_cache_dir, command):
+    import signal
+
+    csv = _sweep_copy(tmp_path / "sweep")
+    env = {**_child_env(build_cache_dir), "PYTHONUNBUFFERED": "1"}
+    base = [sys.executable, "-m", "evotuner.cli"]
+    if command == "resume":
+        first = subprocess.run([*base, "search", "--study", "t", "--shape", SHAPE, "--trials", "3", "--replay", str(csv)],
+                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        assert first.returncode == 0, first.stderr
+        argv = ["resume", "--study", "t", "--trials", "500", "--replay", str(csv)]
+    else:
+        argv = ["search", "--study", "t", "--shape", SHAPE, "--trials", "500", "--replay", str(csv)]
+    proc = subprocess.Popen([*base, *argv, "--replay-delay", "0.02,0.05"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 120
+        seen = ""
+        while time.monotonic() < deadline and "#5 " not in seen:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            seen += line
+        assert "#5 " in seen, seen + proc.stderr.read()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, (proc.returncode, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: terminated (SIGTERM)"), err
+    assert "finished trials" in lines[0] and "evotuner resume --study t" in lines[0]
+    kept = int(lines[0].split("keeps its ")[1].split()[0])
+    shown = subprocess.run([*base, "show", "--study", "t", "--json"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=120)
+    trials = json.loads(shown.stdout)["trials"]
+    assert not [t for t in trials if t["state"] == "RUNNING"]
+    finished = [t for t in trials if not str(t.get("error") or "").startswith("interrupted")]
+    assert kept == len(finished) > 0
