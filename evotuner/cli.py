@@ -687,11 +687,25 @@ def _error_line(message: str) -> None:
     _io.err.print(f"error: {for_terminal(message)}", markup=False, highlight=False, soft_wrap=True)
 
 
+def _never_raise(stream: Any) -> None:
+    """A character the terminal's encoding cannot hold (``µs`` under ``LANG=C`` or
+    ``PYTHONIOENCODING=ascii``, a name's stray byte) is written as an escape such as
+    ``\\xb5``, never a UnicodeEncodeError; the encoding itself is left as it is."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if callable(reconfigure):
+        try:
+            reconfigure(errors="backslashreplace")
+        except (ValueError, OSError, TypeError):
+            pass   # a stream that cannot change (tests' capture, a closed pipe): as it is
+
+
 def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFactory | None = None) -> int:
     """Entry point of the ``evotuner`` console script; returns the exit status.
 
     ``measure_factory`` replaces the GPU worker for this call (tests, benchmarks)."""
     _injected["measure"] = measure_factory
+    for stream in (sys.stdout, sys.stderr):
+        _never_raise(stream)
     _io.out = Console(file=sys.stdout)
     _io.err = Console(file=sys.stderr)
     debug = bool(os.environ.get(DEBUG_ENV))

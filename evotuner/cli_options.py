@@ -52,8 +52,37 @@ MAX_STALE_AFTER_S = 86400.0
 MAX_BUDGET_S = 3600.0
 
 
-StudyOpt = Annotated[str, typer.Option("--study", help="Study name (one study = one problem + one space).")]
-StudiesOpt = Annotated[list[str], typer.Option("--study", help="Study to export; repeat for several.")]
+def _study_name(ctx: typer.Context, param: Any, value: Any) -> Any:
+    """A study name is UTF-8 text. Under a C locale Python decodes the argument's bytes as
+    ASCII (what is left over as surrogate escapes): bytes that are UTF-8 are read as such;
+    bytes that are not (``$'caf\\xe9'``) cannot be stored in the database and are refused
+    naming the option."""
+    names = [value] if isinstance(value, str) else list(value or [])
+    out = []
+    for name in names:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            try:
+                raw = os.fsencode(name)
+            except UnicodeEncodeError:
+                raw = name.encode("utf-8", "surrogatepass")
+            try:
+                name = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                shown = raw.decode("utf-8", "backslashreplace")
+                raise typer.BadParameter(f"'{shown}' holds bytes that are not UTF-8 text; "
+                                         "give the name in UTF-8") from None
+        if not name:
+            raise typer.BadParameter("the study name is empty")
+        out.append(name)
+    return out[0] if isinstance(value, str) else out
+
+
+StudyOpt = Annotated[str, typer.Option("--study", callback=_study_name,
+                                       help="Study name (one study = one problem + one space).")]
+StudiesOpt = Annotated[list[str], typer.Option("--study", callback=_study_name,
+                                               help="Study to export; repeat for several.")]
 StorageOpt = Annotated[
     Optional[str],
     typer.Option("--storage", envvar=STORAGE_ENV, show_envvar=True,

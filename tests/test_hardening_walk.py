@@ -649,3 +649,37 @@ def test_sigterm_says_what_was_kept_and_leaves_no_trial_running(tmp_path, build_
     assert not [t for t in trials if t["state"] == "RUNNING"]
     finished = [t for t in trials if not str(t.get("error") or "").startswith("interrupted")]
     assert kept == len(finished) > 0
+
+
+# -- output encoding never raises; names that are not text ------------------------------------------------
+
+
+@pytest.mark.parametrize("env_extra", [{"PYTHONIOENCODING": "ascii"}, {"LANG": "C", "LC_ALL": "C", "PYTHONUTF8": "0",
+                                                                       "PYTHONIOENCODING": ""}])
+def test_a_terminal_that_cannot_print_unicode_gets_escapes_not_errors(tmp_path, build_cache_dir, env_extra):
+    csv = _sweep_copy(tmp_path / "sweep")
+    env = {**_child_env(build_cache_dir), **env_extra}
+    env = {k: v for k, v in env.items() if v != ""}
+    base = [sys.executable, "-m", "evotuner.cli"]
+    for argv in (["search", "--study", "café ü", "--shape", SHAPE, "--trials", "3", "--replay", str(csv)],
+                 ["show", "--study", "café ü"], ["export", "--study", "café ü", "-o", "h.h"],
+                 ["show", "--study", "naïve-missing"]):
+        result = subprocess.run([*base, *argv], cwd=tmp_path, env=env, capture_output=True, timeout=120)
+        text = (result.stdout + result.stderr).decode("ascii", "replace")
+        assert "UnicodeEncodeError" not in text and "unexpected" not in text, text
+        assert result.returncode == (1 if "naïve-missing" in argv else 0), text
+    assert "caf\\xe9" in text                      # the study names come out escaped, visible
+
+
+@pytest.mark.parametrize("name", [b"caf\xe9", b"\xff\xfe", b"ok\xed\xa0\x80"])
+def test_study_names_that_are_not_utf8_are_one_line(tmp_path, build_cache_dir, name):
+    csv = _sweep_copy(tmp_path / "sweep")
+    for argv in ([b"search", b"--study", name, b"--shape", SHAPE.encode(), b"--trials", b"2", b"--replay", bytes(csv)],
+                 [b"show", b"--study", name]):
+        result = subprocess.run([sys.executable.encode(), b"-m", b"evotuner.cli", *argv], cwd=tmp_path,
+                                env=_child_env(build_cache_dir), capture_output=True, timeout=120)
+        err = result.stderr.decode("utf-8", "replace")
+        lines = err.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1, err
+        assert "--study" in lines[0] and "not UTF-8" in lines[0] and "unexpected" not in lines[0]
+    assert not (tmp_path / "evotuner.db").exists()
