@@ -683,3 +683,40 @@ def test_study_names_that_are_not_utf8_are_one_line(tmp_path, build_cache_dir, n
         assert result.returncode == 2 and len(lines) == 1, err
         assert "--study" in lines[0] and "not UTF-8" in lines[0] and "unexpected" not in lines[0]
     assert not (tmp_path / "evotuner.db").exists()
+
+
+# -- the build environment: cache folders and HOME ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("root, says", [
+    ("~nouser-evotuner/cache", "~nouser-evotuner names no user's home"),
+    ("/proc/evotuner-cache/builds", "cannot be created"),
+    ("/proc/self/evotuner-cache", "cannot be created"),
+])
+def test_an_unusable_cache_dir_is_one_line(capsys, cli_env, monkeypatch, root, says):
+    monkeypatch.setenv("EVOTUNER_CACHE_DIR", root)
+    code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", TINY_SPACE)
+    assert_one_line_error(code, out, err, "build cache", says)
+    assert "unexpected" not in err
+
+
+@pytest.mark.parametrize("home", ["", "/nonexistent-evotuner/home", "relative/home", None])
+def test_without_a_usable_home_the_cache_falls_back_to_a_private_temp_folder(tmp_path, home):
+    exe = _fake_nvcc(tmp_path, 'for a; do last="$out"; out="$a"; done\n: > kernel.cubin\nexit 0\n')
+    env = {k: v for k, v in os.environ.items() if k not in ("EVOTUNER_CACHE_DIR", "XDG_CACHE_HOME", "HOME",
+                                                             "EVOTUNER_STORAGE", "EVOTUNER_DEBUG")}
+    if home is not None:
+        env["HOME"] = home
+    fallback_parent = tmp_path / "tmp"
+    fallback_parent.mkdir()
+    env.update(EVOTUNER_NVCC=str(exe), TMPDIR=str(fallback_parent))
+    result = subprocess.run([sys.executable, "-m", "evotuner.cli", "compile", "--config", TINY_CONFIG, "--shape", "D=32",
+                             "--space", str(TINY_SPACE)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and "unexpected" not in lines[0], result.stderr
+    assert "nvcc failed" in lines[0]                           # it got as far as the (empty) cubin
+    assert not Path("/nonexistent-evotuner").exists() and not (tmp_path / "relative").exists()
+    cache = fallback_parent / f"evotuner-cache-{os.getuid()}"
+    assert cache.is_dir() and (cache.stat().st_mode & 0o777) == 0o700
+    assert list(cache.rglob("build.json"))                       # the failed build is cached there
