@@ -642,13 +642,14 @@ def test_sigterm_says_what_was_kept_and_leaves_no_trial_running(tmp_path, build_
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: terminated (SIGTERM)"), err
     assert "finished trials" in lines[0] and "evotuner resume --study t" in lines[0]
+    assert "keeps its " in lines[0], lines[0]
     kept = int(lines[0].split("keeps its ")[1].split()[0])
     shown = subprocess.run([*base, "show", "--study", "t", "--json"], cwd=tmp_path, env=env,
                            capture_output=True, text=True, timeout=120)
     trials = json.loads(shown.stdout)["trials"]
-    assert not [t for t in trials if t["state"] == "RUNNING"]
+    assert not [t for t in trials if t["state"] == "RUNNING"], [t for t in trials if t["state"] == "RUNNING"]
     finished = [t for t in trials if not str(t.get("error") or "").startswith("interrupted")]
-    assert kept == len(finished) > 0
+    assert kept == len(finished) > 0, (kept, len(finished), lines[0])
 
 
 # -- output encoding never raises; names that are not text ------------------------------------------------
