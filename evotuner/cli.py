@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.text import Text
 
 from evotuner import columns
+from evotuner.atomicfile import write_text_atomic
 from evotuner import events as ev
 from evotuner import session
 from evotuner.config import KernelConfig
@@ -43,6 +46,7 @@ from evotuner.bench import BASELINE_NAMES, bench_study
 from evotuner.errors import EvotunerError, InterruptedByUser, SpaceError
 from evotuner.export import export_header
 from evotuner.gate import apply_gate
+from evotuner.numbers import json_safe
 from evotuner.problem import Problem, Shape
 from evotuner.propose import make_sampler
 from evotuner.report import make_report
@@ -191,13 +195,14 @@ def report(
     try:
         result = make_report(store, study, output)
         diag = _diag.load(store, study)
+        protect = store.database_files()
     finally:
         store.close()
     for path in result.files:
         _diag.say(f"wrote {for_terminal(path)}")
     if diag.profiles:
         path = Path(output) / "ncu_profiles.md"
-        path.write_text(_diag.profiles_markdown(diag), encoding="utf-8")
+        write_text_atomic(path, _diag.profiles_markdown(diag), protect=protect)
         _diag.say(f"wrote {for_terminal(path)}")
         _print_lines(_diag.profile_table({s: r.figures for s, r in diag.profiles.items()},
                                          {s: r.seconds for s, r in diag.profiles.items()}))
@@ -366,8 +371,9 @@ def _interrupted(store: Any, study: str, trials: int) -> InterruptedByUser:
         kept = f"study {study!r} keeps its {store.count_finished(study)} finished trials"
     except (EvotunerError, Exception):  # noqa: BLE001 -- the message must come out whatever the database says
         kept = f"study {study!r} keeps every trial that finished"
+    what = "terminated (SIGTERM)" if _signalled["term"] else "interrupted"
     return InterruptedByUser(
-        f"interrupted: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
+        f"{what}: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
         f"continue with `evotuner resume --study {study} --trials {trials}`",
     )
 
@@ -625,7 +631,8 @@ def _report_dict(report: Any) -> dict[str, Any]:
 
 
 def _print_json(obj: Any) -> None:
-    _io.out.file.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+    """Strict JSON: a value that is not finite (a damaged row) is null, never NaN or Infinity."""
+    _io.out.file.write(json.dumps(json_safe(obj), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
     _io.out.file.flush()
 
 
@@ -658,8 +665,40 @@ from evotuner import cli_diagnostics as _diag  # noqa: E402
 # -- the error boundary ---------------------------------------------------------------------
 
 
+#: Exit status after SIGTERM (128 + 15, what a shell reports for a process it terminated).
+TERMINATED_EXIT = 143
+#: Whether this invocation received SIGTERM.
+_signalled = {"term": False}
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (kill, systemd, a batch scheduler's time limit) ends a command as Ctrl-C does:
+    the loop marks the trials in flight FAIL (interrupted) and the CLI says what was kept.
+    A second SIGTERM while that is done is ignored (SIGKILL remains)."""
+    if _signalled["term"]:
+        return
+    _signalled["term"] = True
+    raise KeyboardInterrupt
+
+
+def _interrupt_exit() -> int:
+    return TERMINATED_EXIT if _signalled["term"] else 130
+
+
 def _error_line(message: str) -> None:
     _io.err.print(f"error: {for_terminal(message)}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _never_raise(stream: Any) -> None:
+    """A character the terminal's encoding cannot hold (``µs`` under ``LANG=C`` or
+    ``PYTHONIOENCODING=ascii``, a name's stray byte) is written as an escape such as
+    ``\\xb5``, never a UnicodeEncodeError; the encoding itself is left as it is."""
+    reconfigure = getattr(stream, "reconfigure", None)
+    if callable(reconfigure):
+        try:
+            reconfigure(errors="backslashreplace")
+        except (ValueError, OSError, TypeError):
+            pass   # a stream that cannot change (tests' capture, a closed pipe): as it is
 
 
 def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFactory | None = None) -> int:
@@ -667,20 +706,35 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
 
     ``measure_factory`` replaces the GPU worker for this call (tests, benchmarks)."""
     _injected["measure"] = measure_factory
+    for stream in (sys.stdout, sys.stderr):
+        _never_raise(stream)
     _io.out = Console(file=sys.stdout)
     _io.err = Console(file=sys.stderr)
     debug = bool(os.environ.get(DEBUG_ENV))
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # the CLI reports progress itself
+    _signalled["term"] = False
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return _main(argv, debug)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: list[str] | None, debug: bool) -> int:
     try:
         result = app(args=argv if argv is not None else sys.argv[1:], prog_name="evotuner", standalone_mode=False)
         if result == 130:   # typer turned a Ctrl-C into a bare exit status
-            _error_line("interrupted by user")
+            _error_line("terminated (SIGTERM)" if _signalled["term"] else "interrupted by user")
+            return _interrupt_exit()
         return result if isinstance(result, int) else 0
     except InterruptedByUser as exc:
         _error_line(str(exc))
-        return 130
+        return _interrupt_exit()
     except EvotunerError as exc:
         if debug:
             raise
@@ -694,11 +748,12 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
         _error_line(f"{_one_line(message)} (see `evotuner --help`)")
         return int(getattr(exc, "exit_code", 2) or 2)
     except typer.Abort:
-        _error_line("aborted")
-        return 130
+        _error_line("terminated (SIGTERM)" if _signalled["term"] else "aborted")
+        return _interrupt_exit()
     except KeyboardInterrupt:
-        _error_line("interrupted by user (trials in flight were marked FAIL; `evotuner resume` continues)")
-        return 130
+        what = "terminated (SIGTERM)" if _signalled["term"] else "interrupted by user"
+        _error_line(f"{what} (trials in flight were marked FAIL; `evotuner resume` continues)")
+        return _interrupt_exit()
     except Exception as exc:  # noqa: BLE001 -- the one boundary for everything unexpected
         if debug:
             raise

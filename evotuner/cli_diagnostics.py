@@ -188,11 +188,11 @@ def profile(
 
 def _device_name() -> str:
     try:
-        import subprocess
+        from evotuner import childproc
 
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"],
-                             capture_output=True, text=True, timeout=20)
-        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+        out = childproc.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader", "-i", "0"], timeout_s=20)
+        text = out.output.decode("utf-8", errors="replace").strip()
+        return text.splitlines()[0] if out.returncode == 0 and text else ""
     except (OSError, IndexError, Exception):  # noqa: BLE001 -- the name is informative only
         return ""
 

@@ -13,6 +13,8 @@ import typer
 from rich.console import Console
 
 from evotuner import session
+from evotuner.errors import EvotunerError
+from evotuner.numbers import real
 from evotuner.problem import DTYPES
 
 #: The study database when neither --storage nor $EVOTUNER_STORAGE is given.
@@ -31,8 +33,57 @@ app = typer.Typer(
 
 # -- shared options ------------------------------------------------------------------------
 
-StudyOpt = Annotated[str, typer.Option("--study", help="Study name (one study = one problem + one space).")]
-StudiesOpt = Annotated[list[str], typer.Option("--study", help="Study to export; repeat for several.")]
+def _finite(lo: float, hi: float) -> Any:
+    """A typer callback: the option's value is a finite number in [lo, hi], or a usage error
+    naming the option (typer's own min= lets ``inf`` and ``nan`` through)."""
+
+    def check(ctx: typer.Context, param: Any, value: float | None) -> float | None:
+        if value is None:
+            return None
+        try:
+            return real(value, param.opts[0], lo=lo, hi=hi)
+        except EvotunerError as exc:
+            raise typer.BadParameter(exc.message.split(": ", 1)[-1]) from None
+
+    return check
+
+
+#: The longest --stale-after (a day) and --budget (an hour) accepted.
+MAX_STALE_AFTER_S = 86400.0
+MAX_BUDGET_S = 3600.0
+
+
+def _study_name(ctx: typer.Context, param: Any, value: Any) -> Any:
+    """A study name is UTF-8 text. Under a C locale Python decodes the argument's bytes as
+    ASCII (what is left over as surrogate escapes): bytes that are UTF-8 are read as such;
+    bytes that are not (``$'caf\\xe9'``) cannot be stored in the database and are refused
+    naming the option."""
+    names = [value] if isinstance(value, str) else list(value or [])
+    out = []
+    for name in names:
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            try:
+                raw = os.fsencode(name)
+            except UnicodeEncodeError:
+                raw = name.encode("utf-8", "surrogatepass")
+            try:
+                name = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                shown = raw.decode("utf-8", "backslashreplace")
+                raise typer.BadParameter(f"'{shown}' holds bytes that are not UTF-8 text; "
+                                         "give the name in UTF-8") from None
+        if not name:
+            raise typer.BadParameter("the study name is empty")
+        out.append(name)
+    return out[0] if isinstance(value, str) else out
+
+
+StudyOpt = Annotated[str, typer.Option("--study", callback=_study_name,
+                                       help="Study name (one study = one problem + one space).")]
+StudiesOpt = Annotated[list[str], typer.Option("--study", callback=_study_name,
+                                               help="Study to export; repeat for several.")]
 StorageOpt = Annotated[
     Optional[str],
     typer.Option("--storage", envvar=STORAGE_ENV, show_envvar=True,
@@ -80,7 +131,7 @@ GATE_REJECTED_EXIT = 3
 BenchTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best configs to re-measure.")]
 BudgetOpt = Annotated[
     Optional[float],
-    typer.Option("--budget", min=0.05, help="Timing budget per config and per SDPA backend, seconds "
+    typer.Option("--budget", min=0.05, callback=_finite(0.05, MAX_BUDGET_S), help="Timing budget per config and per SDPA backend, seconds "
                                             "[default: the measure stage's, 0.5]."),
 ]
 RequireCheckedOpt = Annotated[
@@ -100,7 +151,7 @@ MixedGpusOpt = Annotated[
 ]
 StaleAfterOpt = Annotated[
     Optional[float],
-    typer.Option("--stale-after", min=0.5, help="Seconds without a heartbeat after which other workers on the "
+    typer.Option("--stale-after", min=0.5, callback=_finite(0.5, MAX_STALE_AFTER_S), help="Seconds without a heartbeat after which other workers on the "
                                                "study take this one's trials over [default: 60]."),
 ]
 ReplayDelayOpt = Annotated[

@@ -16,7 +16,7 @@ from evotuner.errors import SpaceError
 
 
 #: What a parameter name looks like (it becomes a C macro suffix).
-PARAM_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+PARAM_NAME = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,6 @@ Nothing here prints; the CLI renders the values this module returns.
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
+from evotuner import childproc
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.problem import Problem
@@ -106,10 +106,13 @@ def ragged_shapes(problem: Problem, meta: dict[str, int] | None = None) -> list[
 def tool_version(exe: Path | str) -> str:
     """The ``Version ...`` line of ``exe --version`` ('' when it cannot be read)."""
     try:
-        out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
+        out = childproc.run([str(exe), "--version"], timeout_s=60)
+    except OSError:
         return ""
-    lines = [l.strip() for l in (out.stdout + out.stderr).splitlines() if "version" in l.lower()]
+    if out.timed_out:
+        return ""
+    text = out.output.decode("utf-8", errors="replace")
+    lines = [l.strip() for l in text.splitlines() if "version" in l.lower()]
     return lines[-1] if lines else ""
 
 

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol
 
 from evotuner.abi import DTYPE_CODES
-from evotuner.atomicfile import write_text_atomic
+from evotuner.atomicfile import check_target, write_text_atomic
 from evotuner.errors import EvotunerError
 from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
 from evotuner.problem import Problem
@@ -56,7 +56,7 @@ OPEN_BUCKET = INT32_MAX
 #: The arch a study targets when its summary does not say (DESIGN.md: Hopper only).
 DEFAULT_ARCH = "sm_90a"
 
-_PARAM = re.compile(r"^[A-Z][A-Z0-9_]*$")
+_PARAM = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 #: Names the header's struct/macros use for the problem part; a parameter may not take them
 #: (nor any name the family reserves).
 _HEADER_NAMES = frozenset({"MAX_SEQLEN", "CAUSAL", "COUNT", "ARCH"})
@@ -401,11 +401,18 @@ def _render_section(rows: list[ExportRow], arch: str, family: KernelFamily) -> l
     return lines
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same folder and a rename, keeping
-    the existing file's mode (0666 less the umask for a new file); see :mod:`evotuner.atomicfile`."""
+def _database_files(store: Any) -> tuple[Path, ...]:
+    """The store's database files (which the header must never replace); () for a store without files."""
+    files = getattr(store, "database_files", None)
+    return tuple(files()) if callable(files) else ()
+
+
+def write_atomic(path: Path, text: str, protect: Iterable[Path] = ()) -> None:
+    """Write ``text`` to ``path`` under evotuner's output rule (:mod:`evotuner.atomicfile`: never
+    a link, a non-regular file, a database or one of ``protect``; a temp file in the same folder
+    and a rename, keeping the existing file's mode, 0666 less the umask for a new file)."""
     try:
-        write_text_atomic(path, text)
+        write_text_atomic(path, text, protect=protect)
     except ExportError:
         raise
     except EvotunerError as exc:
@@ -448,8 +455,16 @@ def export_header(store: _Store, study_names: list[str], output: Path, *, arch: 
     if not output.parent.is_dir():
         raise ExportError(f"export: output directory {output.parent} does not exist",
                           f"create it first (mkdir -p {output.parent})")
-    if output.is_dir():
+    try:
+        is_dir = output.is_dir()
+    except OSError:              # e.g. a name too long: the output rule below says so
+        is_dir = False
+    if is_dir:
         raise ExportError(f"export: output {output} is a directory", "give a file name, e.g. tuned_config.h")
+    try:                         # refuse the database, a link or a device before any work
+        check_target(output, protect=_database_files(store))
+    except EvotunerError as exc:
+        raise ExportError(f"export: {exc.message}", exc.remedy) from None
     rows = [best_row(store, name) for name in study_names]
     skipped: tuple[str, ...] = ()
     if arch is None:
@@ -465,7 +480,7 @@ def export_header(store: _Store, study_names: list[str], output: Path, *, arch: 
         if not rows:
             raise ExportError(f"export: none of the studies targets arch {arch}",
                               "leave --arch out to use the studies' own arch")
-    if not re.match(r"^sm_\d{2,3}[af]?$", arch):
+    if not re.match(r"^sm_\d{2,3}[af]?\Z", arch):
         raise ExportError(f"export: arch {arch!r} is not an SM target", "use e.g. sm_90a")
     first: dict[str, ExportRow] = {}
     for r in rows:
@@ -485,7 +500,7 @@ def export_header(store: _Store, study_names: list[str], output: Path, *, arch: 
                 "run `evotuner check --study S` on the GPU machine (a failed config must be fixed or "
                 "excluded), or export without --require-checked")
     text = render_header(chosen, arch)
-    write_atomic(output, text)
+    write_atomic(output, text, protect=_database_files(store))
     return ExportResult(path=output, rows=tuple(chosen), skipped=skipped,
                         sha256=hashlib.sha256(text.encode()).hexdigest())
 

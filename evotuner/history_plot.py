@@ -60,8 +60,9 @@ def _axis(values: list[float], best_line: list[float]) -> tuple[float, float]:
     return lo - pad, hi + pad
 
 
-def draw_history(plt: Any, summary: Any, title: str, path: Path) -> HistoryFacts:
-    """Write history.png for ``summary`` (a StudySummary) and return what it shows."""
+def draw_history(plt: Any, summary: Any, title: str, path: Any) -> HistoryFacts:
+    """Write history.png for ``summary`` (a StudySummary) to ``path`` (a path or a binary
+    file) and return what it shows."""
     trials = sorted(summary.trials, key=lambda t: t.number)
     complete = [t for t in trials if t.state == "COMPLETE" and t.value is not None]
     unmeasured = [t for t in trials if t.state in ("PRUNED", "FAIL")]
@@ -132,7 +133,7 @@ def draw_history(plt: Any, summary: Any, title: str, path: Path) -> HistoryFacts
     ax.grid(alpha=0.3)
     # the legend beside the plot, never over its points (bbox_inches="tight" makes room for it)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return HistoryFacts(ylim=facts_ylim, above_axis=above, off_scale_baselines=off_scale,
                         not_measured=dict(sorted(counts.items())))

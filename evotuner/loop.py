@@ -700,6 +700,20 @@ class _Search:
             except Exception:  # noqa: BLE001 -- best effort; the next run's reap fails the rest
                 pass
         self.current = None
+        # The interrupt may have struck inside Optuna's ask (the trial row made, not yet handed
+        # back) or between a tell's writes: a trial no list above holds. Alone on the study,
+        # every RUNNING trial is this process's, so none is left RUNNING for the next resume.
+        try:
+            left = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if self.worker.alone() else []
+        except Exception:  # noqa: BLE001 -- best effort; the next run's reap fails the rest
+            left = []
+        storage = self.store.optuna_storage
+        for t in left:
+            try:
+                storage.set_trial_user_attr(t._trial_id, REASON_ATTR, INTERRUPTED)
+                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+            except Exception:  # noqa: BLE001 -- finished meanwhile, or a busy database: the reap's
+                pass
 
 
 class _Reaped(Exception):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from evotuner.errors import ShapeError
+from evotuner.numbers import INT32_MAX
 
 DTYPES = ("fp16", "bf16")
 #: Head dims some family is built for (each family's ``head_dims`` says which it takes:
@@ -41,6 +42,9 @@ class Shape:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ShapeError(f"shape: {name} must be a positive integer, got {value!r}")
+            if value > INT32_MAX:       # the kernels' shape arguments are int32_t
+                raise ShapeError(f"shape: {name}={value} does not fit the kernels' 32-bit shape arguments",
+                                 f"use at most {INT32_MAX}")
         if self.heads % self.heads_kv:
             raise ShapeError(f"shape: H={self.heads} query heads do not split into HKV={self.heads_kv} key/value heads",
                              "HKV must divide H (GQA: e.g. H=32,HKV=8; MQA: HKV=1)")

@@ -14,6 +14,10 @@
   versions, only when plotly is installed;
 * ``report.json`` -- the files written and, for every plot left out, why.
 
+Every file goes through evotuner's output rule (:mod:`evotuner.atomicfile`): a name
+that is a symbolic link, not a regular file, or the study database is refused before
+anything is drawn, and each file is written to a temporary file and renamed.
+
 Matplotlib (the ``report`` extra) renders with the Agg backend; nothing is shown
 or printed. Parameter names are the space's, not Optuna's ``<NAME>_index`` names.
 """
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evotuner.atomicfile import check_target, output_file, write_text_atomic
 from evotuner.errors import EvotunerError
 from evotuner.history_plot import draw_history
 from evotuner.vocabulary import INDEX_SUFFIX
@@ -56,38 +61,56 @@ def make_report(store: Any, study_name: str, output_dir: str | Path) -> Report:
     except OSError as exc:
         raise ReportError(f"--output {out}: cannot create the report folder: {exc.strerror}",
                           "pass a writable folder") from None
+    protect = _database_files(store)
+    for name in REPORT_FILES:                  # refuse a link or the database before drawing anything
+        check_target(out / name, protect=protect)
     summary = store.summary(study_name)
     files: list[Path] = []
     skipped: dict[str, str] = {}
     complete = [t for t in summary.trials if t.state == "COMPLETE" and t.value is not None]
 
-    history = draw_history(plt, summary, _title(summary), out / "history.png")
+    with output_file(out / "history.png", protect=protect) as f:
+        history = draw_history(plt, summary, _title(summary), f)
     files.append(out / "history.png")
 
     importances, why = _importances(store, study_name, complete)
     if importances is None:
         skipped["importances.png"] = why
     else:
-        files.append(_importance_plot(plt, summary, importances, out / "importances.png"))
+        with output_file(out / "importances.png", protect=protect) as f:
+            _importance_plot(plt, summary, importances, f)
+        files.append(out / "importances.png")
 
     with_gate = [t for t in complete if t.gate and t.gate.get("registers") is not None]
     if with_gate:
-        files.append(_resources(plt, summary, with_gate, out / "resources.png"))
+        with output_file(out / "resources.png", protect=protect) as f:
+            _resources(plt, summary, with_gate, f)
+        files.append(out / "resources.png")
     else:
         skipped["resources.png"] = "no COMPLETE trial has recorded ptxas figures"
 
     if importlib.util.find_spec("plotly") is None:
         skipped["*.html"] = "plotly is not installed (pip install plotly for the interactive HTML plots)"
     else:
-        files.extend(_html(store, study_name, importances is not None, out))
+        files.extend(_html(store, study_name, importances is not None, out, protect))
 
     index = out / "report.json"
-    index.write_text(json.dumps({
+    write_text_atomic(index, json.dumps({
         "study": summary.study, "trials": len(summary.trials), "complete": len(complete),
         "files": [f.name for f in files], "skipped": skipped, "history": history.as_json(),
-    }, indent=2) + "\n", encoding="utf-8")
+    }, indent=2) + "\n", protect=protect)
     files.append(index)
     return Report(tuple(files), skipped)
+
+
+#: Every file a report may write into its folder (the CLI adds ncu_profiles.md).
+REPORT_FILES = ("history.png", "importances.png", "resources.png", "history.html", "importances.html",
+                "report.json", "ncu_profiles.md")
+
+
+def _database_files(store: Any) -> tuple[Path, ...]:
+    files = getattr(store, "database_files", None)
+    return tuple(files()) if callable(files) else ()
 
 
 # --------------------------------------------------------------------------- plots
@@ -132,7 +155,7 @@ def _display(name: str) -> str:
     return name[: -len(INDEX_SUFFIX)] if name.endswith(INDEX_SUFFIX) else name
 
 
-def _importance_plot(plt: Any, summary: Any, importances: dict[str, float], path: Path) -> Path:
+def _importance_plot(plt: Any, summary: Any, importances: dict[str, float], path: Any) -> Any:
     names = list(importances)[::-1]
     fig, ax = plt.subplots(figsize=(7, 0.5 * len(names) + 1.6))
     ax.barh(names, [importances[n] for n in names], color="tab:green")
@@ -142,12 +165,12 @@ def _importance_plot(plt: Any, summary: Any, importances: dict[str, float], path
     ax.set_xlim(0, max(1.0, max(importances.values()) * 1.15))
     ax.set_title(_title(summary), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
     return path
 
 
-def _resources(plt: Any, summary: Any, trials: list[Any], path: Path) -> Path:
+def _resources(plt: Any, summary: Any, trials: list[Any], path: Any) -> Any:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), sharey=True)
     ys = [t.value for t in trials]
     for ax, key, label in ((axes[0], "registers", "registers per thread"),
@@ -168,21 +191,21 @@ def _resources(plt: Any, summary: Any, trials: list[Any], path: Path) -> Path:
             ax.legend(fontsize=8)
     fig.suptitle(_title(summary), fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, format="png", dpi=110)
     plt.close(fig)
     return path
 
 
-def _html(store: Any, study_name: str, importances: bool, out: Path) -> list[Path]:
+def _html(store: Any, study_name: str, importances: bool, out: Path, protect: tuple[Path, ...]) -> list[Path]:
     import optuna
 
     study = store.optuna_study(study_name)
     files = []
     fig = optuna.visualization.plot_optimization_history(study)
-    fig.write_html(str(out / "history.html"))
+    write_text_atomic(out / "history.html", fig.to_html(), protect=protect)
     files.append(out / "history.html")
     if importances:
         fig = optuna.visualization.plot_param_importances(study)
-        fig.write_html(str(out / "importances.html"))
+        write_text_atomic(out / "importances.html", fig.to_html(), protect=protect)
         files.append(out / "importances.html")
     return files

@@ -25,6 +25,7 @@ from evotuner.errors import EvotunerError, NoGpuError, StorageError, StudyMismat
 from evotuner.loop import SearchResult, run_search
 from evotuner.measure.base import MeasureStage
 from evotuner.measure.replay import ReplayMeasure
+from evotuner.numbers import parse_real
 from evotuner.problem import Problem, Shape
 from evotuner.propose import MODEL_SAMPLERS, make_sampler
 from evotuner.space import SearchSpace, parse_space
@@ -80,18 +81,22 @@ def gpu_list(gpus: str | None, replay: Path | None) -> tuple[int, ...] | None:
     return tuple(parse_gpus(gpus, (lambda: 1) if replay is not None else None))
 
 
+#: The longest --replay-delay part (seconds): a rehearsal, not a real build or measurement.
+MAX_REPLAY_DELAY_S = 600.0
+
+
 def replay_delay(text: str | None, replay: Path | None) -> tuple[float, float]:
     """--replay-delay BUILD,MEASURE as seconds (0, 0 when not given); needs --replay."""
     if text is None:
         return 0.0, 0.0
     if replay is None:
         raise EvotunerError("--replay-delay needs --replay FILE", "drop --replay-delay, or replay a sweep")
-    try:
-        build_s, measure_s = (float(part) for part in text.split(","))
-    except ValueError:
-        raise EvotunerError(f"--replay-delay {text!r}: not BUILD,MEASURE seconds", "e.g. --replay-delay 0.05,0.02") from None
-    if build_s < 0 or measure_s < 0:
-        raise EvotunerError(f"--replay-delay {text!r}: delays cannot be negative", "e.g. --replay-delay 0.05,0.02")
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise EvotunerError(f"--replay-delay {text!r}: not BUILD,MEASURE seconds", "e.g. --replay-delay 0.05,0.02")
+    build_s, measure_s = (parse_real(part, f"--replay-delay {what}", lo=0.0, hi=MAX_REPLAY_DELAY_S,
+                                     remedy="e.g. --replay-delay 0.05,0.02")
+                          for what, part in zip(("BUILD", "MEASURE"), parts))
     return build_s, measure_s
 
 

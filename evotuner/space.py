@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping
 from evotuner.config import PARAM_NAME, KernelConfig
 from evotuner.errors import EvotunerError, SpaceError
 from evotuner.family import get_family
-from evotuner.spacelimits import check_bits, check_depth, check_pow, first_duplicate
+from evotuner.spacelimits import MAX_PARAM_VALUE, check_bits, check_depth, check_pow, check_size, first_duplicate
 from evotuner.problem import Problem
 
 if sys.version_info >= (3, 11):
@@ -60,7 +60,8 @@ _SPACE_KEYS = {"name": str, "kernel": str, "arch": str, "doc": str, "base": str}
 _NARROWING_KEYS = ("space", "params")
 _PARAM_KEYS = ("values", "doc")
 _CONSTRAINT_KEYS = ("name", "expr", "message")
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")     # \Z, not $: "$" matches before a final newline
+_ARCH = re.compile(r"^sm_\d{2,3}[af]?\Z")
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 _MAX_EXPR_CHARS = 400
 _MAX_POW_EXPONENT = 64
@@ -357,33 +358,52 @@ def load_space(path: str | Path | None = None, *, family: str | None = None) -> 
             raise SpaceError(f"{where}: cannot read the space file: {exc}") from None
         data = _parse_toml(text, where)
         if isinstance(data.get("space"), dict) and "base" in data["space"]:
-            data, text = _narrow(data, text, p)
-            return _Loader(where).load(data, text)
+            data, files = _narrow(data, text, p)
+            return _Loader(where).load(data, stack_text(files))
     return parse_space(text, where)
 
 
-#: The line that joins a sub-grid file's text to its base's in the text a study stores
-#: (``text + BASE_MARK + base name + "\n" + base text``): :func:`parse_space` splits it there.
+#: The text a study stores for a sub-grid space holds every file of the stack (the sub-grid's
+#: own, then its base's, ...) out of band: one JSON object of this format, whose file texts
+#: are kept byte for byte. No TOML file can be a JSON object (TOML has no top-level ``{``), so
+#: nothing a user writes in a space file, comments included, can be taken for the framing.
+STACK_FORMAT = "evotuner-space-stack/1"
+#: The line that joined a sub-grid's text to its base's before STACK_FORMAT (``text +
+#: BASE_MARK + base name + "\n" + base text``); still read from studies stored then.
 BASE_MARK = "\n# ---- base: "
+#: Bases deeper than this are refused (a cycle of files naming each other).
+_MAX_BASE_DEPTH = 4
 
 
-def _narrow(data: dict[str, Any], text: str, path: Path, depth: int = 0) -> tuple[dict[str, Any], str]:
+def stack_text(files: list[tuple[str, str]]) -> str:
+    """The stored text of a sub-grid: ``files`` = [(file name, file text), ...], the sub-grid first."""
+    return json.dumps({"format": STACK_FORMAT, "files": [{"name": n, "text": t} for n, t in files]},
+                      indent=1, ensure_ascii=False) + "\n"
+
+
+def _narrow(data: dict[str, Any], text: str, path: Path, depth: int = 0) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """A sub-grid space file (``[space] base = "other.toml"``): the base file's tables with
-    the ``[params.NAME] values`` this file narrows (:func:`_merge`), and the text to store:
-    this file's, BASE_MARK, the base's name and the base's text, which :func:`parse_space`
-    reads back without the files."""
+    the ``[params.NAME] values`` this file narrows (:func:`_merge`), and the files of the stack
+    (this one, its base, the base's base ...) as :func:`stack_text` stores them, which
+    :func:`parse_space` reads back without the files."""
     where = str(path)
     base_name = _base_name(data, where)
     base_path = (path.parent / base_name).resolve()
-    if depth > 4:
-        raise SpaceError(f"{where}: [space] base: more than 4 bases deep (a cycle?)", "point base at a full space file")
+    if depth > _MAX_BASE_DEPTH:
+        raise SpaceError(f"{where}: [space] base: more than {_MAX_BASE_DEPTH} bases deep (a cycle?)",
+                         "point base at a full space file")
     if not base_path.is_file():
         raise SpaceError(f"{where}: [space] base: {base_path} not found", "name a space file beside this one")
-    base_text = base_path.read_text(encoding="utf-8")
+    try:
+        base_text = base_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpaceError(f"{where}: [space] base: cannot read {base_path} as UTF-8 text ({exc})",
+                         "point base at a space file (TOML text)") from None
     base = _parse_toml(base_text, str(base_path))
+    files = [(base_path.name, base_text)]
     if isinstance(base.get("space"), dict) and "base" in base["space"]:
-        base, base_text = _narrow(base, base_text, base_path, depth + 1)
-    return _merge(data, base, where, base_path.name), f"{text}{BASE_MARK}{base_path.name}\n{base_text}"
+        base, files = _narrow(base, base_text, base_path, depth + 1)
+    return _merge(data, base, where, base_path.name), [(path.name, text), *files]
 
 
 def _base_name(data: dict[str, Any], where: str) -> str:
@@ -431,18 +451,77 @@ def _merge(data: dict[str, Any], base: dict[str, Any], where: str, base_name: st
     return merged
 
 
-def _stored(text: str, where: str, depth: int = 0) -> dict[str, Any] | None:
-    """The merged tables of a sub-grid's stored text (see BASE_MARK); None if ``text`` is not one."""
-    head, mark, rest = text.partition(BASE_MARK)
-    if not mark or depth > 4:
+def _is_subgrid(data: dict[str, Any]) -> bool:
+    return isinstance(data.get("space"), dict) and "base" in data["space"]
+
+
+def _stored(text: str, where: str) -> dict[str, Any] | None:
+    """The merged tables of a sub-grid's stored text (:data:`STACK_FORMAT`, or the older
+    :data:`BASE_MARK` form); None if ``text`` is neither (a plain space file's text)."""
+    if text.lstrip().startswith("{"):
+        return _stored_stack(text, where)
+    return _stored_marked(text, where)
+
+
+def _stored_stack(text: str, where: str) -> dict[str, Any]:
+    damaged = SpaceError(f"{where}: the stored sub-grid text is damaged (not a {STACK_FORMAT} object)",
+                         "restore the database from a copy, or start a new study from the space files")
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise damaged from None
+    files = doc.get("files") if isinstance(doc, dict) and doc.get("format") == STACK_FORMAT else None
+    if not (isinstance(files, list) and 2 <= len(files) <= _MAX_BASE_DEPTH + 2
+            and all(isinstance(f, dict) and isinstance(f.get("name"), str) and isinstance(f.get("text"), str)
+                    for f in files)):
+        raise damaged
+    merged = _parse_toml(files[-1]["text"], f"{where} ({files[-1]['name']})")
+    if _is_subgrid(merged):
+        raise damaged
+    for sub, base in zip(reversed(files[:-1]), reversed(files[1:])):
+        sub_where = f"{where} ({sub['name']})"
+        data = _parse_toml(sub["text"], sub_where)
+        if not (_is_subgrid(data) and data["space"]["base"] == base["name"]):
+            raise damaged
+        _base_name(data, sub_where)
+        merged = _merge(data, merged, sub_where, base["name"])
+    return merged
+
+
+def _stored_marked(text: str, where: str, depth: int = 0) -> dict[str, Any] | None:
+    """A sub-grid's text as studies stored it before :data:`STACK_FORMAT`: its file's text,
+    BASE_MARK, its base's name and text. A comment line in a space file may read like the
+    mark, so every place it occurs is tried in turn and the first split that reads back as a
+    sub-grid and its base is taken."""
+    if depth > _MAX_BASE_DEPTH:
         return None
-    base_name, _, base_text = rest.partition("\n")
-    data = _parse_toml(head, where)
-    if not (isinstance(data.get("space"), dict) and data["space"].get("base") == base_name):
-        return None
-    _base_name(data, where)
-    base = _stored(base_text, where, depth + 1)
-    return _merge(data, _parse_toml(base_text, where) if base is None else base, where, base_name)
+    start = 0
+    first_error: SpaceError | None = None
+    while (at := text.find(BASE_MARK, start)) >= 0:
+        start = at + 1
+        head, rest = text[:at], text[at + len(BASE_MARK):]
+        base_name, _, base_text = rest.partition("\n")
+        try:
+            data = _parse_toml(head, where)
+            if not (_is_subgrid(data) and data["space"]["base"] == base_name):
+                continue
+            _base_name(data, where)
+            base = _stored_marked(base_text, where, depth + 1)
+            if base is None:
+                base = _parse_toml(base_text, where)
+                if _is_subgrid(base):
+                    continue
+            return _merge(data, base, where, base_name)
+        except SpaceError as exc:
+            first_error = first_error or exc
+    if first_error is not None:
+        try:                               # a plain space file whose comment read like the mark
+            whole = _parse_toml(text, where)
+        except SpaceError:
+            whole = None
+        if whole is None or _is_subgrid(whole):
+            raise first_error
+    return None
 
 
 def _parse_toml(text: str, where: str) -> dict[str, Any]:
@@ -455,8 +534,9 @@ def _parse_toml(text: str, where: str) -> dict[str, Any]:
 
 
 def parse_space(text: str, where: str = "<string>") -> SearchSpace:
-    """Parse space-file ``text``, or the text a study stored for a sub-grid space (the file's,
-    BASE_MARK, its base's: :func:`load_space`); ``where`` names it in error messages."""
+    """Parse space-file ``text``, or the text a study stored for a sub-grid space (every file
+    of the stack, :data:`STACK_FORMAT`, or the older :data:`BASE_MARK` form: :func:`load_space`);
+    ``where`` names it in error messages."""
     merged = _stored(text, where)          # a sub-grid's text as a study stores it, with its base's
     if merged is not None:
         return _Loader(where).load(merged, text)
@@ -505,6 +585,11 @@ class _Loader:
             if not isinstance(space.get(k), str) or not space[k]:
                 raise self.error(f"[space] {k}", "missing or not a non-empty string",
                                  'e.g. name = "default", kernel = "flashcore", arch = "sm_90a"')
+        if not space["name"].isprintable():
+            raise self.error("[space] name", f"{space['name']!r} holds a newline or another control character",
+                             "give the space a one-line name")
+        if not _ARCH.match(space["arch"]):
+            raise self.error("[space] arch", f"{space['arch']!r} is not an SM target", 'e.g. arch = "sm_90a"')
         if not _IDENT.match(space["kernel"]):
             raise self.error("[space] kernel", f"{space['kernel']!r} is not a kernel family folder name",
                              "use the folder's name under kernels/, e.g. flashcore")
@@ -605,7 +690,12 @@ class _Loader:
             doc = body.get("doc", "")
             if not isinstance(doc, str):
                 raise self.error(f"{key} doc", "must be a string")
+            big = next((v for v in values if abs(v) > MAX_PARAM_VALUE), None)
+            if big is not None:
+                raise self.error(f"{key} values", f"{big} does not fit a C int (|value| <= {MAX_PARAM_VALUE})",
+                                 "values become the kernel's int template arguments")
             out.append(Param(name, tuple(sorted(values)), doc))
+        check_size([(p.name, len(p.values)) for p in out], self.where)
         return out
 
     def device(self, table: dict[str, Any]) -> DeviceLimits:
@@ -649,6 +739,9 @@ _CMPOPS: dict[type, Callable[[int, int], bool]] = {
     ast.NotEq: lambda a, b: a != b,
 }
 _FUNCS: dict[str, Callable[..., int]] = {"min": min, "max": max, "abs": abs}
+#: How many arguments each function takes (min and max of one integer would iterate it).
+_ARITY = {"min": (2, 1 << 16), "max": (2, 1 << 16), "abs": (1, 1)}
+_ARITY_EXAMPLE = {"min": "min(x, 128)", "max": "max(1, x // 2)", "abs": "abs(x - y)"}
 _ALLOWED = "integers, names, + - * // % **, comparisons, and/or/not, min() max() abs()"
 
 
@@ -712,6 +805,11 @@ def _check_node(node: ast.AST, where: str, known: Mapping[str, Any], names: set[
             raise bad(f"calling {callee}()")
         if node.keywords or not node.args or any(isinstance(a, ast.Starred) for a in node.args):
             raise bad(f"{node.func.id}() with keyword, starred or no arguments")
+        lo, hi = _ARITY[node.func.id]
+        if not lo <= len(node.args) <= hi:
+            wants = f"exactly {lo}" if lo == hi else f"at least {lo}"
+            raise SpaceError(f"{where}: {node.func.id}() takes {wants} argument{'s' if lo > 1 else ''}, "
+                             f"got {len(node.args)}", f"e.g. {_ARITY_EXAMPLE[node.func.id]}")
         for a in node.args:
             check(a)
     elif isinstance(node, ast.Attribute):

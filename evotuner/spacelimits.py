@@ -4,6 +4,12 @@ A space file is user input. Python integers are unbounded, so an expression such
 ``(((max_smem_per_sm ** 64) ** 64) ** 64) ** 64`` would compute a number with
 billions of digits at 100% CPU; a deeply nested one would exhaust the recursion of
 the checker; a duplicate check by ``list.count`` is quadratic in a long value list.
+A space's size is bounded too: samplers and the loop enumerate its configs (the
+fresh-proposal fallback lists every index tuple; the coverage check and the guided
+sampler evaluate every config's constraints, about 0.1 ms each), so two parameters of
+4096 values each (16.7 million configs) took 23.7 GB or minutes before anything else
+was checked. :func:`check_size` refuses such a space when it is loaded, before any GPU
+check or enumeration, naming the limit and the parameters with the most values.
 These helpers bound each of them and raise a :class:`SpaceError` that names the
 place and the limit.
 """
@@ -11,7 +17,8 @@ place and the limit.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from evotuner.errors import SpaceError
@@ -21,6 +28,24 @@ from evotuner.errors import SpaceError
 MAX_BITS = 256
 #: Deepest nesting of a space expression's syntax tree.
 MAX_DEPTH = 48
+#: Most configs a space may have (the product of its parameters' value counts): 2**17,
+#: three times the full hopper space (41,472). Enumerating it and evaluating every
+#: config's constraints stays within seconds and a few tens of MB.
+MAX_CONFIGS = 1 << 17
+#: Largest magnitude of a parameter value: each becomes a C ``int`` macro of the kernel.
+MAX_PARAM_VALUE = 2**31 - 1
+
+
+def check_size(counts: Sequence[tuple[str, int]], where: str) -> int:
+    """The number of configs of parameters with these (name, value count) pairs; SpaceError
+    naming :data:`MAX_CONFIGS` and the largest parameters when it is larger."""
+    total = math.prod(n for _, n in counts)
+    if total > MAX_CONFIGS:
+        largest = sorted(counts, key=lambda nc: -nc[1])[:2]
+        which = " and ".join(f"{name} ({n} values)" for name, n in largest)
+        raise SpaceError(f"{where}: the space has {total} configs, more than the limit of {MAX_CONFIGS}",
+                         f"list fewer values of {which}, or search a sub-grid of it ([space] base)")
+    return total
 
 
 def check_bits(value: Any, where: str) -> Any:

@@ -134,6 +134,10 @@ class StudyWorker:
                     continue
         return out
 
+    def alone(self) -> bool:
+        """True when no other live worker runs this study (then every RUNNING trial is this one's)."""
+        return all(w.id == self.id for w in _live.workers(self.store, self.study))
+
     # -- reaping ---------------------------------------------------------------------------
 
     def reap(self, *, every: float | None = None, target: int | None = None) -> list[Zombie]:

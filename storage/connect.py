@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from sqlalchemy import create_engine, event, inspect, select, text
 from sqlalchemy.engine import URL, Connection, Engine, make_url
@@ -67,11 +68,41 @@ _DRIVER_PIP = {
 }
 
 
+#: SQLite's own URI parameters (https://sqlite.org/uri.html) a --storage URL may carry; they
+#: are read here and never handed on, so no file is ever named ``x.db?mode=ro``.
+SQLITE_URI_PARAMS = ("mode", "immutable", "uri", "cache", "nolock", "vfs", "psow", "modeof")
+#: Query options SQLAlchemy's pysqlite dialect itself takes.
+SQLITE_DRIVER_PARAMS = ("timeout", "isolation_level", "detect_types", "check_same_thread", "cached_statements")
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A storage URL as evotuner opens it: ``url`` (SQLite: an absolute path, no URI
+    parameters) and whether the URL itself asks for read-only access (``?mode=ro``,
+    ``?immutable=1``), and by which option."""
+
+    url: URL
+    read_only_option: str | None = None
+
+
 def resolve_url(url: str | None) -> URL:
-    """``url``, else ``$EVOTUNER_STORAGE``, else ``sqlite:///evotuner.db``, parsed.
+    """``url``, else ``$EVOTUNER_STORAGE``, else ``sqlite:///evotuner.db``, parsed
+    (:func:`resolve`; the URL's read-only option is not returned)."""
+    return resolve(url).url
+
+
+def resolve(url: str | None) -> Resolved:
+    """``url``, else ``$EVOTUNER_STORAGE``, else ``sqlite:///evotuner.db``, parsed and checked.
 
     A relative SQLite path is made absolute against the current directory now,
-    so that threads or a later ``chdir`` never open a different file.
+    so that threads or a later ``chdir`` never open a different file. SQLite's URI
+    parameters are honoured, not passed on as part of a file name: ``mode=ro`` and
+    ``immutable=1`` make the URL read-only (a writing command refuses it), ``mode=rw``
+    and ``mode=rwc`` are what evotuner does anyway, ``uri=true`` and a ``file:`` path
+    are accepted; anything else is refused by name. Drivers evotuner cannot drive
+    (an async one, a SQLite driver other than Python's sqlite3) are refused here too.
     """
     raw = url or os.environ.get(ENV_VAR) or DEFAULT_URL
     try:
@@ -80,17 +111,63 @@ def resolve_url(url: str | None) -> URL:
         why = "its port is not a number" if "int()" in str(exc) else "it is not a SQLAlchemy URL"
         raise StorageError(f"storage URL {mask_url(raw)!r} cannot be read: {why}", _URL_REMEDY) from None
     if parsed.get_backend_name() != "sqlite":
-        return parsed
-    db = parsed.database or ""
-    if db in ("", ":memory:") or db.startswith("file:") or parsed.query.get("mode") == "memory":
+        _refuse_async(parsed)
+        return Resolved(parsed)
+    if parsed.get_driver_name() not in ("pysqlite", "sqlite") and "+" in parsed.drivername:
         raise StorageError(
-            f"storage URL {mask_url(raw)!r}: an in-memory or URI-form SQLite database cannot hold a study",
+            f"storage URL {mask_url(raw)!r}: evotuner opens SQLite through Python's sqlite3 module, not "
+            f"{parsed.get_driver_name()!r}", "write the URL as sqlite:///path/to/evotuner.db")
+    query = {k: (v if isinstance(v, str) else v[-1]) for k, v in parsed.query.items()}
+    unknown = sorted(k for k in query if k not in SQLITE_URI_PARAMS + SQLITE_DRIVER_PARAMS)
+    if unknown:
+        raise StorageError(
+            f"storage URL {mask_url(raw)!r}: unknown SQLite option {unknown[0]!r}",
+            f"SQLite URLs take {', '.join(SQLITE_URI_PARAMS[:3])} (e.g. sqlite:///evotuner.db?mode=ro)")
+    mode = query.get("mode")
+    db = parsed.database or ""
+    if db.startswith("file:"):                    # SQLite's URI form: the path is percent-encoded
+        db = unquote(db[len("file:"):])
+        if db.startswith("//"):                   # file://[localhost]/path: only a local authority
+            authority, _, rest = db[2:].partition("/")
+            if authority not in ("", "localhost"):
+                raise StorageError(f"storage URL {mask_url(raw)!r}: a file URI names host {authority!r}",
+                                   "give a local path, e.g. sqlite:///evotuner.db")
+            db = "/" + rest
+    if db in ("", ":memory:") or mode == "memory":
+        raise StorageError(
+            f"storage URL {mask_url(raw)!r}: an in-memory SQLite database cannot hold a study",
             "give a file path, e.g. sqlite:///evotuner.db",
         )
+    if mode not in (None, "ro", "rw", "rwc"):
+        raise StorageError(f"storage URL {mask_url(raw)!r}: mode={mode!r} is not a SQLite open mode",
+                           "use mode=ro (read only) or leave mode out")
+    for flag in ("immutable", "uri", "nolock", "psow"):
+        if flag in query and query[flag].lower() not in _TRUE + _FALSE:
+            raise StorageError(f"storage URL {mask_url(raw)!r}: {flag}={query[flag]!r} is not a boolean",
+                               f"use {flag}=1 or {flag}=0")
+    for option in ("cache", "vfs", "modeof"):
+        if option in query:
+            raise StorageError(f"storage URL {mask_url(raw)!r}: the SQLite option {option!r} is not supported here",
+                               f"drop ?{option}= from --storage")
+    read_only = ("mode=ro" if mode == "ro" else
+                 "immutable=1" if query.get("immutable", "0").lower() in _TRUE else None)
     path = Path(db).expanduser()
     if not path.is_absolute():
         path = Path.cwd() / path
-    return parsed.set(database=str(path))
+    driver_query = {k: v for k, v in query.items() if k in SQLITE_DRIVER_PARAMS}
+    return Resolved(parsed.set(database=str(path), query=driver_query), read_only)
+
+
+def _refuse_async(url: URL) -> None:
+    """An asyncio driver (postgresql+asyncpg, ...) cannot serve evotuner's synchronous store."""
+    try:
+        dialect = url.get_dialect()
+    except Exception:   # noqa: BLE001 -- unknown dialects are reported where the driver is imported
+        return
+    if getattr(dialect, "is_async", False):
+        raise StorageError(
+            f"storage URL {mask_url(url)!r}: {url.drivername!r} is an asyncio driver, which evotuner cannot use",
+            "use the synchronous driver, e.g. postgresql:// (psycopg2) or postgresql+psycopg://")
 
 
 def display(url: URL) -> str:
@@ -189,6 +266,9 @@ def translate(exc: SQLAlchemyError, url: URL, doing: str) -> StorageError:
     low = detail.lower()
     where = display(url)
     path = sqlite_path(url)
+    if "disk is full" in low or "disk full" in low or "no space left" in low:
+        return StorageError(f"database {path or where}: the disk is full while {doing} ({detail})",
+                            "free some disk space and run the command again; what was written before is kept")
     if path is not None:
         if "not a database" in low or "malformed" in low or "corrupt" in low:
             return StorageError(
@@ -228,6 +308,11 @@ def validate(conn: Connection, url: URL) -> None:
         refuse_foreign(tables, url)
     if schema.schema_version.name in tables:
         row = conn.execute(select(schema.schema_version.c.version, schema.schema_version.c.evotuner_version)).first()
+        if row is not None and row[0] is not None and (isinstance(row[0], bool) or not isinstance(row[0], int)):
+            from evotuner.storage.damage import damaged
+
+            raise damaged(str(sqlite_path(url) or display(url)), schema.schema_version.name, 1, "version", row[0],
+                          "not an integer")
         if row is not None and row[0] is not None and int(row[0]) > schema.SCHEMA_VERSION:
             raise StorageError(
                 f"database schema version {int(row[0])} (written by evotuner {row[1] or 'unknown'}) is newer "

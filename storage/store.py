@@ -30,19 +30,22 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import optuna
-from optuna.exceptions import DuplicatedStudyError, UpdateFinishedTrialError
+from optuna.exceptions import DuplicatedStudyError, StorageInternalError, UpdateFinishedTrialError
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, TrialState
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from evotuner.atomicfile import protected_files
 from evotuner.compiler.instantiate import evotuner_version
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StorageError, StudyMismatchError
 from evotuner.family import DEFAULT_FAMILY
+from evotuner.numbers import finite_or_none
 from evotuner.problem import Problem
 from evotuner.storage import connect as _connect
+from evotuner.storage import damage as _damage
 from evotuner.storage import diagnostics as _diagnostics  # noqa: F401  (registers its tables)
 from evotuner.storage import schema
 from evotuner.storage import start as _start
@@ -78,6 +81,10 @@ LOG_TAIL_CHARS = 4000
 #: same GPU (clocks at start, temperature, power draw, performance state), also inside nested
 #: readings; they are stored but not part of its identity.
 VOLATILE_DEVICE_WORDS = ("clock", "temp", "power", "pstate")
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def _now() -> _dt.datetime:
@@ -166,11 +173,11 @@ def _trial_record(t: FrozenTrial, gate_from_build: dict[str, Any] | None = None)
     return TrialRecord(
         number=t.number,
         state=t.state.name,
-        value=t.value if t.state == TrialState.COMPLETE else None,
+        value=finite_or_none(t.value) if t.state == TrialState.COMPLETE else None,
         # The loop records the config's values as user attr "config" (Optuna's params hold
         # the sampler's encoding, e.g. BLOCK_M_index); trials without it keep their params.
         params=dict(attrs["config"]) if isinstance(attrs.get("config"), Mapping) else dict(t.params),
-        tflops=float(tflops) if isinstance(tflops, (int, float)) else None,
+        tflops=finite_or_none(tflops),
         gate=dict(gate) if isinstance(gate, Mapping) else gate_from_build,
         error=attrs.get(REASON_ATTR),
         duplicate_of=int(dup) if isinstance(dup, int) else None,
@@ -204,7 +211,14 @@ class StudyStore:
     """
 
     def __init__(self, url: str | None = None, *, create: bool = True, read_only: bool = False) -> None:
-        self._url = _connect.resolve_url(url)
+        resolved = _connect.resolve(url)
+        self._url = resolved.url
+        if resolved.read_only_option is not None and not read_only:
+            raise StorageError(
+                f"storage URL {_connect.display(self._url)} asks for a read-only database "
+                f"({resolved.read_only_option}), and this command writes to it",
+                f"drop ?{resolved.read_only_option} from --storage to write, or read it with show, export or report",
+            )
         self.read_only = read_only
         create = create and not read_only
         path = _connect.sqlite_path(self._url)
@@ -297,6 +311,12 @@ class StudyStore:
     def display_url(self) -> str:
         return _connect.display(self._url)
 
+    def database_files(self) -> tuple[Path, ...]:
+        """The files of a SQLite study database, its side files (``-wal``, ``-shm``,
+        ``-journal``) included, which no output may replace; () for a server database."""
+        path = _connect.sqlite_path(self._url)
+        return protected_files([path]) if path is not None else ()
+
     @property
     def optuna_storage(self) -> RDBStorage:
         assert self._optuna is not None
@@ -327,8 +347,9 @@ class StudyStore:
             raise StorageError(f"database {self.display_url} is closed", "open a new StudyStore")
         s = self._sessions()
         try:
-            yield s
-            s.commit()
+            with self._reading():
+                yield s
+                s.commit()
         except SQLAlchemyError as exc:
             s.rollback()
             raise _connect.translate(exc, self._url, "writing the study") from exc
@@ -341,9 +362,55 @@ class StudyStore:
     @contextmanager
     def _optuna_call(self, doing: str) -> Iterator[None]:
         try:
-            yield
+            with self._reading():
+                yield
         except SQLAlchemyError as exc:
             raise _connect.translate(exc, self._url, doing) from None
+        except StorageInternalError as exc:   # Optuna's wrapper of a failed commit (a full disk, ...)
+            cause = exc.__cause__ or exc.__context__
+            if isinstance(cause, SQLAlchemyError):
+                raise _connect.translate(cause, self._url, doing) from None
+            raise StorageError(f"database {self.display_url}: {_first_line(exc)} while {doing}",
+                               "check the database (and the disk it is on); nothing was lost") from None
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """A failure to decode what the database holds (a ValueError, LookupError or TypeError
+        from SQLAlchemy, Optuna or a decoder here) becomes the one-line error naming the
+        damaged table, row and column (:mod:`evotuner.storage.damage`); where no cell is
+        damaged, the exception stands: it is a bug."""
+        try:
+            yield
+        except EvotunerError:
+            raise
+        except _damage.DECODE_ERRORS:
+            found = self._find_damage()
+            if found is None:
+                raise
+            raise found.error(self._where) from None
+
+    def _find_damage(self) -> _damage.Damage | None:
+        if self._engine is None:
+            return None
+        try:
+            with self._engine.connect() as conn:
+                return _damage.locate(conn, [*schema.metadata.sorted_tables, *_damage.optuna_tables()])
+        except SQLAlchemyError:
+            return None
+
+    @property
+    def _where(self) -> str:
+        path = _connect.sqlite_path(self._url)
+        return str(path) if path is not None else self.display_url
+
+    def _problem(self, row: Any) -> Problem:
+        """A study row's problem, or the damage error naming the row."""
+        try:
+            data = json.loads(row.problem_json)
+            return Problem.from_dict(data)
+        except (EvotunerError, *_damage.DECODE_ERRORS) as exc:
+            raise _damage.damaged(self._where, schema.studies.name, row.id, "problem_json", row.problem_json,
+                                  getattr(exc, "message", None) or _first_line(exc)) from None
 
     # -- studies ---------------------------------------------------------------------------
     def _study_row(self, s: Session, name: str) -> Any:
@@ -356,6 +423,10 @@ class StudyStore:
     def _require_row(self, s: Session, name: str) -> Any:
         row = self._study_row(s, name)
         if row is not None:
+            for column in ("seed", "optuna_study_id"):   # SQLite keeps whatever was written there
+                value = getattr(row, column)
+                if (value is not None or column != "seed") and (isinstance(value, bool) or not isinstance(value, int)):
+                    raise _damage.damaged(self._where, schema.studies.name, row.id, column, value, "not an integer")
             return row
         names = [n for n in s.execute(select(schema.studies.c.name).order_by(schema.studies.c.name)).scalars()]
         s.commit()   # end this (write-locking) transaction before Optuna's engine reads
@@ -470,10 +541,14 @@ class StudyStore:
     def study_info(self, name: str, *, problem: Problem | None = None, space: Any = None) -> StudyRecord:
         """What study ``name`` was created with (problem, space and its text, sampler name, seed,
         hashes); the same not-found and mismatch errors as :meth:`load_study`."""
+        with self._reading():
+            return self._study_info(name, problem, space)
+
+    def _study_info(self, name: str, problem: Problem | None, space: Any) -> StudyRecord:
         with self.session() as s:
             row = self._require_row(s, name)
         if problem is not None:
-            created = Problem.from_dict(json.loads(row.problem_json))
+            created = self._problem(row)
             if created != problem:
                 raise StudyMismatchError(
                     f"study '{name}' was created for {describe_problem(created)}; "
@@ -491,7 +566,7 @@ class StudyStore:
                 )
         return StudyRecord(
             name=row.name,
-            problem=Problem.from_dict(json.loads(row.problem_json)),
+            problem=self._problem(row),
             space_name=row.space_name,
             space_fingerprint=row.space_fingerprint,
             space_text=row.space_text,
@@ -517,7 +592,7 @@ class StudyStore:
             out.append(
                 StudyInfo(
                     name=r.name,
-                    problem=Problem.from_dict(json.loads(r.problem_json)),
+                    problem=self._problem(r),
                     space_name=r.space_name,
                     sampler=r.sampler,
                     created=r.created_at,
@@ -748,7 +823,7 @@ class StudyStore:
 
         def write(s: Session) -> None:
             row = self._require_row(s, study_name)
-            prob = problem if problem is not None else Problem.from_dict(json.loads(row.problem_json))
+            prob = problem if problem is not None else self._problem(row)
             device_id = self._device_id(s, row.id, fingerprint)[0] if fingerprint is not None else None
             pj = json.dumps(prob.as_dict(), sort_keys=True)
             for backend, us in results.items():
@@ -758,7 +833,7 @@ class StudyStore:
                         device_id=device_id,
                         problem_json=pj,
                         backend=str(backend),
-                        median_us=float(us) if us is not None else None,
+                        median_us=us if (us := finite_or_none(us)) is not None and us > 0 else None,
                         measured_at=now,
                     )
                 )
@@ -787,12 +862,16 @@ class StudyStore:
                 .where(schema.baselines.c.study_id == row.id, cond)
                 .order_by(schema.baselines.c.measured_at, schema.baselines.c.id)
             ).all()
-        return {b: us for b, us in rows} if rows else None
+        return {b: finite_or_none(us) for b, us in rows} if rows else None
 
     # -- reading -----------------------------------------------------------------------------
     def summary(self, study_name: str) -> StudySummary:
         """Everything about one study: its creation record, devices, baselines, trials and
         the best COMPLETE trial (lowest value). StorageError if the study is not found."""
+        with self._reading():
+            return self._summary(study_name)
+
+    def _summary(self, study_name: str) -> StudySummary:
         with self.session() as s:
             row = self._require_row(s, study_name)
             build_rows = s.execute(
@@ -833,7 +912,7 @@ class StudyStore:
         )
         return StudySummary(
             study=row.name,
-            problem=Problem.from_dict(json.loads(row.problem_json)),
+            problem=self._problem(row),
             space_name=row.space_name,
             space_fingerprint=row.space_fingerprint,
             kernel_family=row.kernel_family,
@@ -845,7 +924,7 @@ class StudyStore:
             evotuner_version=row.evotuner_version,
             device=devices[-1]["fingerprint"] if devices else None,
             devices=devices,
-            baselines={b.backend: b.median_us for b in base_rows},
+            baselines={b.backend: finite_or_none(b.median_us) for b in base_rows},
             best=min(complete, key=lambda r: (r.value, r.number)) if complete else None,
             trials=records,
         )

@@ -621,7 +621,10 @@ def test_history_plot_fits_the_study_and_shows_unmeasured_trials(capsys, cli_env
     save = Figure.savefig
 
     def spy(fig, fname, *args, **kwargs):       # the y range the PNG really has
-        drawn[Path(str(fname)).name] = fig.axes[0].get_ylim()
+        name = Path(str(getattr(fname, "name", fname))).name      # a path, or the output rule's temp file
+        if name.startswith(".") and name.endswith(".tmp"):         # .history.png.<random>.tmp
+            name = name[1:].rsplit(".", 2)[0]
+        drawn[name] = fig.axes[0].get_ylim()
         return save(fig, fname, *args, **kwargs)
 
     monkeypatch.setattr(Figure, "savefig", spy)

@@ -166,11 +166,16 @@ class Builder:
             argv += ["-o", "kernel.cubin", "gen.cu"]
             outcome = toolchain_mod.run(argv, cwd=workdir, timeout_s=self.timeout_s, live=self._running)
             log = outcome.output
-            if outcome.timed_out or (outcome.returncode is not None and outcome.returncode < 0):
+            cubin = workdir / "kernel.cubin"
+            no_cubin = outcome.returncode == 0 and not cubin.is_file()
+            if outcome.timed_out or (outcome.returncode is not None and outcome.returncode < 0) or no_cubin:
                 # Not the config's fault (or not known to be): never cached.
                 shutil.rmtree(workdir, ignore_errors=True)
                 if outcome.timed_out:
                     error = f"nvcc timed out after {self.timeout_s:g} s"
+                elif no_cubin:
+                    error = (f"{self.toolchain.nvcc} exited with status 0 but wrote no kernel.cubin "
+                             "(is it nvcc, or a wrapper that drops -o?)")
                 else:
                     error = f"nvcc was killed by signal {-(outcome.returncode or 0)}"
                 return BuildResult(config, key, False, None, log, time.monotonic() - start, False, error)
@@ -187,7 +192,6 @@ class Builder:
             if outcome.returncode != 0:
                 record.update(ok=False, error=_tail(log) or f"nvcc exited with status {outcome.returncode}")
             else:
-                cubin = workdir / "kernel.cubin"
                 data = cubin.read_bytes()
                 try:
                     meta = read_family_meta(data, self.family)

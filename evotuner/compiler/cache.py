@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 import time
 import uuid
@@ -35,17 +36,46 @@ _IGNORED_DIRS = {"__pycache__", ".git"}
 
 
 def default_cache_root() -> Path:
-    """``$EVOTUNER_CACHE_DIR``, else ``$XDG_CACHE_HOME/evotuner``, else ``~/.cache/evotuner``."""
+    """``$EVOTUNER_CACHE_DIR``, else ``$XDG_CACHE_HOME/evotuner``, else ``~/.cache/evotuner``; where
+    there is no usable home (HOME empty, missing, not an absolute path to a folder), a private
+    per-user folder in the system's temp dir (:func:`fallback_cache_root`), never ``/.cache``
+    or a new ``/nonexistent/home``."""
     env = os.environ.get("EVOTUNER_CACHE_DIR")
     if env:
-        return Path(env).expanduser()
+        try:
+            return Path(env).expanduser().absolute()
+        except RuntimeError:            # ~nouser, or ~ without a home
+            raise BuildError(f"build cache $EVOTUNER_CACHE_DIR={env}: {env.split('/')[0]} names no user's home",
+                             "point $EVOTUNER_CACHE_DIR at a folder by its full path, or unset it") from None
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "evotuner"
+    if xdg and Path(xdg).is_absolute():  # the XDG spec: a relative value is ignored
+        return Path(xdg) / "evotuner"
+    home = os.environ.get("HOME")
+    if home and Path(home).is_absolute() and Path(home).is_dir():
+        return Path(home) / ".cache" / "evotuner"
+    return fallback_cache_root()
+
+
+def fallback_cache_root() -> Path:
+    """``<tmp>/evotuner-cache-<uid>``: made mode 0700 and used only when it is a folder of this
+    user's (not a link) that nobody else may write; otherwise BuildError with the remedy."""
+    root = Path(tempfile.gettempdir()) / f"evotuner-cache-{os.getuid()}"
+    remedy = "set $EVOTUNER_CACHE_DIR (or HOME) to a writable folder"
+    try:
+        root.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(root)
+    except OSError as exc:
+        raise BuildError(f"build cache: HOME is not a usable folder and {root} cannot be made ({exc.strerror})",
+                         remedy) from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+        raise BuildError(f"build cache: HOME is not a usable folder and {root} is not a private folder of this user",
+                         remedy)
+    return root
 
 
 def check_cache_root(root: Path, *, from_env: bool = False) -> None:
-    """Refuse, with a remedy, a cache root that is a file, lies under a file, or cannot be written."""
+    """Refuse, with a remedy, a cache root that is a file, lies under a file, or cannot be
+    written (nor created: the nearest existing folder above it must be writable)."""
     what = f"build cache {root}" + (" ($EVOTUNER_CACHE_DIR)" if from_env else "")
     remedy = "point $EVOTUNER_CACHE_DIR at a writable folder, or unset it"
     for path in (root, *root.parents):
@@ -57,8 +87,14 @@ def check_cache_root(root: Path, *, from_env: bool = False) -> None:
         if not path.is_dir():
             where = "is a file" if path == root else f"lies under {path}, which is a file"
             raise BuildError(f"{what} {where}, not a directory", remedy)
-        if path == root and not os.access(path, os.W_OK | os.X_OK):
-            raise BuildError(f"{what} is not writable", remedy)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise BuildError(f"{what} is not writable" if path == root
+                             else f"{what} cannot be created: {path} is not writable", remedy)
+        if path != root:
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise BuildError(f"{what} cannot be created ({exc.strerror})", remedy) from None
         return
 
 
@@ -130,8 +166,12 @@ class BuildCache:
     def new_workdir(self, key: str) -> Path:
         """A fresh private directory on the cache's filesystem to build ``key`` in."""
         tmp = self.root / "tmp"
-        tmp.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f"{key[:16]}.", dir=tmp))
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            return Path(tempfile.mkdtemp(prefix=f"{key[:16]}.", dir=tmp))
+        except OSError as exc:
+            raise BuildError(f"build cache {self.root}: cannot write there ({exc.strerror})",
+                             "point $EVOTUNER_CACHE_DIR at a writable folder (or free some disk space)") from None
 
     def lookup(self, key: str) -> CacheEntry | None:
         """The published entry for ``key``, or None (missing, or unreadable: then it is discarded)."""

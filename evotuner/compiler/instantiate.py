@@ -18,8 +18,8 @@ from evotuner.errors import BuildError, SpaceError
 from evotuner.family import KernelFamily
 from evotuner.problem import Problem
 
-_FAMILY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_ARCH = re.compile(r"^sm_(\d{2,3})([af]?)$")
+_FAMILY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_ARCH = re.compile(r"^sm_(\d{2,3})([af]?)\Z")
 
 
 @functools.cache

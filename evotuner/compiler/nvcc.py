@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from evotuner import childproc
 from evotuner.errors import BuildError
 
 _REMEDY = (
@@ -102,58 +101,33 @@ def probe(nvcc: Path) -> Toolchain:
 
 def run(argv: Sequence[str], *, cwd: Path | None, timeout_s: float,
         live: set[subprocess.Popen[bytes]] | None = None) -> CompileOutcome:
-    """Run one process in its own session; on timeout kill its whole process group.
+    """Run one process in its own session (:mod:`evotuner.childproc`): its output is read
+    until it exits, never until a daemon it left behind closes the pipe; on a timeout, and
+    after it exits, its whole process group is killed.
 
     nvcc forks cicc/ptxas; killing only nvcc would leave them running, so the
     child gets a new session and the group is killed. The new session also keeps
     the terminal's Ctrl-C from reaching it, so the caller may pass ``live``: the
     process is in that set while it runs, for :func:`kill` to end it early.
     """
-    start = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            list(argv),
-            cwd=cwd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        proc = childproc.start(argv, cwd=cwd)
     except OSError as exc:
         raise BuildError(f"cannot run {argv[0]}: {exc.strerror or exc}", _REMEDY) from None
     if live is not None:
         live.add(proc)
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _kill_group(proc)
-        try:
-            out, _ = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:  # a grandchild left the group and holds the pipe
-            proc.kill()
-            out = b""
-        return CompileOutcome(None, _decode(out), time.monotonic() - start, True)
-    except BaseException:
-        _kill_group(proc)
-        proc.wait()
-        raise
+        outcome = childproc.collect(proc, timeout_s)
     finally:
         if live is not None:
             live.discard(proc)
-    return CompileOutcome(proc.returncode, _decode(out), time.monotonic() - start, False)
+    return CompileOutcome(outcome.returncode, _decode(outcome.output), outcome.seconds, outcome.timed_out)
 
 
 def kill(procs: set[subprocess.Popen[bytes]]) -> None:
     """End the process groups of still-running compiles (their results read as killed)."""
     for proc in list(procs):
-        _kill_group(proc)
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
+        childproc.kill_group(proc)
 
 
 def _decode(data: bytes | None) -> str:

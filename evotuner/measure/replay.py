@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import csv
 import hashlib
+import io
 import json
 import math
 import re
@@ -47,10 +48,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from evotuner.atomicfile import write_text_atomic
 from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StudyMismatchError
 from evotuner.measure.base import FAILURE_KINDS, MeasureFailure, MeasureOutcome, Measurement, MeasureStage
+from evotuner.numbers import INT32_MAX, parse_real, parse_whole, real, whole
 from evotuner.problem import Problem
 
 #: Sweep row statuses.
@@ -190,20 +193,19 @@ def write_sweep(path: str | Path, names: Iterable[str], rows: Iterable[SweepRow]
     if missing:
         raise ValueError(f"sweep header lacks {', '.join(missing)}")
     path = Path(path)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(list(names) + list(RESULT_COLUMNS))
-        for row in rows:
-            w.writerow(row.as_csv(names))
+    buffer = io.StringIO()
+    w = csv.writer(buffer, lineterminator="\n")
+    w.writerow(list(names) + list(RESULT_COLUMNS))
+    for row in rows:
+        w.writerow(row.as_csv(names))
+    write_text_atomic(path, buffer.getvalue())      # evotuner's output rule: never a link or a database
     write_sidecar(path, header)
     return path
 
 
 def write_sidecar(path: str | Path, header: Mapping[str, Any]) -> Path:
     side = sidecar_path(path)
-    tmp = side.with_name(side.name + ".tmp")
-    tmp.write_text(json.dumps(dict(header), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    tmp.replace(side)
+    write_text_atomic(side, json.dumps(dict(header), indent=2, sort_keys=True, default=str) + "\n")
     return side
 
 
@@ -217,7 +219,7 @@ def read_sweep(path: str | Path) -> SweepTable:
         raise ReplayError(f"--replay {path}: its sidecar {side.name} is missing",
                           "keep the .json that scripts/sweep.py writes beside the CSV")
     try:
-        header = json.loads(side.read_text(encoding="utf-8"))
+        header = json.loads(side.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (OSError, ValueError) as exc:
         raise ReplayError(f"{side}: cannot read the sweep sidecar: {exc}") from None
     if not isinstance(header, dict):
@@ -229,9 +231,13 @@ def read_sweep(path: str | Path) -> SweepTable:
         Problem.from_dict(header["problem"])
     except (EvotunerError, KeyError, TypeError, ValueError) as exc:
         raise ReplayError(f"{side}: sidecar 'problem' is not a problem: {exc}") from None
-    data = path.read_bytes()
+    _check_sidecar(side, header)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ReplayError(f"--replay {path}: cannot read the sweep: {exc.strerror}") from None
     text = data.decode("utf-8", errors="replace")
-    reader = csv.reader(text.splitlines())
+    reader = _Cells(path, csv.reader(text.splitlines()))
     try:
         columns = next(reader)
     except StopIteration:
@@ -256,18 +262,56 @@ def read_sweep(path: str | Path) -> SweepTable:
     return SweepTable(path=path, sha256=hashlib.sha256(data).hexdigest(), names=names, header=header, rows=rows)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _check_sidecar(side: Path, header: dict[str, Any]) -> None:
+    """The sidecar's device (null, or an object whose name is a string) and baselines (backend -> positive
+    finite µs or null); a wrong type is a ReplayError naming the key, not a trial's traceback."""
+    device = header["device"]
+    if device is not None and (not isinstance(device, dict) or not isinstance(device.get("name", ""), str)):
+        raise ReplayError(f"{side}: sidecar 'device' is neither null nor an object with a name string",
+                          "rerun scripts/sweep.py, or fix the sidecar by hand")
+    baselines = header["baselines"]
+    if not isinstance(baselines, dict):
+        raise ReplayError(f"{side}: sidecar 'baselines' is not an object of backend -> microseconds",
+                          "rerun scripts/sweep.py, or fix the sidecar by hand")
+    for name, us in baselines.items():
+        if us is not None:
+            real(us, f"{side}: sidecar baselines {name}", above=0.0, error=ReplayError,
+                 remedy="a baseline is a positive time in microseconds, or null")
+
+
+class _Cells:
+    """csv.reader whose errors (a cell over csv's field size limit, a stray NUL) are ReplayErrors naming the line."""
+
+    def __init__(self, path: Path, reader: Any) -> None:
+        self.path, self.reader = path, reader
+
+    def __iter__(self) -> "_Cells":
+        return self
+
+    def __next__(self) -> list[str]:
+        try:
+            return next(self.reader)
+        except csv.Error as exc:
+            raise ReplayError(f"{self.path}:{self.reader.line_num}: not a sweep row ({exc})",
+                              "this file was not written by scripts/sweep.py") from None
+
+
 def parse_row(path: Path, lineno: int, names: tuple[str, ...], cells: list[str]) -> SweepRow:
     where = f"{path}:{lineno}"
     values = dict(zip(names + RESULT_COLUMNS, cells))
 
     def num(col: str, kind: type = float) -> Any:
+        """A cell as a finite number (times and ratios >= 0; counts whole, 0 to INT32_MAX), or None."""
         raw = values[col].strip()
         if not raw:
             return None
-        try:
-            return kind(raw)
-        except ValueError:
-            raise ReplayError(f"{where}: column {col}: {raw!r} is not a number") from None
+        if kind is int:
+            return parse_whole(raw, f"{where}: column {col}", lo=0, error=ReplayError)
+        return parse_real(raw, f"{where}: column {col}", lo=0.0, error=ReplayError)
 
     try:
         config = KernelConfig.of({n: values[n] for n in names})
@@ -278,9 +322,13 @@ def parse_row(path: Path, lineno: int, names: tuple[str, ...], cells: list[str])
         raise ReplayError(f"{where}: column status: {status!r} is not one of {', '.join(STATUSES)}")
     kind = values["failure_kind"].strip()
     try:
-        meta = json.loads(values["meta"]) if values["meta"].strip() else {}
+        meta = json.loads(values["meta"], parse_constant=_no_constant) if values["meta"].strip() else {}
     except ValueError:
         raise ReplayError(f"{where}: column meta is not JSON") from None
+    if not isinstance(meta, dict):
+        raise ReplayError(f"{where}: column meta is not a JSON object of the build's meta table")
+    for k, v in meta.items():
+        whole(v, f"{where}: column meta: {k}", lo=-INT32_MAX, error=ReplayError)
     log = _UNESCAPE.sub(lambda m: "\n" if m.group(1) == "n" else m.group(1), values["ptxas_log"])
     row = SweepRow(
         config=config, status=status, reason=values["reason"], median_us=num("median_us"), p20_us=num("p20_us"),
@@ -288,6 +336,9 @@ def parse_row(path: Path, lineno: int, names: tuple[str, ...], cells: list[str])
         repetitions=num("repetitions", int), registers=num("registers", int), spill_bytes=num("spill_bytes", int),
         smem_bytes=num("smem_bytes", int), failure_kind=kind, meta=meta, ptxas_log=log,
     )
+    for col, value in (("p20_us", row.p20_us), ("p80_us", row.p80_us)):
+        if value is not None and not value > 0:
+            raise ReplayError(f"{where}: column {col}: {value!r} is not a positive time")
     if status == "ok" and (row.median_us is None or not row.median_us > 0):
         raise ReplayError(f"{where}: status ok needs a positive median_us")
     if status == "ok" and not row.compiled:
