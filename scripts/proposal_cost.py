@@ -13,8 +13,10 @@ time. The sampler is wrapped so that every call Optuna makes to it while asking 
 ``sample_independent``) is timed and charged to that trial: that sum is the trial's
 *proposal* time, the sampler's own work including its reads of the study. Per range of
 trial numbers (half-open, ``400-500`` = trials 400 to 499) it prints the median, mean,
-p90 and maximum proposal time, and the median wall time per finished trial (the whole
-loop: ask, replayed build and measurement, the study's writes) for context.
+p90 and maximum proposal time (wall), the median thread CPU time of the same calls (less
+sensitive to other processes on a shared machine), and the median wall time per finished
+trial (the whole loop: ask, replayed build and measurement, the study's writes) for context.
+Every 50 trials it prints the last 50 trials' median to stderr.
 
 The first trial of a guided study includes enumerating the space and the cost model's
 estimate of every feasible config (once per sampler).
@@ -44,18 +46,21 @@ from optuna.samplers import BaseSampler
 
 
 class TimedSampler(BaseSampler):
-    """Delegates to ``inner`` and adds the seconds of every ask-time call to ``seconds[trial number]``."""
+    """Delegates to ``inner`` and adds the wall and thread CPU seconds of every ask-time call to
+    ``seconds[trial number]`` and ``cpu[trial number]``."""
 
     def __init__(self, inner: BaseSampler) -> None:
         self.inner = inner
         self.seconds: dict[int, float] = {}
+        self.cpu: dict[int, float] = {}
 
     def _timed(self, number: int, call: Any, *args: Any) -> Any:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         try:
             return call(*args)
         finally:
             self.seconds[number] = self.seconds.get(number, 0.0) + time.perf_counter() - started
+            self.cpu[number] = self.cpu.get(number, 0.0) + time.thread_time() - cpu
 
     def before_trial(self, study, trial):  # type: ignore[no-untyped-def]
         return self._timed(trial.number, self.inner.before_trial, study, trial)
@@ -92,8 +97,9 @@ def parse_ranges(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def run(sweep: Path, space_path: str | None, sampler_name: str, seed: int, trials: int) -> tuple[dict[int, float], dict[int, float]]:
-    """One replayed study; returns {trial number: proposal seconds}, {trial number: finished at (s)}."""
+def run(sweep: Path, space_path: str | None, sampler_name: str, seed: int,
+        trials: int) -> tuple[TimedSampler, dict[int, float]]:
+    """One replayed study; returns the timed sampler and {trial number: finished at (s)}."""
     from evotuner import events as ev
     from evotuner import session
     from evotuner.loop import run_search
@@ -111,6 +117,11 @@ def run(sweep: Path, space_path: str | None, sampler_name: str, seed: int, trial
     def on_event(event: object) -> None:
         if isinstance(event, ev.TrialFinished):
             finished[event.number] = time.perf_counter() - started
+            if len(finished) % 50 == 0:
+                last = [sampler.seconds[n] for n in range(event.number - 49, event.number + 1) if n in sampler.seconds]
+                if last:
+                    print(f"  {len(finished)} trials, {finished[event.number]:.0f} s: median proposal of the last 50 "
+                          f"{1e3 * statistics.median(last):.1f} ms", file=sys.stderr, flush=True)
 
     with tempfile.TemporaryDirectory(prefix="proposal-cost-") as tmp, ExitStack() as stack:
         store = session.open_store(f"sqlite:///{Path(tmp) / 'study.db'}")
@@ -119,11 +130,12 @@ def run(sweep: Path, space_path: str | None, sampler_name: str, seed: int, trial
         session.start_study(store, "cost", problem, space, sampler_name, seed, builder)
         run_search(store=store, study_name="cost", problem=problem, space=space, sampler=sampler, seed=seed,
                    trials=trials, builder=builder, measure=measure, on_event=on_event, batch=1)
-    return sampler.seconds, finished
+    return sampler, finished
 
 
-def summarize(seconds: dict[int, float], finished: dict[int, float], lo: int, hi: int) -> dict[str, Any]:
-    costs = [seconds[n] for n in range(lo, hi) if n in seconds]
+def summarize(sampler: TimedSampler, finished: dict[int, float], lo: int, hi: int) -> dict[str, Any]:
+    costs = [sampler.seconds[n] for n in range(lo, hi) if n in sampler.seconds]
+    cpu = [sampler.cpu[n] for n in range(lo, hi) if n in sampler.cpu]
     walls = [finished[n] - finished[n - 1] for n in range(max(lo, 1), hi) if n in finished and n - 1 in finished]
     if not costs:
         return {"range": f"{lo}-{hi}", "trials": 0}
@@ -131,7 +143,7 @@ def summarize(seconds: dict[int, float], finished: dict[int, float], lo: int, hi
     return {"range": f"{lo}-{hi}", "trials": len(costs),
             "median_ms": 1e3 * statistics.median(costs), "mean_ms": 1e3 * statistics.fmean(costs),
             "p90_ms": 1e3 * ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
-            "max_ms": 1e3 * ordered[-1],
+            "max_ms": 1e3 * ordered[-1], "cpu_median_ms": 1e3 * statistics.median(cpu),
             "trial_wall_median_ms": 1e3 * statistics.median(walls) if walls else None}
 
 
@@ -148,24 +160,25 @@ def main(argv: list[str] | None = None) -> int:
     ranges = parse_ranges(args.ranges)
 
     started = time.perf_counter()
-    seconds, finished = run(args.sweep, args.space, args.sampler, args.seed, args.trials)
+    sampler, finished = run(args.sweep, args.space, args.sampler, args.seed, args.trials)
     wall = time.perf_counter() - started
-    rows = [summarize(seconds, finished, lo, hi) for lo, hi in ranges]
+    rows = [summarize(sampler, finished, lo, hi) for lo, hi in ranges]
     print(f"{args.sweep.name}, {args.sampler}, seed {args.seed}: {len(finished)} trials in {wall:.0f} s")
-    print("| trials | n | proposal median ms | mean | p90 | max | trial wall median ms |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| trials | n | proposal median ms | mean | p90 | max | CPU median ms | trial wall median ms |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if not r["trials"]:
-            print(f"| {r['range']} | 0 | - | - | - | - | - |")
+            print(f"| {r['range']} | 0 | - | - | - | - | - | - |")
             continue
         tw = "-" if r["trial_wall_median_ms"] is None else f"{r['trial_wall_median_ms']:.0f}"
         print(f"| {r['range']} | {r['trials']} | {r['median_ms']:.1f} | {r['mean_ms']:.1f} | {r['p90_ms']:.1f} "
-              f"| {r['max_ms']:.1f} | {tw} |")
+              f"| {r['max_ms']:.1f} | {r['cpu_median_ms']:.1f} | {tw} |")
     if args.output is not None:
         args.output.write_text(json.dumps({"sweep": str(args.sweep), "space": args.space, "sampler": args.sampler,
                                            "seed": args.seed, "trials": len(finished), "wall_s": wall,
                                            "ranges": rows,
-                                           "per_trial_ms": {n: 1e3 * s for n, s in sorted(seconds.items())}},
+                                           "per_trial_ms": {n: 1e3 * s for n, s in sorted(sampler.seconds.items())},
+                                           "per_trial_cpu_ms": {n: 1e3 * s for n, s in sorted(sampler.cpu.items())}},
                                           indent=1))
     return 0
 
