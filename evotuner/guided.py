@@ -24,7 +24,14 @@ How, per proposal:
   ``LENGTH_SCALES`` that maximises the marginal likelihood (coordinate search, two
   passes): a parameter whose changes leave the residual unchanged (a register split,
   the scheduler at one shape) gets a long one, so near-copies of a measured config stop
-  looking unexplored, which matters most where the model ranks the optimum badly;
+  looking unexplored, which matters most where the model ranks the optimum badly; the
+  fit runs at every proposal until REFIT_EVERY_UNTIL configs are compiled, then each time
+  that count has grown by REFIT_GROWTH;
+* the GP conditions on at most GP_POINTS of the study's known configs (the fastest, the
+  newest and a spread of the rest, :func:`_conditioning`), so a proposal's cost does not
+  grow with the study (a GP over every known config costs the cube of their number); the
+  cap binds only past GP_POINTS known configs, after the searches of the recorded sweeps
+  are within 2% of the optimum (docs/measurements/proposal_cost/);
 * a config that reached the compiler and failed (gate, runtime) counts as measured
   ``FAILURE_PENALTY`` above the worst measured residual; running and waiting configs count
   as measured at the current mean (a constant liar: parallel builds spread out);
@@ -64,7 +71,7 @@ that ranks the configs backwards it is worse than random search (docs/samplers.m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Callable, Sequence
 
@@ -86,9 +93,21 @@ LENGTH_SCALE = 0.30
 #: Length scales the marginal likelihood chooses among, per parameter, once FIT_AFTER configs are measured.
 LENGTH_SCALES = (0.3, 1.0, 3.0)
 FIT_AFTER = 3
-#: The fit uses at most this many known configs (the best measured first): 48 Cholesky
-#: factorisations of their kernel matrix per proposal stay a fraction of a second.
+#: The fit uses at most this many of the GP's points (the lowest residuals first).
 FIT_POINTS = 200
+#: The length scales are fitted again at every proposal until this many of this study's configs
+#: are known past the compiler (measured or failed), then only once that count has grown by
+#: REFIT_GROWTH since the last fit: a fit factorises the points' covariance some 50 times.
+REFIT_EVERY_UNTIL = 64
+REFIT_GROWTH = 0.1
+#: The GP conditions on at most this many of this study's known configs: the GP_BEST fastest
+#: measured, the GP_RECENT most recently proposed (those in flight first), and the rest spread
+#: evenly over the others in proposal order. The related studies' points come on top (at most
+#: evotuner.transfer's per-source limits). Every known config stays excluded from the
+#: candidates, and the bias and the best measured time are taken over all of them.
+GP_POINTS = 128
+GP_BEST = 48
+GP_RECENT = 32
 #: Standard deviation of one measurement's log time (run-to-run noise, ~1 %).
 NOISE_SD = 0.01
 #: A config that failed after it reached the compiler counts this far (log) above the worst measured.
@@ -149,6 +168,8 @@ class GuidedSampler(BaseSampler):
         self._prior: np.ndarray | None = None                   # candidate rows' log estimate
         self._tasks = _Tasks.none(len(self._keys))              # the related studies' points
         self._lead: int | None = None                           # the related studies' lead (second proposal)
+        self._scales: np.ndarray | None = None                  # the last fitted length scales ...
+        self._scales_at = 0                                     # ... and the compiled count they were fitted at
 
     # -- Optuna's sampler interface ----------------------------------------------------------
 
@@ -239,12 +260,10 @@ class GuidedSampler(BaseSampler):
 
     # -- the pick ------------------------------------------------------------------------------
 
-    def _observations(self, study: optuna.Study, trial: FrozenTrial) -> tuple[dict[int, float], set[int], set[int]]:
-        """{row: measured log time}, rows that failed past the compiler, rows in flight."""
+    def _observations(self, study: optuna.Study, trial: FrozenTrial) -> "_Observed":
+        """What the study knows, by candidate row (trial ``trial``, being asked, left out)."""
         assert self._rows is not None
-        measured: dict[int, float] = {}
-        failed: set[int] = set()
-        pending: set[int] = set()
+        seen = _Observed()
         for t in study.get_trials(deepcopy=False):
             params = t.params or t.system_attrs.get("fixed_params") or {}
             if t.number == trial.number or not all(k in params for k in self._keys):
@@ -253,20 +272,25 @@ class GuidedSampler(BaseSampler):
             if row is None:               # statically infeasible (pruned before the compiler)
                 continue
             if t.state == TrialState.COMPLETE and t.value is not None and t.value > 0:
-                measured.setdefault(row, math.log(t.value))
+                seen.measured.setdefault(row, math.log(t.value))
             elif t.state in (TrialState.PRUNED, TrialState.FAIL):
-                if not is_interrupted(t.state, t.user_attrs.get(REASON_ATTR)):
-                    failed.add(row)
+                if is_interrupted(t.state, t.user_attrs.get(REASON_ATTR)):
+                    continue
+                seen.failed.add(row)
             elif t.state in (TrialState.RUNNING, TrialState.WAITING):
-                pending.add(row)
-        failed -= set(measured)
-        pending -= set(measured) | failed
-        return measured, failed, pending
+                seen.pending.add(row)
+            else:
+                continue
+            seen.number[row] = min(seen.number.get(row, t.number), t.number)
+        seen.failed -= set(seen.measured)
+        seen.pending -= set(seen.measured) | seen.failed
+        return seen
 
     def _pick(self, study: optuna.Study, trial: FrozenTrial) -> int:
         assert self._x is not None and self._prior is not None and self._index is not None
-        measured, failed, pending = self._observations(study, trial)
-        known = set(measured) | failed | pending
+        seen = self._observations(study, trial)
+        measured = seen.measured
+        known = set(measured) | seen.failed | seen.pending
         jitter = self._rng.uniform(0.0, 1e-9, len(self._prior))
         free = np.ones(len(self._prior), dtype=bool)
         free[list(known)] = False
@@ -277,60 +301,74 @@ class GuidedSampler(BaseSampler):
         if self._lead is not None and free[self._lead]:
             return self._lead             # the related studies' lead (see the module docstring)
         try:
-            mean, sd = self._predict(measured, failed, known)
+            mean, sd = self._predict(seen, free)
         except np.linalg.LinAlgError:     # a covariance numerically singular: take the model's next best
             return int(np.argmin(np.where(free, self._prior + jitter, np.inf)))
-        best = min(measured.values()) if measured else float(mean[free].min())
-        gain = _expected_improvement(best, mean, sd) + jitter
-        gain[~free] = -np.inf
-        return int(np.argmax(gain))
+        best = min(measured.values()) if measured else float(mean.min())
+        rows = np.flatnonzero(free)
+        gain = _expected_improvement(best, mean, sd) + jitter[rows]
+        return int(rows[np.argmax(gain)])
 
-    def _predict(self, measured: dict[int, float], failed: set[int], known: set[int]) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and standard deviation of every candidate's log time given what the
-        study and the related studies know."""
+    def _predict(self, seen: "_Observed", free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Posterior mean and standard deviation of the log time of every free candidate (rows
+        where ``free``) given what the study (at most GP_POINTS of its known configs, see
+        :func:`_conditioning`) and the related studies know."""
         assert self._x is not None and self._prior is not None
+        measured, failed = seen.measured, seen.failed
         residual = {row: value - self._prior[row] for row, value in measured.items()}
         bias = float(np.mean(list(residual.values()))) if residual else 0.0
         worst = max((r - bias for r in residual.values()), default=0.0)
-        rows = sorted(known)
+        rows = _conditioning(seen, GP_POINTS, GP_BEST, GP_RECENT)
         y = np.array([residual[r] - bias if r in residual else (worst + FAILURE_PENALTY if r in failed else 0.0)
                       for r in rows])
         points = self._tasks.after(self._x[rows], y)
         if len(measured) + self._tasks.measured >= FIT_AFTER:
-            best_first = np.argsort(points.y)[:FIT_POINTS]
-            scales = self._fit_length_scales(points.subset(best_first))
+            scales = self._length_scales(points, len(measured) + len(failed))
         else:
             scales = np.full(points.x.shape[1], self.settings.length_scale)
-        mean, sd = self._posterior(points, scales)
-        return self._prior + bias + mean, sd
+        mean, sd = self._posterior(points, scales, self._x[free])
+        return self._prior[free] + bias + mean, sd
+
+    def _length_scales(self, points: "_Points", compiled: int) -> np.ndarray:
+        """The length scales fitted on ``points`` (their FIT_POINTS lowest residuals), or the last
+        fit's while the study's ``compiled`` count (measured + failed) is past REFIT_EVERY_UNTIL
+        and has grown by less than REFIT_GROWTH since: the scales settle as the study grows, and
+        a fit (some 50 factorisations) at every proposal would be most of a proposal's cost."""
+        if (self._scales is None or compiled < REFIT_EVERY_UNTIL
+                or compiled >= self._scales_at * (1.0 + REFIT_GROWTH)):
+            best_first = np.argsort(points.y)[:FIT_POINTS]
+            self._scales = self._fit_length_scales(points.subset(best_first))
+            self._scales_at = compiled
+        return self._scales
 
     def _fit_length_scales(self, points: "_Points") -> np.ndarray:
-        """Per-parameter length scales from LENGTH_SCALES by marginal likelihood (coordinate search)."""
+        """Per-parameter length scales from LENGTH_SCALES by marginal likelihood (coordinate
+        search, two passes; one parameter's candidate scales are factorised in one batch, from
+        squared distances computed once per fit)."""
         scales = np.full(points.x.shape[1], self.settings.length_scale)
+        diff2 = (points.x[:, None, :] - points.x[None, :, :]) ** 2       # (n, n, parameters)
+        noise = self.settings.noise_sd ** 2 * np.eye(len(points.y))
+        var = self.settings.signal_sd ** 2
+        rhs = np.broadcast_to(points.y[:, None], (len(LENGTH_SCALES), len(points.y), 1))
         for _ in range(2):
             for d in range(len(scales)):
                 if np.ptp(points.x[:, d]) == 0:
                     continue             # the known configs share this value: no evidence either way
-                fits = []
-                for candidate in LENGTH_SCALES:
-                    tried = scales.copy()
-                    tried[d] = candidate
-                    fits.append((self._neg_log_likelihood(points, tried), candidate))
-                scales[d] = min(fits)[1]
+                tried = np.repeat(scales[None, :], len(LENGTH_SCALES), axis=0)
+                tried[:, d] = LENGTH_SCALES
+                d2 = np.tensordot(1.0 / tried ** 2, diff2, axes=([1], [2]))    # (candidates, n, n)
+                chol = np.linalg.cholesky(var * np.exp(-0.5 * d2) * points.correlation + noise)
+                z = np.linalg.solve(chol, rhs)[..., 0]
+                nll = 0.5 * (z * z).sum(axis=1) + np.log(np.diagonal(chol, axis1=1, axis2=2)).sum(axis=1)
+                scales[d] = min(zip(nll.tolist(), LENGTH_SCALES))[1]
         return scales
 
-    def _neg_log_likelihood(self, points: "_Points", scales: np.ndarray) -> float:
-        chol = self._cholesky(points, scales)
-        z = np.linalg.solve(chol, points.y)
-        return float(0.5 * z @ z + np.log(np.diag(chol)).sum())
-
-    def _posterior(self, points: "_Points", scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """GP posterior mean and standard deviation of the residual here at every candidate."""
-        assert self._x is not None
+    def _posterior(self, points: "_Points", scales: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """GP posterior mean and standard deviation of the residual here at the scaled configs ``x``."""
         var = self.settings.signal_sd ** 2
         chol = self._cholesky(points, scales)
         alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, points.y))
-        k_cross = self._kernel(self._x, points.x, scales) * points.weight[None, :]
+        k_cross = self._kernel(x, points.x, scales) * points.weight[None, :]
         mean = k_cross @ alpha
         v = np.linalg.solve(chol, k_cross.T)
         sd = np.sqrt(np.clip(var - (v * v).sum(axis=0), 1e-12, None))
@@ -345,6 +383,40 @@ class GuidedSampler(BaseSampler):
         a, b = a / scales, b / scales
         d2 = np.clip((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T, 0.0, None)
         return self.settings.signal_sd ** 2 * np.exp(-0.5 * d2)
+
+
+@dataclass
+class _Observed:
+    """This study's known configs by candidate row: measured log times, rows that failed past
+    the compiler, rows in flight, and each known row's first trial number (its proposal order)."""
+
+    measured: dict[int, float] = field(default_factory=dict)
+    failed: set[int] = field(default_factory=set)
+    pending: set[int] = field(default_factory=set)
+    number: dict[int, int] = field(default_factory=dict)
+
+
+def _conditioning(seen: _Observed, limit: int, best: int, recent: int) -> list[int]:
+    """The known rows the GP conditions on, sorted: all of them up to ``limit``; past it the
+    ``best`` fastest measured, the ``recent`` most recently proposed (in flight first: they are
+    what keeps parallel proposals apart) and, to fill ``limit``, the others evenly spread in
+    proposal order. This bounds the GP's cost by construction: a proposal factorises at most
+    ``limit`` of this study's points however long the study runs (a factorisation's cost grows
+    with the cube of its points, the posterior's with their square times the candidates). The
+    fastest configs keep the posterior sharp where expected improvement looks, the recent ones
+    where the search has just been, and the spread keeps a coarse picture of the rest."""
+    known = set(seen.measured) | seen.failed | seen.pending
+    if len(known) <= limit:
+        return sorted(known)
+    keep = set(sorted(seen.measured, key=lambda r: (seen.measured[r], seen.number[r]))[:best])
+    newest = sorted(seen.pending, key=lambda r: -seen.number[r])
+    newest += sorted(known - seen.pending, key=lambda r: -seen.number[r])
+    keep.update([r for r in newest if r not in keep][:recent])
+    rest = sorted(known - keep, key=lambda r: seen.number[r])
+    room = limit - len(keep)
+    if room > 0 and rest:
+        keep.update(rest[int(i)] for i in np.linspace(0, len(rest) - 1, room).round())
+    return sorted(keep)
 
 
 @dataclass(frozen=True)

@@ -212,6 +212,91 @@ def test_a_singular_covariance_falls_back_to_the_models_order(grid, monkeypatch)
     assert sorted(estimate(c) for c in configs) == [estimate(c) for c in feasible[:5]]
 
 
+# --------------------------------------------------------------------------- bounded cost
+
+
+def _noisy(problem):
+    estimate = lambda c: HOPPER.estimate_us(c, problem)             # noqa: E731
+    return estimate, lambda c: estimate(c) * (1 + (hash(c) % 97) / 300)
+
+
+def test_the_gp_conditions_on_at_most_gp_points_of_the_studys_configs(grid, monkeypatch):
+    """The cap that bounds a proposal's cost: past GP_POINTS known configs (24 here) the GP's
+    points stop growing, and the proposals stay new feasible configs."""
+    from evotuner import guided
+
+    monkeypatch.setattr(guided, "GP_POINTS", 24)
+    monkeypatch.setattr(guided, "GP_BEST", 8)
+    monkeypatch.setattr(guided, "GP_RECENT", 6)
+    sizes = []
+    posterior = GuidedSampler._posterior
+
+    def spy(self, points, scales, x):
+        sizes.append(len(points.y))
+        return posterior(self, points, scales, x)
+
+    monkeypatch.setattr(GuidedSampler, "_posterior", spy)
+    problem = _problem()
+    estimate, noisy = _noisy(problem)
+    configs = _walk(GuidedSampler(grid, problem, estimate, 0), grid, problem, noisy, 60)
+    assert len(set(configs)) == 60
+    assert all(grid.violated(c, problem) is None for c in configs)
+    assert sizes == [min(known, 24) for known in range(1, 60)]   # trial k knows k configs
+
+
+def test_the_capped_points_are_the_fastest_the_newest_in_flight_first_and_a_spread():
+    from evotuner.guided import _conditioning, _Observed
+
+    seen = _Observed()
+    for n in range(100):                          # measured row n as trial n; the fastest are 37, 74, ...
+        seen.measured[n], seen.number[n] = float((n * 37 + 11) % 100), n
+    for row, n in ((200, 5), (201, 6)):           # in flight since early on (a long build)
+        seen.pending.add(row)
+        seen.number[row] = n
+    for n in range(100, 110):                     # the newest: failures
+        seen.failed.add(300 + n)
+        seen.number[300 + n] = n
+    rows = _conditioning(seen, 30, 10, 8)
+    assert rows == sorted(rows) and len(rows) == 30
+    fastest = sorted(seen.measured, key=seen.measured.get)[:10]
+    assert set(fastest) <= set(rows)
+    assert {200, 201} <= set(rows)                # in flight: kept however old
+    assert set(range(404, 410)) <= set(rows)      # the 6 newest besides them
+    rest = sorted(set(seen.number) - set(fastest) - {200, 201} - set(range(404, 410)), key=seen.number.get)
+    spread = [r for r in rows if r in rest]
+    assert len(spread) == 12 and spread[0] == rest[0] and spread[-1] == rest[-1]
+    assert max(np.diff([rest.index(r) for r in spread])) <= 2 * len(rest) / 12     # evenly, not clumped
+    small = _Observed(measured={3: 1.0, 1: 2.0}, failed={7}, number={3: 0, 1: 1, 7: 2})
+    assert _conditioning(small, 30, 10, 8) == [1, 3, 7]       # below the cap: every known config
+
+
+def test_the_length_scales_are_fitted_ever_less_often_as_the_study_grows(grid, monkeypatch):
+    """At every proposal until REFIT_EVERY_UNTIL configs are compiled (10 here), then once that
+    count has grown by REFIT_GROWTH (25% here) since the last fit."""
+    from evotuner import guided
+
+    monkeypatch.setattr(guided, "REFIT_EVERY_UNTIL", 10)
+    monkeypatch.setattr(guided, "REFIT_GROWTH", 0.25)
+    proposals, fitted_at = [], []
+    predict, fit = GuidedSampler._predict, GuidedSampler._fit_length_scales
+
+    def count(self, seen, free):
+        proposals.append(len(seen.measured) + len(seen.failed))
+        return predict(self, seen, free)
+
+    def record(self, points):
+        fitted_at.append(proposals[-1])
+        return fit(self, points)
+
+    monkeypatch.setattr(GuidedSampler, "_predict", count)
+    monkeypatch.setattr(GuidedSampler, "_fit_length_scales", record)
+    problem = _problem()
+    estimate, noisy = _noisy(problem)
+    _walk(GuidedSampler(grid, problem, estimate, 0), grid, problem, noisy, 60)
+    assert proposals == list(range(1, 60))
+    assert fitted_at == [3, 4, 5, 6, 7, 8, 9, 12, 15, 19, 24, 30, 38, 48]
+
+
 # --------------------------------------------------------------------------- related studies (transfer)
 
 
