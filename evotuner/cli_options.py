@@ -89,7 +89,8 @@ StorageOpt = Annotated[
     typer.Option("--storage", envvar=STORAGE_ENV, show_envvar=True,
                  help=f"SQLAlchemy URL of the study database [default: {DEFAULT_STORAGE}]."),
 ]
-ShapeOpt = Annotated[str, typer.Option("--shape", help="Problem shape B=..,H=..,S=..,D=.. (SQ/SK may replace S).")]
+ShapeOpt = Annotated[str, typer.Option("--shape", help="Problem shape B=..,H=..,S=..,D=.. (SQ/SK may replace S; "
+                                                        "HKV=.. key/value heads for GQA/MQA).")]
 ResumeShapeOpt = Annotated[
     Optional[str], typer.Option("--shape", help="Must equal the study's shape (resume reads it from the study).")
 ]
@@ -125,7 +126,7 @@ TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best 
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="The C++ header to write.")]
 ConfigOpt = Annotated[str, typer.Option("--config", help="Kernel config NAME=VALUE,... (every space parameter).")]
 CompileShapeOpt = Annotated[str, typer.Option(
-    "--shape", help="The head dim, D=64 (32, 64, 96, 128 or 256): the only dimension compiled into the kernel.")]
+    "--shape", help="The head dim, D=64 (32, 64, 96, 128, 192 or 256): the only dimension compiled into the kernel.")]
 #: ``compile``'s exit status when the config builds but the ptxas gate rejects it.
 GATE_REJECTED_EXIT = 3
 BenchTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best configs to re-measure.")]
