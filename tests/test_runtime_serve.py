@@ -291,3 +291,10 @@ def test_the_plan_key_covers_every_argument_that_changes_the_launch():
     assert A._plan_key(q, q, q, 1, None, None, "bhsd", False, None) is None          # causal not a bool
     assert A._plan_key("q", q, q, False, None, None, "bhsd", False, None) is None    # not a tensor
     assert A._plan_key(q, q, q, False, None, {"SCHED": [1]}, "bhsd", False, None) is None
+
+
+def test_another_familys_config_with_family_given_names_the_family_it_belongs_to(packaged_families):
+    with pytest.raises(SpaceError) as info:
+        A.choose(Problem(Shape.parse("B=1,H=8,S=512,D=64")), {"CONSUMER_WGS": 2}, family="flashcore")
+    assert "unknown kernel parameter CONSUMER_WGS for the flashcore family" in info.value.message
+    assert "family='hopper'" in (info.value.remedy or "")

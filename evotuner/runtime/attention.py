@@ -130,8 +130,13 @@ def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_d
     known = base.as_dict()
     for name in given:
         if name not in known:
-            raise SpaceError(f"config: unknown kernel parameter {name}",
-                             f"{fam.title or fam.name} takes {', '.join(sorted(known))}")
+            try:
+                other = config_family(given).name      # the family these parameters are of, if one
+            except SpaceError:
+                other = None
+            hint = f"; they are the {other} family's: pass family={other!r}" if other and other != fam.name else ""
+            raise SpaceError(f"config: unknown kernel parameter {name} for the {fam.name} family",
+                             f"{fam.title or fam.name} takes {', '.join(sorted(known))}{hint}")
     return KernelConfig.of({**known, **given})
 
 
