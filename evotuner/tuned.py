@@ -94,11 +94,14 @@ class TunedTable:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def _static_match(self, problem: Problem, family: str | None) -> list[TunedRow]:
+        """The rows of the problem's head dim, dtype and causal flag (and family, if named)."""
+        return [r for r in self.rows if r.head_dim == problem.shape.head_dim and r.dtype == problem.dtype
+                and r.causal == problem.causal and (family is None or r.family == family)]
+
     def pick(self, problem: Problem, device: str, family: str | None = None) -> TunedPick | None:
         """The row served for ``problem`` on GPU model ``device`` (module docstring), or None."""
-        same = [r for r in self.rows
-                if r.head_dim == problem.shape.head_dim and r.dtype == problem.dtype and r.causal == problem.causal
-                and (family is None or r.family == family) and r.device in (device, "")]
+        same = [r for r in self._static_match(problem, family) if r.device in (device, "")]
         if not same:
             return None
         exact = [r for r in same if r.device == device]
@@ -133,8 +136,7 @@ class TunedTable:
 
     def nearest_note(self, problem: Problem, device: str, family: str | None = None) -> str:
         """Why :meth:`pick` found nothing, for the reason of the config that runs instead."""
-        same = [r for r in self.rows if r.head_dim == problem.shape.head_dim and r.dtype == problem.dtype
-                and r.causal == problem.causal and (family is None or r.family == family)]
+        same = self._static_match(problem, family)
         if not same:
             return f"no tuned row for D={problem.shape.head_dim} {problem.dtype} " \
                    f"{'causal' if problem.causal else 'non-causal'} in {self.source}"

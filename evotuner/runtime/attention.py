@@ -307,7 +307,14 @@ def served_tables() -> tuple[TunedTable, ...]:
 
 
 def _shipped() -> tuple[TunedTable, ...]:
-    return tuple(load_tuned(path) for path in shipped_tables(families()))
+    """The families' shipped tables, read once per process (use_tuned resets only the user's)."""
+    global _shipped_tables
+    if _shipped_tables is None:
+        _shipped_tables = tuple(load_tuned(path) for path in shipped_tables(families()))
+    return _shipped_tables
+
+
+_shipped_tables: tuple[TunedTable, ...] | None = None
 
 
 # --------------------------------------------------------------------------- the hot path
@@ -439,6 +446,12 @@ class _Plan:
         return out, lse
 
 
+def _forward_only() -> ShapeError:
+    """The refusal of inputs that require grad (no backward kernel: the output would silently
+    stop the gradient)."""
+    return ShapeError("q/k/v: requires grad, but evotuner.flash_attention is forward-only (no backward kernel)",
+                      "call it under torch.no_grad() / torch.inference_mode(), or detach() the inputs")
+
 #: cuLaunchKernel's answers when the current context is not the plan's device's (nothing ran).
 _WRONG_CONTEXT = frozenset({201, 400})   # CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE
 
@@ -450,16 +463,16 @@ class _NoBinder(Exception):
 def _at(t: torch.Tensor, ptr: int) -> torch.Tensor:
     """A stand-in with ``t``'s shape and strides at device address ``ptr`` (for deriving the
     binder: only its pointer, shape and strides are read, never its memory)."""
-    return _PointerView(ptr, tuple(t.shape), tuple(t.stride()), t)
+    return _PointerView(ptr, tuple(t.shape), tuple(t.stride()))
 
 
 class _PointerView:
     """Duck-types the few tensor methods KernelModule.launch_spec reads."""
 
-    __slots__ = ("_ptr", "shape", "_strides", "_t")
+    __slots__ = ("_ptr", "shape", "_strides")
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...], t: torch.Tensor) -> None:
-        self._ptr, self.shape, self._strides, self._t = ptr, shape, strides, t
+    def __init__(self, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+        self._ptr, self.shape, self._strides = ptr, shape, strides
 
     def data_ptr(self) -> int:
         return self._ptr
@@ -542,8 +555,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
         plan = _resolve(q, k, v, causal, scale, config, layout, return_lse, family)
         _remember(key, plan)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise ShapeError("q/k/v: requires grad, but evotuner.flash_attention is forward-only (no backward kernel)",
-                         "call it under torch.no_grad() / torch.inference_mode(), or detach() the inputs")
+        raise _forward_only()
     out, lse = plan.run(q, k, v)
     return out, lse, plan.choice
 
@@ -596,8 +608,7 @@ def _compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         raise ShapeError("config: under torch.compile give it as a 'NAME=value,...' string",
                          "e.g. config=str(kernel_config)")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise ShapeError("q/k/v: requires grad, but evotuner.flash_attention is forward-only (no backward kernel)",
-                         "call it under torch.no_grad() / torch.inference_mode(), or detach() the inputs")
+        raise _forward_only()
     out, lse = torch.ops.evotuner.flash_attention(q, k, v, causal, scale, config, layout, return_lse, family)
     return (out, lse) if return_lse else out
 
