@@ -486,10 +486,25 @@ class _SearchView:
         self._refresh()
         self._log(self.status.plain)
         self._log(outcome)
+        if result.new_trials and result.timings:
+            self._log(_time_split(result))
         _print_lines(_top_table(summary, 10, dict(summary.baselines or self.baselines or {}), space))
 
 
 # -- rendering helpers ---------------------------------------------------------------------
+
+
+#: ``SearchResult.timings`` keys as the time line names them.
+_TIME_PARTS = (("baselines", "baselines"), ("ask", "sampler"), ("build_wait", "waiting on builds"),
+               ("gate", "gate"), ("measure", "measuring"), ("record", "recording"))
+
+
+def _time_split(result: Any) -> str:
+    """Where this run's search loop spent its time (per GPU thread on average with --gpus)."""
+    n = max(1, int(getattr(result, "threads", 1)))
+    parts = ", ".join(f"{label} {result.timings.get(key, 0.0) / n:.1f} s" for key, label in _TIME_PARTS)
+    per = f" (average of {n} GPU threads)" if n > 1 else ""
+    return f"time split{per}: {parts}"
 
 
 def _stalled_text(study: str, result: Any) -> str:

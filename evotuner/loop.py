@@ -45,6 +45,7 @@ rarely the stage that waits (a compile takes seconds, a measurement less).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import traceback
@@ -109,6 +110,8 @@ class SearchResult:
     #: Wall seconds this run spent in each part of the loop's thread (see ``TIMING_KEYS``);
     #: builds run in a pool, so ``build_wait`` is only the time the loop was blocked on one.
     timings: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+    #: Search threads whose ``timings`` are summed (one per GPU with ``--gpus``).
+    threads: int = 1
 
 
 #: Keys of ``SearchResult.timings``: ``baselines`` (device fingerprint + SDPA baselines at
@@ -162,6 +165,7 @@ def run_search(
     worker: StudyWorker | None = None,
     stale_after: float | None = None,
     allow_mixed_gpus: bool = False,
+    ask_lock: Any = None,
 ) -> SearchResult:
     """Run the study ``study_name`` (already created) until it has ``trials`` finished trials.
 
@@ -179,21 +183,25 @@ def run_search(
     worker's seed (the study's ``seed`` for the first live worker, a derived one for
     each other; see :mod:`evotuner.workers`). ``worker`` is this run's membership of
     the study (joined and left here when None; ``stale_after`` is its heartbeat window).
+    ``ask_lock``: a lock held around each ask and suggest, when several searches in one
+    process share ``sampler`` (``--gpus``): a sampler is not thread-safe, and a config
+    proposed by one search is known to the next ask only once its suggest stored it.
     """
     if trials < 1:
         raise EvotunerError(f"--trials: {trials} is not a positive number of trials", "e.g. --trials 64")
     search = _Search(
         store=store, study_name=study_name, problem=problem, space=space, sampler=sampler,
         trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch, start=start,
-        seed=seed, worker=worker, stale_after=stale_after, allow_mixed_gpus=allow_mixed_gpus,
+        seed=seed, worker=worker, stale_after=stale_after, allow_mixed_gpus=allow_mixed_gpus, ask_lock=ask_lock,
     )
     return search.run()
 
 
 class _Search:
     def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch,
-                 start=(), seed=None, worker=None, stale_after=None, allow_mixed_gpus=False):
+                 start=(), seed=None, worker=None, stale_after=None, allow_mixed_gpus=False, ask_lock=None):
         self.store = store
+        self.ask_lock = ask_lock if ask_lock is not None else contextlib.nullcontext()
         self.start = start if callable(start) else tuple(start)
         self.name = study_name
         self.problem = problem
@@ -479,11 +487,14 @@ class _Search:
 
     def _fill(self) -> str | None:
         """Ask trials until ``batch`` builds are in flight or the study's budget is all
-        claimed (each ask first claims a slot of the study's ``trials``).
+        claimed (each ask first claims a slot of the study's ``trials``), or until the
+        oldest build is done: the GPU never waits on asks it does not need yet.
 
         Returns ``exhausted`` or ``stalled`` when it stopped asking for that reason.
         """
         while len(self.pending) < self.batch:
+            if self.pending and self.pending[0].future.done():
+                return None     # the oldest build is ready: measure it first, ask the rest after
             stop = self._stop_reason()
             if stop is not None:
                 return stop
@@ -517,11 +528,19 @@ class _Search:
 
     def _ask_one(self, slot: str) -> None:
         started = time.perf_counter()
-        trial = self.current = self.study.ask()
-        self.worker.bind(slot, trial.number)
         config: KernelConfig | None = None
+        with self.ask_lock:
+            trial = self.current = self.study.ask()
+            try:
+                config = self._suggest(trial)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # noqa: BLE001 -- a proposal error fails this trial only
+                self.worker.bind(slot, trial.number)
+                self._finish(trial, config, "FAIL", None, _describe(exc), {})
+                return
+        self.worker.bind(slot, trial.number)
         try:
-            config = self._suggest(trial)
             self._tally("ask", started)
             self.emit(ev.TrialStarted(trial.number, config))
             earlier = self.known.get(config)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
 from evotuner.errors import EvotunerError, StudyMismatchError
@@ -91,8 +92,9 @@ def run_multi(
 
     if not measures:
         raise EvotunerError("--gpus: no GPU to measure on", "e.g. --gpus 0")
-    check_same_model([m.device() for m in measures], allow_mixed)
+    check_same_model(_fingerprints(measures), allow_mixed)
     lock = threading.Lock()
+    ask_lock = threading.Lock()   # the one sampler: one ask and suggest at a time
 
     def emit(event: object) -> None:
         if on_event is not None:
@@ -114,7 +116,7 @@ def run_multi(
         try:
             results[i] = run_search(store=store, study_name=study_name, sampler=sampler, seed=seed,
                                     measure=measures[i], worker=workers[i], on_event=emit, batch=per_thread,
-                                    allow_mixed_gpus=allow_mixed, **search)
+                                    allow_mixed_gpus=allow_mixed, ask_lock=ask_lock, **search)
         except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
             errors.append(exc)
 
@@ -139,8 +141,20 @@ def run_multi(
     best = min((r.best for r in done if r.best is not None), key=lambda b: b.median_us, default=None)
     outcome = "done" if finished >= done[0].target else next(
         (r.outcome for r in done if r.outcome == "exhausted"), done[0].outcome)
+    timings = {key: sum(r.timings.get(key, 0.0) for r in done) for key in done[0].timings}
     return replace(done[0], outcome=outcome, finished=finished, new_trials=sum(r.new_trials for r in done),
-                   counts=counts, best=best, zombies=tuple(z for r in done for z in r.zombies))
+                   counts=counts, best=best, zombies=tuple(z for r in done for z in r.zombies),
+                   timings=timings, threads=len(done))
+
+
+def _fingerprints(measures: Sequence[MeasureStage]) -> list[dict[str, Any] | None]:
+    """Every stage's device fingerprint, asked of all at once: each starts its GPU worker
+    (a process importing torch and creating a CUDA context, seconds), so one after the other
+    the start-up would grow with the number of GPUs."""
+    if len(measures) == 1:
+        return [measures[0].device()]
+    with ThreadPoolExecutor(max_workers=len(measures), thread_name_prefix="evotuner-gpu-start") as pool:
+        return list(pool.map(lambda m: m.device(), measures))
 
 
 def _label(measure: MeasureStage, index: int) -> dict[str, Any]:

@@ -158,6 +158,21 @@ def _stable(value: Any) -> Any:
     return value
 
 
+#: Fingerprint keys that name one card, not its model and setup: cards of one model in one
+#: host differ only in these, and their timings compare (``record_device``'s change rule).
+CARD_KEYS = ("device_index", "uuid", "pci.bus_id", "serial")
+
+
+def setup_identity(fingerprint: Mapping[str, Any]) -> str:
+    """The device identity without the card: equal for GPUs of one model, driver and stack."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, Mapping):
+            return {k: strip(v) for k, v in value.items() if str(k).lower() not in CARD_KEYS}
+        return value
+
+    return device_identity(strip(fingerprint))
+
+
 def device_identity(fingerprint: Mapping[str, Any]) -> str:
     """One GPU model and setup's key (a hash of its fingerprint): a study's devices rows and
     the once-claim of its baselines (claims.baselines_key) are per identity."""
@@ -757,10 +772,11 @@ class StudyStore:
         raise StorageError(f"study '{study_name}' has no trial number {trial_number}", "record results only for trials the loop asked for")
 
     def _device_id(self, s: Session, study_id: int, fingerprint: Mapping[str, Any]) -> tuple[int, bool]:
-        """(device row id, changed) for this fingerprint, inserting or touching its row."""
+        """(device row id, changed) for this fingerprint, inserting or touching its row;
+        changed: the study last saw another model or setup, not merely another card of it."""
         identity = device_identity(fingerprint)
         latest = s.execute(
-            select(schema.devices.c.identity)
+            select(schema.devices.c.fingerprint_json)
             .where(schema.devices.c.study_id == study_id)
             .order_by(schema.devices.c.last_seen.desc(), schema.devices.c.id.desc())
             .limit(1)
@@ -778,7 +794,8 @@ class StudyStore:
             ).inserted_primary_key[0]
         else:
             s.execute(update(schema.devices).where(schema.devices.c.id == existing).values(fingerprint_json=blob, last_seen=now))
-        return int(existing), latest is not None and latest != identity
+        changed = latest is not None and setup_identity(json.loads(latest)) != setup_identity(fingerprint)
+        return int(existing), changed
 
     def _write(self, fn: Any) -> Any:
         """Run ``fn(session)`` in one transaction; retried when a concurrent writer inserted
@@ -795,7 +812,8 @@ class StudyStore:
     def record_device(self, study_name: str, fingerprint: Mapping[str, Any]) -> bool:
         """Record the device a run measures on (GPU name, SM count, clocks at start, driver,
         torch, CUDA, nvcc). Returns True when it differs from the device the study last saw
-        (a resume on another GPU); both are kept, each with first_seen/last_seen. The first
+        (a resume on another GPU model or setup; another card of the same model and setup, as
+        with ``--gpus``, is no change: their timings compare); both are kept, each with first_seen/last_seen. The first
         device of a study returns False. Keys naming clocks or temperature are stored but do
         not make a device "different"."""
         def write(s: Session) -> bool:

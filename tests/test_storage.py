@@ -499,3 +499,15 @@ def test_older_schemas_upgrade_to_the_workers_tables(tmp_path: Path, old_version
         assert set(dropped) <= tables
         assert db.execute("select version from evotuner_schema_version").fetchall() == [(SCHEMA_VERSION,)]
     db.close()
+
+
+def test_another_card_of_the_same_model_is_no_device_change(store: StudyStore) -> None:
+    """--gpus 0,1,2,3 on one host: each card is its own device row (its own baselines), but
+    the study did not move to another device, so no change is reported."""
+    _create(store)
+    card = {"name": "NVIDIA H200", "sm_count": 132, "driver": "570.1", "nvidia_smi": {"name": "NVIDIA H200"}}
+    cards = [{**card, "device_index": i, "uuid": f"GPU-{i}"} for i in range(4)]
+    assert [store.record_device("s1", c) for c in cards] == [False, False, False, False]
+    assert len(store.summary("s1").devices) == 4
+    assert store.record_device("s1", {**cards[0], "name": "NVIDIA H100 80GB HBM3"}) is True   # another model
+    assert store.record_device("s1", {**cards[1], "driver": "580.2"}) is True                  # another setup
