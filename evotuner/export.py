@@ -29,6 +29,7 @@ family's macro prefix). The header static_asserts that both spellings agree.
 Every value written is checked to be an integer in range before anything is
 written; the file is written atomically (temp file in the same folder, then
 rename), so a failed export leaves the previous file, or none, never a partial one.
+:mod:`evotuner.header` reads a written header back.
 """
 
 from __future__ import annotations
@@ -44,8 +45,8 @@ from typing import Iterable, Mapping, Protocol
 from evotuner.abi import DTYPE_CODES
 from evotuner.atomicfile import check_target, write_text_atomic
 from evotuner.config import config_string
-from evotuner.errors import EvotunerError
-from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
+from evotuner.errors import EvotunerError, ExportError
+from evotuner.family import KernelFamily, get_family
 from evotuner.problem import Problem
 from evotuner.space import SearchSpace, parse_space
 from evotuner.storage.diagnostics import CheckRecord, verdict
@@ -66,10 +67,6 @@ _HEADER_NAMES = frozenset({"MAX_SEQLEN", "CAUSAL", "COUNT", "ARCH"})
 
 def _header_reserved(family: KernelFamily) -> frozenset[str]:
     return _HEADER_NAMES | family.reserved()
-
-
-class ExportError(EvotunerError):
-    """The studies cannot be exported (missing, empty, inconsistent, or holding invalid values)."""
 
 
 class ExportSource(Protocol):
@@ -472,102 +469,3 @@ def export_header(store: ExportSource, study_names: list[str], output: Path, *, 
     write_atomic(output, text, protect=store.database_files())
     return ExportResult(path=output, rows=tuple(chosen), skipped=skipped,
                         sha256=hashlib.sha256(text.encode()).hexdigest())
-
-
-# ---------------------------------------------------------------------------------------------
-# reading an exported header back (the production build and the tests drive the kernel from it)
-
-#: Per-row macros that describe the problem, not a kernel parameter.
-ROW_PROBLEM_MACROS = ("HEAD_DIM", "IS_CAUSAL", "DTYPE", "MAX_SEQLEN")
-
-
-@dataclass(frozen=True)
-class HeaderInfo:
-    """What an exported header declares for one family: its arch and, per row, the macro
-    names it defines."""
-
-    arch: str
-    rows: tuple[tuple[str, ...], ...]   # row i -> names N of <T>_<i>_<N>, in header order
-    family: str = DEFAULT_FAMILY
-    #: row i -> (N, value) of each <T>_<i>_<N> macro, in header order
-    values: tuple[tuple[tuple[str, int], ...], ...] = ()
-    #: the family's export macro prefix <T>
-    export_prefix: str = ""
-
-
-def _family(family: KernelFamily | str | None) -> KernelFamily:
-    return family if isinstance(family, KernelFamily) else get_family(family or DEFAULT_FAMILY)
-
-
-def header_families(path: Path) -> tuple[str, ...]:
-    """The registered families that have a section in the header at ``path``."""
-    text = Path(path).read_text(encoding="utf-8")
-    return tuple(f.name for f in families()
-                 if re.search(rf"^#define\s+{re.escape(f.export_macro_prefix)}_COUNT\s+\d+\s*$", text, re.M))
-
-
-def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderInfo:
-    """Read one family's row macros (default family: the default one) of a header written
-    by :func:`export_header`; raise ExportError otherwise."""
-    fam = _family(family)
-    t = re.escape(fam.export_macro_prefix)
-    row_macro = re.compile(rf"^#define\s+{t}_(\d+)_([A-Z][A-Z0-9_]*)\s+(-?\d+)\s*$", re.M)
-    count_macro = re.compile(rf"^#define\s+{t}_COUNT\s+(\d+)\s*$", re.M)
-    arch_macro = re.compile(rf'^#define\s+{t}_ARCH\s+"(sm_\d{{2,3}}[af]?)"\s*$', re.M)
-    T = fam.export_macro_prefix
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ExportError(f"header {path}: cannot read it ({exc.strerror or exc})",
-                          "give the header written by `evotuner export`") from None
-    count, arch = count_macro.search(text), arch_macro.search(text)
-    if count is None or arch is None:
-        raise ExportError(f"header {path}: no {T}_COUNT / {T}_ARCH",
-                          "give the header written by `evotuner export`")
-    n = int(count.group(1))
-    rows: list[list[str]] = [[] for _ in range(n)]
-    values: list[list[tuple[str, int]]] = [[] for _ in range(n)]
-    for m in row_macro.finditer(text):
-        i = int(m.group(1))
-        if i >= n:
-            raise ExportError(f"header {path}: row macro {T}_{i}_{m.group(2)} but only {n} rows",
-                              "re-export the header; do not edit it by hand")
-        rows[i].append(m.group(2))
-        values[i].append((m.group(2), int(m.group(3))))
-    for i, names in enumerate(rows):
-        missing = [p for p in ROW_PROBLEM_MACROS if p not in names]
-        if missing or len(names) == len(ROW_PROBLEM_MACROS):
-            raise ExportError(f"header {path}: row {i} lacks macros "
-                              f"{', '.join(f'{T}_{i}_{p}' for p in missing) or '(kernel parameters)'}",
-                              "re-export the header; do not edit it by hand")
-    return HeaderInfo(arch=arch.group(1), rows=tuple(tuple(r) for r in rows), family=fam.name,
-                      values=tuple(tuple(v) for v in values), export_prefix=T)
-
-
-def row_instantiation(header: str, index: int, names: Iterable[str], family: KernelFamily | str, *,
-                      kernel_name: str | None = None, meta_name: str | None = None) -> str:
-    """A ``.cu`` source that instantiates ``<family>/instantiate.cuh`` for row ``index`` of
-    the family's section of the header, taking every ``<P>_*`` value from the header's
-    ``<T>_<index>_*`` macros (P: the family's macro prefix, T: its export macro prefix).
-
-    ``kernel_name``/``meta_name`` set ``<P>_KERNEL_NAME``/``<P>_META_NAME`` (several
-    rows in one binary need unique names); None keeps the family's defaults.
-    """
-    fam = _family(family)
-    P, T = fam.macro_prefix, fam.export_macro_prefix
-    lines = [f"// generated by evotuner: row {index} of {header}",
-             f'#include "{header}"',
-             f"#if {T}_COUNT <= {index}",
-             f'#error "{header} has no row {index}"',
-             "#endif"]
-    for name in names:
-        if name == "MAX_SEQLEN":
-            continue
-        lines.append(f"#define {P}_{name} {T}_{index}_{name}")
-    if kernel_name is not None:
-        lines.append(f"#define {P}_KERNEL_NAME {kernel_name}")
-    if meta_name is not None:
-        lines.append(f"#define {P}_META_NAME {meta_name}")
-    lines.append(f'#include "{fam.name}/instantiate.cuh"')
-    return "\n".join(lines) + "\n"

@@ -225,7 +225,6 @@ TOO_LONG_YET = {
     "evotuner/cli.py",
     "evotuner/space.py",
     "storage/store.py",
-    "evotuner/export.py",
 }
 
 

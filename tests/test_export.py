@@ -19,9 +19,8 @@ from evotuner.kernels.flashcore.params import META_FIELDS as FC_FIELDS
 from evotuner.compiler.instantiate import compile_flags
 from evotuner.compiler.nvcc import find_nvcc, run
 from evotuner.errors import BuildError, EvotunerError, StorageError
-from evotuner.export import (
-    BUCKET_EDGES, OPEN_BUCKET, ExportError, export_header, read_header, row_instantiation, seqlen_bucket,
-)
+from evotuner.export import BUCKET_EDGES, OPEN_BUCKET, ExportError, export_header, seqlen_bucket
+from evotuner.header import read_header, row_instantiation
 from evotuner.problem import Problem, Shape
 from evotuner.family import get_family
 from evotuner.space import load_space
