@@ -39,8 +39,6 @@ from typing import BinaryIO
 from evotuner.errors import EvotunerError
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-#: The files SQLite keeps next to a database (a database's "side files").
-SQLITE_SIDE_SUFFIXES = ("", "-wal", "-shm", "-journal")
 #: How much of the target's name the temporary file's name keeps (NAME_MAX is 255 on Linux).
 _TMP_NAME_CHARS = 48
 
@@ -73,11 +71,6 @@ def _resolved(path: Path) -> Path:
         return path.resolve()
     except (OSError, RuntimeError):
         return Path(os.path.abspath(path))
-
-
-def protected_files(databases: Iterable[str | os.PathLike[str]]) -> tuple[Path, ...]:
-    """Each database path with its SQLite side files (``-wal``, ``-shm``, ``-journal``)."""
-    return tuple(Path(f"{db}{suffix}") for db in databases for suffix in SQLITE_SIDE_SUFFIXES)
 
 
 def check_target(path: str | os.PathLike[str], *, protect: Iterable[str | os.PathLike[str]] = (),

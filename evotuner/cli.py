@@ -39,6 +39,7 @@ from rich.text import Text
 from evotuner import columns
 from evotuner.atomicfile import write_text_atomic
 from evotuner import events as ev
+from evotuner import cli_diagnostics
 from evotuner import session
 from evotuner.config import KernelConfig
 from evotuner.defaults import config_family
@@ -60,7 +61,7 @@ from evotuner.cli_options import (
     FamilyOpt, JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
     CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, TransferOpt, GATE_REJECTED_EXIT,
-    _io, _one_line, _open_store,
+    consoles, one_line, open_store,
 )
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
@@ -114,13 +115,13 @@ def search(
     if search_space is not None:
         make_sampler(session.sampler_name(sampler, search_space), search_space, seed, problem)
     stages = _stages(replay, "search", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
-    store = _open_store(storage)
+    store = open_store(storage)
     with ExitStack() as stack:
         stack.callback(store.close)
         if search_space is None:   # the study's own space, else the replayed sweep's, else flash_attention's family
             search_space, note = session.pick_space(problem=problem, replay=replay, store=store, study=study)
         if note:
-            _diag.say(for_terminal(note), style="dim")
+            cli_diagnostics.say(for_terminal(note), style="dim")
         sampler = session.sampler_name(sampler, search_space)
         make_sampler(sampler, search_space, seed, problem)   # an unknown or unusable sampler is refused here
         exists = session.check_exists(store, study, sampler, seed, problem, search_space)
@@ -149,7 +150,7 @@ def resume(
     wanted_shape = Shape.parse(shape) if shape is not None else None
     wanted_space = session.pick_space(space)[0] if space is not None else None
     stages = _stages(replay, "resume", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
-    store = _open_store(storage, must_exist=True)
+    store = open_store(storage, must_exist=True)
     with ExitStack() as stack:
         stack.callback(store.close)
         resumed = session.resume_study(store, study, shape=wanted_shape, space=wanted_space)
@@ -168,18 +169,18 @@ def show(
 ) -> None:
     """Show a study: problem, device, baselines, counts and the best trials."""
 
-    store = _open_store(storage, must_exist=True, read_only=True)
+    store = open_store(storage, must_exist=True, read_only=True)
     try:
         summary = store.summary(study)
         space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
-        diag = _diag.load(store, study)
+        diag = cli_diagnostics.load(store, study)
     finally:
         store.close()
     if as_json:
         _print_json({**_decoded_json(summary, space), **diag.as_json()})
         return
     _render_summary(summary, top, space)
-    _diag.render(diag, tuple(space.names))
+    cli_diagnostics.render(diag, tuple(space.names))
 
 
 @app.command()
@@ -191,23 +192,23 @@ def report(
     """Write a study's plots: optimization history (SDPA baselines as lines),
     parameter importances, latency against registers and shared memory."""
 
-    store = _open_store(storage, must_exist=True, read_only=True)
+    store = open_store(storage, must_exist=True, read_only=True)
     try:
         result = make_report(store, study, output)
-        diag = _diag.load(store, study)
+        diag = cli_diagnostics.load(store, study)
         protect = store.database_files()
     finally:
         store.close()
     for path in result.files:
-        _diag.say(f"wrote {for_terminal(path)}")
+        cli_diagnostics.say(f"wrote {for_terminal(path)}")
     if diag.profiles:
         path = Path(output) / "ncu_profiles.md"
-        write_text_atomic(path, _diag.profiles_markdown(diag), protect=protect)
-        _diag.say(f"wrote {for_terminal(path)}")
-        _print_lines(_diag.profile_table({s: r.figures for s, r in diag.profiles.items()},
+        write_text_atomic(path, cli_diagnostics.profiles_markdown(diag), protect=protect)
+        cli_diagnostics.say(f"wrote {for_terminal(path)}")
+        _print_lines(cli_diagnostics.profile_table({s: r.figures for s, r in diag.profiles.items()},
                                          {s: r.seconds for s, r in diag.profiles.items()}))
     for name, why in result.skipped.items():
-        _diag.say(for_terminal(f"left out {name}: {why}"), style="dim")
+        cli_diagnostics.say(for_terminal(f"left out {name}: {why}"), style="dim")
 
 
 @app.command("export")
@@ -220,14 +221,14 @@ def export_cmd(
     """Write the best config of each study into a C++ header (one namespace per kernel
     family); each row records whether it passed `evotuner check`."""
 
-    store = _open_store(storage, must_exist=True, read_only=True)
+    store = open_store(storage, must_exist=True, read_only=True)
     try:
         result = export_header(store, list(study), output, require_checked=require_checked)
     finally:
         store.close()
     _print_lines(_export_lines(result))
     for skipped in result.skipped:
-        _io.err.print(f"skipped: {for_terminal(skipped)}", markup=False, highlight=False)
+        consoles.err.print(f"skipped: {for_terminal(skipped)}", markup=False, highlight=False)
 
 
 @app.command("compile")
@@ -263,7 +264,7 @@ def compile_cmd(
     if not build.ok:
         log = builder.cache.entry_dir(build.key) / "ptxas.log"
         raise EvotunerError(
-            f"compile: nvcc failed for {kernel_config}: {_one_line(build.error)}",
+            f"compile: nvcc failed for {kernel_config}: {one_line(build.error)}",
             f"the whole compiler output is in {log}" if log.is_file() else "fix the kernel or pick another config",
         )
     gate = apply_gate(build, search_space.gate)
@@ -279,8 +280,8 @@ def compile_cmd(
               ("cubin", str(build.artifact.cubin) if build.artifact else "-"),
               ("gate", Text("passed", style="green") if gate.passed else Text(f"rejected: {gate.reason}", style="red"))]
     title = f"{kernel_config}  ({problem.dtype}, D={problem.shape.head_dim}{', causal' if problem.causal else ''})"
-    _print_lines([Text(line) for line in columns.wrap(title, _io.out.width, 2)]
-                 + columns.kv_lines(pairs, _io.out.width))
+    _print_lines([Text(line) for line in columns.wrap(title, consoles.out.width, 2)]
+                 + columns.kv_lines(pairs, consoles.out.width))
     return 0 if gate.passed else GATE_REJECTED_EXIT
 
 
@@ -302,7 +303,7 @@ def bench(
     stages = _stages(None, "bench")               # refuses at once without a GPU
     if budget is not None:
         stages = stages.with_budget(budget)
-    store = _open_store(storage, must_exist=True)
+    store = open_store(storage, must_exist=True)
     with ExitStack() as stack:
         stack.callback(store.close)
         space = session.study_space(store, study)  # StorageError naming the study if not found
@@ -311,9 +312,9 @@ def bench(
     if as_json:
         _print_json(result.as_json())
         return
-    _print_lines(_bench_lines(result, _io.out.width, tuple(space.names)))
+    _print_lines(_bench_lines(result, consoles.out.width, tuple(space.names)))
     for name, why in result.baseline_reasons.items():
-        _io.err.print(f"{name}: not measured: {_one_line(why)}", markup=False, highlight=False)
+        consoles.err.print(f"{name}: not measured: {one_line(why)}", markup=False, highlight=False)
 
 
 def _bench_lines(result: Any, width: int, order: tuple[str, ...] = ()) -> list[Text]:
@@ -338,7 +339,7 @@ def _bench_lines(result: Any, width: int, order: tuple[str, ...] = ()) -> list[T
             figures = [Text("failed", style="red"), "-", *(["-"] * len(base))]
         recorded = f"{row.recorded_us:.1f}" if row.recorded_us is not None else "-"
         rows.append([str(row.trial), *columns.cells(config, names), *figures, recorded])
-        notes.append(None if row.ok else f"failed: {_one_line(row.failure)}")
+        notes.append(None if row.ok else f"failed: {one_line(row.failure)}")
     title = f"{result.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} on {device}"
     lines = columns.table_lines(cols, rows, width, notes=notes, title=title)
     sdpa = [[name, f"{us:.1f}" if (us := result.baselines.get(name)) else "cannot run",
@@ -386,7 +387,7 @@ class _SearchView:
         self.problem = problem
         self.progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TimeElapsedColumn(), console=_io.out, transient=False,
+            TimeElapsedColumn(), console=consoles.out, transient=False,
         )
         self.task = self.progress.add_task(escape(for_terminal(study)), total=None)
         self.status = Text("starting")
@@ -398,9 +399,9 @@ class _SearchView:
 
     def live(self) -> Any:
         """A rich Live display on a terminal; plain lines (no redraws) when piped or captured."""
-        if not _io.out.is_terminal:
+        if not consoles.out.is_terminal:
             return nullcontext()
-        self._live = Live(Group(self.progress, self.status), console=_io.out, refresh_per_second=4,
+        self._live = Live(Group(self.progress, self.status), console=consoles.out, refresh_per_second=4,
                           transient=True, redirect_stdout=False, redirect_stderr=False)
         return self._live
 
@@ -440,12 +441,12 @@ class _SearchView:
         if e.state == "COMPLETE" and e.value is not None:
             what = f"{e.value:.1f} µs" + (f", {e.tflops:.1f} TFLOPS" if e.tflops else "")
         else:
-            what = _one_line(e.reason) or "-"
+            what = one_line(e.reason) or "-"
         dup = f" (= #{e.duplicate_of})" if e.duplicate_of is not None else ""
         return f"#{e.number} {e.state}{dup} {e.config or ''}: {what}"
 
     def _refresh(self) -> None:
-        self.status.plain = self._status_line(max(40, _io.out.width - 1))
+        self.status.plain = self._status_line(max(40, consoles.out.width - 1))
 
     def _status_line(self, width: int) -> str:
         """Best so far, counts, builds in flight: the longest form that fits ``width``
@@ -468,7 +469,7 @@ class _SearchView:
         return next((f for f in forms if len(f) <= width), forms[-1])
 
     def _log(self, line: str) -> None:
-        _diag.say(for_terminal(line))
+        cli_diagnostics.say(for_terminal(line))
 
     def close(self, result: Any, summary: Any, space: Any) -> None:
         outcome = {
@@ -561,7 +562,7 @@ def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space
             *(columns.Col(h, right=True, group=2) for h in ("µs", "TFLOPS", "vs SDPA"))]
     rows = [[str(t.number), *columns.cells(config, names), f"{t.value:.1f}", f"{t.tflops:.1f}" if t.tflops else "-",
              f"{fastest / t.value:.2f}x" if fastest else "-"] for t, config in zip(done, configs)]
-    width = _io.out.width
+    width = consoles.out.width
     lines = columns.table_lines(cols, rows, width, title=f"best {len(done)} of {len(summary.trials)} trials")
     return lines + [Text(line) for line in columns.legend_lines(short, width)]
 
@@ -594,13 +595,13 @@ def _render_summary(summary: Any, top: int, space: Any) -> None:
         ("baselines", ", ".join(f"{k} {v:.1f} µs" for k, v in summary.baselines.items() if v) or "-"),
         ("trials", ", ".join(f"{k} {v}" for k, v in sorted(summary.counts().items())) or "none"),
     ]
-    _print_lines(columns.kv_lines([(k, Text(v)) for k, v in pairs], _io.out.width))
+    _print_lines(columns.kv_lines([(k, Text(v)) for k, v in pairs], consoles.out.width))
     _print_lines(_top_table(summary, top, dict(summary.baselines), space))
 
 
 def _export_lines(result: Any) -> list[Text]:
     """The exported rows, one table per kernel family (each its own parameters), then the legend."""
-    width = _io.out.width
+    width = consoles.out.width
     lines = [Text(line) for line in columns.wrap(f"{result.path}  ({columns.count(len(result.rows), 'config')})", width, 2)]
     families = list(dict.fromkeys(r.family for r in result.rows))
     shorts: dict[str, str] = {}
@@ -622,7 +623,7 @@ def _export_lines(result: Any) -> list[Text]:
 
 
 def _print_lines(lines: list[Text]) -> None:
-    _diag.print_lines(lines)
+    cli_diagnostics.print_lines(lines)
 
 
 def _export_cells(i: int, row: Any, names: list[str]) -> list[Any]:
@@ -647,8 +648,8 @@ def _report_dict(report: Any) -> dict[str, Any]:
 
 def _print_json(obj: Any) -> None:
     """Strict JSON: a value that is not finite (a damaged row) is null, never NaN or Infinity."""
-    _io.out.file.write(json.dumps(json_safe(obj), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
-    _io.out.file.flush()
+    consoles.out.file.write(json.dumps(json_safe(obj), indent=2, sort_keys=False, default=str, allow_nan=False) + "\n")
+    consoles.out.file.flush()
 
 
 # -- wiring --------------------------------------------------------------------------------
@@ -674,8 +675,10 @@ def _stages(replay: Path | None, command: str, replay_delay: str | None = None,
                                 gpus=devices).ready(command)
 
 
-# check / profile live in their own module; importing it registers them on ``app``.
-from evotuner import cli_diagnostics as _diag  # noqa: E402
+# check / profile are evotuner.cli_diagnostics' commands, registered here after the others
+# (the order `evotuner --help` lists them in).
+app.command()(cli_diagnostics.check)
+app.command()(cli_diagnostics.profile)
 
 # -- the error boundary ---------------------------------------------------------------------
 
@@ -701,7 +704,7 @@ def _interrupt_exit() -> int:
 
 
 def _error_line(message: str) -> None:
-    _io.err.print(f"error: {for_terminal(message)}", markup=False, highlight=False, soft_wrap=True)
+    consoles.err.print(f"error: {for_terminal(message)}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _never_raise(stream: Any) -> None:
@@ -723,8 +726,8 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
     _injected["measure"] = measure_factory
     for stream in (sys.stdout, sys.stderr):
         _never_raise(stream)
-    _io.out = Console(file=sys.stdout)
-    _io.err = Console(file=sys.stderr)
+    consoles.out = Console(file=sys.stdout)
+    consoles.err = Console(file=sys.stderr)
     debug = bool(os.environ.get(DEBUG_ENV))
     import optuna
 
@@ -758,9 +761,9 @@ def _main(argv: list[str] | None, debug: bool) -> int:
     except _UsageError as exc:
         message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
         if type(exc).__name__ == "NoArgsIsHelpError":   # plain `evotuner`: the help is the answer
-            _io.out.print(message, markup=False, highlight=False)
+            consoles.out.print(message, markup=False, highlight=False)
             return 0
-        _error_line(f"{_one_line(message)} (see `evotuner --help`)")
+        _error_line(f"{one_line(message)} (see `evotuner --help`)")
         return int(getattr(exc, "exit_code", 2) or 2)
     except typer.Abort:
         _error_line("terminated (SIGTERM)" if _signalled["term"] else "aborted")
@@ -772,14 +775,13 @@ def _main(argv: list[str] | None, debug: bool) -> int:
     except Exception as exc:  # noqa: BLE001 -- the one boundary for everything unexpected
         if debug:
             raise
-        _error_line(f"unexpected {type(exc).__name__}: {_one_line(str(exc))} "
+        _error_line(f"unexpected {type(exc).__name__}: {one_line(str(exc))} "
                     f"(run with {DEBUG_ENV}=1 for the traceback)")
         return 1
 
 
 if __name__ == "__main__":  # pragma: no cover
-    # `python -m evotuner.cli`: run the imported module's app (cli_diagnostics registers
-    # check/profile there), not this __main__ copy's.
+    # `python -m evotuner.cli`: run the imported module's main, not this __main__ copy's.
     from evotuner.cli import main as _main
 
     sys.exit(_main())

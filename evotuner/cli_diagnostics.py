@@ -13,7 +13,7 @@ from rich.text import Text
 
 from evotuner import columns
 from evotuner.cli_options import (
-    CausalOpt, DtypeOpt, SpaceOpt, StorageOpt, _io, _one_line, _open_store, app,
+    CausalOpt, DtypeOpt, SpaceOpt, StorageOpt, consoles, one_line, open_store, app,
 )
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StudyMismatchError
@@ -54,7 +54,7 @@ def _select(store_url: str | None, study: str | None, top: int, config: str | No
         cfg = KernelConfig.parse(config)
         space.validate(cfg)
         return _Selection(problem, space, [(None, cfg, None)])
-    store = _open_store(store_url, must_exist=True)
+    store = open_store(store_url, must_exist=True)
     try:
         summary = store.summary(study)
         space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
@@ -74,7 +74,6 @@ def _select(store_url: str | None, study: str | None, top: int, config: str | No
     return _Selection(problem, space, picks, study)
 
 
-@app.command()
 def check(
     study: OptStudyOpt = None,
     top: DiagTopOpt = 3,
@@ -105,7 +104,7 @@ def check(
     p = sel.problem
     say(f"checking {columns.count(len(targets), 'config')} at {p.dtype} D={p.shape.head_dim}"
         f"{' causal' if p.causal else ''} with {', '.join(wanted)} ({exe})")
-    store = _open_store(storage, must_exist=True) if sel.study else None
+    store = open_store(storage, must_exist=True) if sel.study else None
     results: dict[str, dict[str, Any]] = {}
     try:
         for target, outcome in diagnose.iter_checks(targets, p, wanted, exe=exe, timeout_s=timeout):
@@ -119,7 +118,7 @@ def check(
             verdict = "clean" if outcome.passed else f"FAILED ({outcome.errors} error(s))"
             line = f"{where}{outcome.config} {outcome.tool}: {verdict}, {outcome.seconds:.1f} s"
             if not outcome.passed and outcome.findings:
-                line += f": {_one_line(outcome.findings[0])}"
+                line += f": {one_line(outcome.findings[0])}"
             say(line)
     finally:
         if store is not None:
@@ -132,7 +131,6 @@ def check(
                             "see the findings above (or `evotuner show --study S`)")
 
 
-@app.command()
 def profile(
     study: OptStudyOpt = None,
     top: DiagTopOpt = 3,
@@ -160,14 +158,14 @@ def profile(
     device = _device_name()
     say(f"profiling {len(targets)} config(s){' and SDPA' if sdpa else ''} at {sel.problem.shape} "
         f"{sel.problem.dtype}{' causal' if sel.problem.causal else ''} ({exe})")
-    store = _open_store(storage, must_exist=True) if sel.study else None
+    store = open_store(storage, must_exist=True) if sel.study else None
     outcomes = []
     try:
         for target in [*targets, *([None] if sdpa else [])]:
             outcome = diagnose.profile(sel.problem, exe=exe, target=target, version=version, timeout_s=timeout)
             outcomes.append(outcome)
             if outcome.figures is None:
-                say(f"{outcome.subject}: no profile ({_one_line(outcome.error)}), {outcome.seconds:.1f} s")
+                say(f"{outcome.subject}: no profile ({one_line(outcome.error)}), {outcome.seconds:.1f} s")
                 continue
             say(f"{outcome.subject}: {outcome.figures.get('kernel')} profiled in {outcome.seconds:.1f} s")
             if store is not None:
@@ -240,8 +238,8 @@ def checks_table(checks: dict, order: tuple[str, ...] = ()) -> list[Text]:
         rows.append([*columns.cells(params, names), *cells,
                      Text(v, style={"passed": "green", "failed": "red"}.get(v, "yellow"))])
         unparsed = "" if params is not None else f"config {config}"
-        notes.append("; ".join(filter(None, [unparsed, f"first finding: {_one_line(first)[:300]}" if first else ""])))
-    width = _io.out.width
+        notes.append("; ".join(filter(None, [unparsed, f"first finding: {one_line(first)[:300]}" if first else ""])))
+    width = consoles.out.width
     lines = columns.table_lines(cols, rows, width, notes=notes,
                                 title="evotuner check (compute-sanitizer, latest run per tool)")
     return lines + [Text(line) for line in columns.legend_lines(short, width)]
@@ -275,7 +273,7 @@ def profile_table(figures: dict, seconds: dict | None = None, title: str = "ncu 
     if seconds:
         rows.append(["ncu run, s", *(f"{seconds.get(s, 0.0):.1f}" for s in order)])
     cols = [columns.Col("figure", key=True), *(columns.Col(heads[s], right=True, group=i) for i, s in enumerate(order))]
-    width = _io.out.width
+    width = consoles.out.width
     lines = columns.table_lines(cols, rows, width, title=title)
     return lines + [Text(part) for line in legend for part in columns.wrap(line, width, 2)]
 
@@ -299,13 +297,13 @@ def render(diag: Diagnostics, order: tuple[str, ...] = ()) -> None:
 
 def say(line: str, style: str = "") -> None:
     """One message, wrapped at word boundaries to the console's width (later lines indented)."""
-    print_lines([Text(part, style=style) for part in columns.wrap(line, _io.out.width, 4)])
+    print_lines([Text(part, style=style) for part in columns.wrap(line, consoles.out.width, 4)])
 
 
 def print_lines(lines: list[Text]) -> None:
     """Lines laid out by :mod:`evotuner.columns`: printed as they are, never re-wrapped or cut."""
     for line in lines:
-        _io.out.print(line, soft_wrap=True, highlight=False)
+        consoles.out.print(line, soft_wrap=True, highlight=False)
 
 
 def profiles_markdown(diag: Diagnostics) -> str:

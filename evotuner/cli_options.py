@@ -16,10 +16,13 @@ from evotuner import session
 from evotuner.errors import EvotunerError
 from evotuner.numbers import real
 from evotuner.problem import DTYPES
+from evotuner.storage.connect import DEFAULT_URL, ENV_VAR
 
 #: The study database when neither --storage nor $EVOTUNER_STORAGE is given.
-DEFAULT_STORAGE = "sqlite:///evotuner.db"
-STORAGE_ENV = "EVOTUNER_STORAGE"
+#: The study database when neither --storage nor $EVOTUNER_STORAGE names one (filled in by
+#: evotuner.storage.connect.resolve, the one place that does).
+DEFAULT_STORAGE = DEFAULT_URL
+STORAGE_ENV = ENV_VAR
 
 app = typer.Typer(
     name="evotuner",
@@ -174,29 +177,25 @@ class _Out:
     err: Console
 
 
-_io = _Out()
+consoles = _Out()
 
 
-def _storage_url(storage: str | None) -> str:
-    return storage or os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE
-
-
-def _one_line(text: str | None) -> str:
+def one_line(text: str | None) -> str:
     lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
     if not lines:
         return ""
     return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
 
 
-def _open_store(storage: str | None, *, must_exist: bool = False, read_only: bool = False) -> Any:
-    return session.open_store(_storage_url(storage), must_exist=must_exist, read_only=read_only)
+def open_store(storage: str | None, *, must_exist: bool = False, read_only: bool = False) -> Any:
+    return session.open_store(storage, must_exist=must_exist, read_only=read_only)
 
 
 def _print_version(value: bool) -> None:
     if value:
         from evotuner import __version__
 
-        _io.out.print(f"evotuner {__version__}", markup=False, highlight=False)
+        consoles.out.print(f"evotuner {__version__}", markup=False, highlight=False)
         raise typer.Exit()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterator, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from evotuner.errors import SpaceError
 
@@ -64,7 +64,20 @@ class KernelConfig:
         return iter(self.items)
 
     def __str__(self) -> str:
-        return ",".join(f"{k}={v}" for k, v in self.items)
+        return _joined(self.items)
+
+
+def config_string(params: Mapping[str, object]) -> str:
+    """The one config string (``NAME=VALUE,...``, names sorted): ``str(KernelConfig.of(params))``;
+    params that are no config (a foreign or damaged trial's) are written the same way."""
+    try:
+        return str(KernelConfig.of(params))  # type: ignore[arg-type]
+    except (SpaceError, ValueError, TypeError):
+        return _joined(sorted(params.items()))
+
+
+def _joined(items: Iterable[tuple[str, object]]) -> str:
+    return ",".join(f"{k}={v}" for k, v in items)
 
 
 def _as_int(name: str, value: object) -> int:

@@ -41,6 +41,11 @@ class BuildError(EvotunerError):
     """nvcc could not be run at all (missing, not executable)."""
 
 
+class ExportError(EvotunerError):
+    """The studies cannot be exported (missing, empty, inconsistent, or holding invalid values),
+    or a header given to read back is not one ``evotuner export`` wrote."""
+
+
 class NoGpuError(EvotunerError):
     """A stage that needs a CUDA GPU was asked for on a machine without one."""
 

@@ -29,6 +29,7 @@ family's macro prefix). The header static_asserts that both spellings agree.
 Every value written is checked to be an integer in range before anything is
 written; the file is written atomically (temp file in the same folder, then
 rename), so a failed export leaves the previous file, or none, never a partial one.
+:mod:`evotuner.header` reads a written header back.
 """
 
 from __future__ import annotations
@@ -39,13 +40,17 @@ import re
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Iterable, Mapping, Protocol
 
 from evotuner.abi import DTYPE_CODES
 from evotuner.atomicfile import check_target, write_text_atomic
-from evotuner.errors import EvotunerError
-from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
+from evotuner.config import config_string
+from evotuner.errors import EvotunerError, ExportError
+from evotuner.family import KernelFamily, get_family
 from evotuner.problem import Problem
+from evotuner.space import SearchSpace, parse_space
+from evotuner.storage.diagnostics import CheckRecord, verdict
+from evotuner.storage.records import StudyRecord, StudySummary
 from evotuner.textsafe import for_c_comment
 
 #: Closed bucket edges (inclusive upper bounds of seqlen_k); above the last is the open bucket.
@@ -53,8 +58,6 @@ BUCKET_EDGES = (512, 1024, 2048, 4096, 8192)
 INT32_MAX = 2**31 - 1
 #: ``max_seqlen`` of the open bucket (seqlen_k > 8192).
 OPEN_BUCKET = INT32_MAX
-#: The arch a study targets when its summary does not say (DESIGN.md: Hopper only).
-DEFAULT_ARCH = "sm_90a"
 
 _PARAM = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 #: Names the header's struct/macros use for the problem part; a parameter may not take them
@@ -66,18 +69,13 @@ def _header_reserved(family: KernelFamily) -> frozenset[str]:
     return _HEADER_NAMES | family.reserved()
 
 
-def field_order(names: Iterable[str], family: KernelFamily | str = DEFAULT_FAMILY) -> tuple[str, ...]:
-    """Field order in ``struct Config`` when the store cannot name the study's space."""
-    fam = family if isinstance(family, KernelFamily) else get_family(family)
-    return fam.export_order(tuple(names))
+class ExportSource(Protocol):
+    """What export reads of the study database (:class:`~evotuner.storage.StudyStore`)."""
 
-
-class ExportError(EvotunerError):
-    """The studies cannot be exported (missing, empty, inconsistent, or holding invalid values)."""
-
-
-class _Store(Protocol):
-    def summary(self, study_name: str) -> Any: ...
+    def summary(self, study_name: str) -> StudySummary: ...          # StorageError when missing
+    def study_info(self, name: str) -> StudyRecord: ...              # its space's text
+    def latest_checks(self, study: str) -> Mapping[str, Mapping[str, CheckRecord]]: ...  # `evotuner check`
+    def database_files(self) -> tuple[Path, ...]: ...                # never replaced by the header
 
 
 def seqlen_bucket(seqlen_k: int) -> int:
@@ -149,10 +147,6 @@ def _int_value(study: str, where: str, value: object, lo: int, hi: int) -> int:
     return value
 
 
-def _state_name(state: object) -> str:
-    return str(getattr(state, "name", state)).upper()
-
-
 def _text(value: object) -> str:
     """A single-line comment-safe rendering of a provenance value."""
     if value is None or value == "":
@@ -171,20 +165,15 @@ def _nvcc_short(version: object) -> str:
     return _text(text.strip().splitlines()[-1] if text.strip() else None)
 
 
-def best_row(store: _Store, study: str) -> ExportRow:
+def best_row(store: ExportSource, study: str) -> ExportRow:
     """The study's best COMPLETE trial as an :class:`ExportRow` (validated)."""
-    try:
-        summary = store.summary(study)   # StudyStore raises StorageError (naming the study) itself
-    except KeyError:
-        summary = None
-    if summary is None:
-        raise _fail(study, "not found in the study database", "check the study name and the --storage URL")
+    summary = store.summary(study)   # StorageError naming the study when it is missing
     problem = summary.problem
     if not isinstance(problem, Problem):
         raise _fail(study, f"has no problem record (got {type(problem).__name__})")
     best = None
     for trial in summary.trials:
-        if _state_name(trial.state) != "COMPLETE":
+        if trial.state != "COMPLETE":
             continue
         value = trial.value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
@@ -193,13 +182,14 @@ def best_row(store: _Store, study: str) -> ExportRow:
         if best is None or (value, trial.number) < (best.value, best.number):
             best = trial
     if best is None:
-        states = sorted({_state_name(t.state) for t in summary.trials}) or ["no trials"]
+        states = sorted({t.state for t in summary.trials}) or ["no trials"]
         raise _fail(study, f"has no COMPLETE trial ({', '.join(states)})",
                     "resume the study until a config passes, or leave it out of the export")
     params: dict[str, int] = {}
     if not best.params:
         raise _fail(study, f"trial {best.number} has no parameters")
-    family = _study_family(store, study, summary)
+    space = _study_space(store.study_info(study))
+    family = _study_family(study, space)
     reserved = _header_reserved(family)
     for name, value in best.params.items():
         if not isinstance(name, str) or not _PARAM.match(name) or name in reserved:
@@ -215,52 +205,38 @@ def best_row(store: _Store, study: str) -> ExportRow:
         raise _fail(study, f"dtype {problem.dtype!r} has no kernel code", f"use one of {', '.join(DTYPE_CODES)}")
     if not isinstance(problem.causal, bool):
         raise _fail(study, f"causal={problem.causal!r} is not a bool")
-    tflops = getattr(best, "tflops", None)
+    tflops = best.tflops
     if tflops is not None and (isinstance(tflops, bool) or not isinstance(tflops, (int, float))
                                or not math.isfinite(tflops)):
         raise _fail(study, f"trial {best.number}: tflops={tflops!r} is not a finite number")
-    device = getattr(summary, "device", None) or {}
-    arch, order = _study_space(store, study, tuple(params), family)
-    date = getattr(best, "datetime", None) or getattr(summary, "created", None)
+    device = summary.device or {}
+    declared = space.names
+    order = tuple(n for n in declared if n in params) + tuple(sorted(set(params) - set(declared)))
+    date = best.datetime or summary.created
     return ExportRow(
-        study=study, trial=int(best.number), arch=str(arch), family=family.name, dtype=problem.dtype,
+        study=study, trial=int(best.number), arch=space.arch, family=family.name, dtype=problem.dtype,
         head_dim=head_dim,
         causal=problem.causal, seqlen_k=seqlen_k, max_seqlen=seqlen_bucket(seqlen_k),
         params=tuple(sorted(params.items())), order=order, median_us=float(best.value),
         tflops=None if tflops is None else float(tflops), date=_text(date),
-        nvcc_version=_nvcc_short(getattr(summary, "nvcc_version", None)),
-        source_hash=_text(getattr(summary, "source_hash", None)),
-        device_name=_text(device.get("name") if isinstance(device, dict) else None),
-        replayed=bool(isinstance(device, dict) and device.get("replayed")),
+        nvcc_version=_nvcc_short(summary.nvcc_version),
+        source_hash=_text(summary.source_hash),
+        device_name=_text(device.get("name")),
+        replayed=bool(device.get("replayed")),
     )
 
 
-def _study_family(store: _Store, study: str, summary: Any) -> KernelFamily:
-    """The kernel family the study tuned (its space's ``kernel``; the default family
-    for a store that cannot say)."""
-    study_info = getattr(store, "study_info", None)
-    name = None
-    if study_info is not None:
-        name = getattr(study_info(study).space, "kernel", None)
-    name = name or getattr(summary, "kernel_family", None) or DEFAULT_FAMILY
+def _study_space(info: StudyRecord) -> SearchSpace:
+    """The space the study was created with (its arch, kernel family and parameter order)."""
+    return parse_space(info.space_text, f"study '{info.name}' (space {info.space_name})")
+
+
+def _study_family(study: str, space: SearchSpace) -> KernelFamily:
+    """The kernel family the study tuned (its space's ``kernel``)."""
     try:
-        return get_family(str(name))
+        return get_family(space.kernel)
     except EvotunerError as exc:
         raise _fail(study, exc.message, exc.remedy) from None
-
-
-def _study_space(store: _Store, study: str, names: tuple[str, ...],
-                 family: KernelFamily) -> tuple[str, tuple[str, ...]]:
-    """(arch, parameter order) from the space the study was created with
-    (``store.study_info(name).space``); a store without ``study_info`` gives
-    :data:`DEFAULT_ARCH` and the family's :meth:`~KernelFamily.export_order`."""
-    study_info = getattr(store, "study_info", None)
-    if study_info is None:
-        return DEFAULT_ARCH, family.export_order(names)
-    space = study_info(study).space
-    declared = [p.name for p in space.params]
-    order = tuple(n for n in declared if n in names) + tuple(sorted(set(names) - set(declared)))
-    return str(space.arch), order
 
 
 def select_rows(rows: Iterable[ExportRow]) -> list[ExportRow]:
@@ -401,12 +377,6 @@ def _render_section(rows: list[ExportRow], arch: str, family: KernelFamily) -> l
     return lines
 
 
-def _database_files(store: Any) -> tuple[Path, ...]:
-    """The store's database files (which the header must never replace); () for a store without files."""
-    files = getattr(store, "database_files", None)
-    return tuple(files()) if callable(files) else ()
-
-
 def write_atomic(path: Path, text: str, protect: Iterable[Path] = ()) -> None:
     """Write ``text`` to ``path`` under evotuner's output rule (:mod:`evotuner.atomicfile`: never
     a link, a non-regular file, a database or one of ``protect``; a temp file in the same folder
@@ -424,19 +394,15 @@ CHECK_TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 
 def _row_config(row: ExportRow) -> str:
-    return ",".join(f"{k}={v}" for k, v in row.params)
+    return config_string(dict(row.params))
 
 
-def _check_verdict(store: _Store, row: ExportRow) -> str:
+def _check_verdict(store: ExportSource, row: ExportRow) -> str:
     """passed / failed / unchecked from the study's ``evotuner check`` records."""
-    if not hasattr(store, "session"):          # a store without diagnostics (tests' fakes)
-        return "unchecked"
-    from evotuner.storage import diagnostics
-
-    return diagnostics.verdict(diagnostics.latest_checks(store, row.study).get(_row_config(row)), CHECK_TOOLS)
+    return verdict(dict(store.latest_checks(row.study).get(_row_config(row)) or {}), CHECK_TOOLS)
 
 
-def export_header(store: _Store, study_names: list[str], output: Path, *, arch: str | None = None,
+def export_header(store: ExportSource, study_names: list[str], output: Path, *, arch: str | None = None,
                   require_checked: bool = False) -> ExportResult:
     """Export the best COMPLETE config per key of ``study_names`` to the header ``output``.
 
@@ -462,7 +428,7 @@ def export_header(store: _Store, study_names: list[str], output: Path, *, arch: 
     if is_dir:
         raise ExportError(f"export: output {output} is a directory", "give a file name, e.g. tuned_config.h")
     try:                         # refuse the database, a link or a device before any work
-        check_target(output, protect=_database_files(store))
+        check_target(output, protect=store.database_files())
     except EvotunerError as exc:
         raise ExportError(f"export: {exc.message}", exc.remedy) from None
     rows = [best_row(store, name) for name in study_names]
@@ -500,105 +466,6 @@ def export_header(store: _Store, study_names: list[str], output: Path, *, arch: 
                 "run `evotuner check --study S` on the GPU machine (a failed config must be fixed or "
                 "excluded), or export without --require-checked")
     text = render_header(chosen, arch)
-    write_atomic(output, text, protect=_database_files(store))
+    write_atomic(output, text, protect=store.database_files())
     return ExportResult(path=output, rows=tuple(chosen), skipped=skipped,
                         sha256=hashlib.sha256(text.encode()).hexdigest())
-
-
-# ---------------------------------------------------------------------------------------------
-# reading an exported header back (the production build and the tests drive the kernel from it)
-
-#: Per-row macros that describe the problem, not a kernel parameter.
-ROW_PROBLEM_MACROS = ("HEAD_DIM", "IS_CAUSAL", "DTYPE", "MAX_SEQLEN")
-
-
-@dataclass(frozen=True)
-class HeaderInfo:
-    """What an exported header declares for one family: its arch and, per row, the macro
-    names it defines."""
-
-    arch: str
-    rows: tuple[tuple[str, ...], ...]   # row i -> names N of <T>_<i>_<N>, in header order
-    family: str = DEFAULT_FAMILY
-    #: row i -> (N, value) of each <T>_<i>_<N> macro, in header order
-    values: tuple[tuple[tuple[str, int], ...], ...] = ()
-    #: the family's export macro prefix <T>
-    export_prefix: str = ""
-
-
-def _family(family: KernelFamily | str | None) -> KernelFamily:
-    return family if isinstance(family, KernelFamily) else get_family(family or DEFAULT_FAMILY)
-
-
-def header_families(path: Path) -> tuple[str, ...]:
-    """The registered families that have a section in the header at ``path``."""
-    text = Path(path).read_text(encoding="utf-8")
-    return tuple(f.name for f in families()
-                 if re.search(rf"^#define\s+{re.escape(f.export_macro_prefix)}_COUNT\s+\d+\s*$", text, re.M))
-
-
-def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderInfo:
-    """Read one family's row macros (default family: the default one) of a header written
-    by :func:`export_header`; raise ExportError otherwise."""
-    fam = _family(family)
-    t = re.escape(fam.export_macro_prefix)
-    row_macro = re.compile(rf"^#define\s+{t}_(\d+)_([A-Z][A-Z0-9_]*)\s+(-?\d+)\s*$", re.M)
-    count_macro = re.compile(rf"^#define\s+{t}_COUNT\s+(\d+)\s*$", re.M)
-    arch_macro = re.compile(rf'^#define\s+{t}_ARCH\s+"(sm_\d{{2,3}}[af]?)"\s*$', re.M)
-    T = fam.export_macro_prefix
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ExportError(f"header {path}: cannot read it ({exc.strerror or exc})",
-                          "give the header written by `evotuner export`") from None
-    count, arch = count_macro.search(text), arch_macro.search(text)
-    if count is None or arch is None:
-        raise ExportError(f"header {path}: no {T}_COUNT / {T}_ARCH",
-                          "give the header written by `evotuner export`")
-    n = int(count.group(1))
-    rows: list[list[str]] = [[] for _ in range(n)]
-    values: list[list[tuple[str, int]]] = [[] for _ in range(n)]
-    for m in row_macro.finditer(text):
-        i = int(m.group(1))
-        if i >= n:
-            raise ExportError(f"header {path}: row macro {T}_{i}_{m.group(2)} but only {n} rows",
-                              "re-export the header; do not edit it by hand")
-        rows[i].append(m.group(2))
-        values[i].append((m.group(2), int(m.group(3))))
-    for i, names in enumerate(rows):
-        missing = [p for p in ROW_PROBLEM_MACROS if p not in names]
-        if missing or len(names) == len(ROW_PROBLEM_MACROS):
-            raise ExportError(f"header {path}: row {i} lacks macros "
-                              f"{', '.join(f'{T}_{i}_{p}' for p in missing) or '(kernel parameters)'}",
-                              "re-export the header; do not edit it by hand")
-    return HeaderInfo(arch=arch.group(1), rows=tuple(tuple(r) for r in rows), family=fam.name,
-                      values=tuple(tuple(v) for v in values), export_prefix=T)
-
-
-def row_instantiation(header: str, index: int, names: Iterable[str], family: KernelFamily | str, *,
-                      kernel_name: str | None = None, meta_name: str | None = None) -> str:
-    """A ``.cu`` source that instantiates ``<family>/instantiate.cuh`` for row ``index`` of
-    the family's section of the header, taking every ``<P>_*`` value from the header's
-    ``<T>_<index>_*`` macros (P: the family's macro prefix, T: its export macro prefix).
-
-    ``kernel_name``/``meta_name`` set ``<P>_KERNEL_NAME``/``<P>_META_NAME`` (several
-    rows in one binary need unique names); None keeps the family's defaults.
-    """
-    fam = _family(family)
-    P, T = fam.macro_prefix, fam.export_macro_prefix
-    lines = [f"// generated by evotuner: row {index} of {header}",
-             f'#include "{header}"',
-             f"#if {T}_COUNT <= {index}",
-             f'#error "{header} has no row {index}"',
-             "#endif"]
-    for name in names:
-        if name == "MAX_SEQLEN":
-            continue
-        lines.append(f"#define {P}_{name} {T}_{index}_{name}")
-    if kernel_name is not None:
-        lines.append(f"#define {P}_KERNEL_NAME {kernel_name}")
-    if meta_name is not None:
-        lines.append(f"#define {P}_META_NAME {meta_name}")
-    lines.append(f'#include "{fam.name}/instantiate.cuh"')
-    return "\n".join(lines) + "\n"

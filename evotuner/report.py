@@ -33,6 +33,7 @@ from typing import Any
 from evotuner.atomicfile import check_target, output_file, write_text_atomic
 from evotuner.errors import EvotunerError
 from evotuner.history_plot import draw_history
+from evotuner.storage import StudyStore
 from evotuner.vocabulary import INDEX_SUFFIX
 
 
@@ -47,12 +48,12 @@ class Report:
     skipped: dict[str, str] = field(default_factory=dict, hash=False)   # plot -> why it is missing
 
 
-def write_report(store: Any, study_name: str, output_dir: str | Path) -> list[Path]:
+def write_report(store: StudyStore, study_name: str, output_dir: str | Path) -> list[Path]:
     """Write the study's plots into ``output_dir`` (created); return the files written."""
     return list(make_report(store, study_name, output_dir).files)
 
 
-def make_report(store: Any, study_name: str, output_dir: str | Path) -> Report:
+def make_report(store: StudyStore, study_name: str, output_dir: str | Path) -> Report:
     """Like :func:`write_report`, also saying which plots were left out and why."""
     plt = _pyplot()
     out = Path(output_dir)
@@ -61,7 +62,7 @@ def make_report(store: Any, study_name: str, output_dir: str | Path) -> Report:
     except OSError as exc:
         raise ReportError(f"--output {out}: cannot create the report folder: {exc.strerror}",
                           "pass a writable folder") from None
-    protect = _database_files(store)
+    protect = store.database_files()
     for name in REPORT_FILES:                  # refuse a link or the database before drawing anything
         check_target(out / name, protect=protect)
     summary = store.summary(study_name)
@@ -108,11 +109,6 @@ REPORT_FILES = ("history.png", "importances.png", "resources.png", "history.html
                 "report.json", "ncu_profiles.md")
 
 
-def _database_files(store: Any) -> tuple[Path, ...]:
-    files = getattr(store, "database_files", None)
-    return tuple(files()) if callable(files) else ()
-
-
 # --------------------------------------------------------------------------- plots
 
 
@@ -136,7 +132,7 @@ def _title(summary: Any) -> str:
     return f"{summary.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} {on}"
 
 
-def _importances(store: Any, study_name: str, complete: list[Any]) -> tuple[dict[str, float] | None, str]:
+def _importances(store: StudyStore, study_name: str, complete: list[Any]) -> tuple[dict[str, float] | None, str]:
     if len(complete) < 2:
         return None, f"parameter importances need at least 2 COMPLETE trials; the study has {len(complete)}"
     import optuna
@@ -196,7 +192,7 @@ def _resources(plt: Any, summary: Any, trials: list[Any], path: Any) -> Any:
     return path
 
 
-def _html(store: Any, study_name: str, importances: bool, out: Path, protect: tuple[Path, ...]) -> list[Path]:
+def _html(store: StudyStore, study_name: str, importances: bool, out: Path, protect: tuple[Path, ...]) -> list[Path]:
     import optuna
 
     study = store.optuna_study(study_name)

@@ -49,7 +49,7 @@ def no_gpu(command: str = "search") -> NoGpuError:
 NO_GPU = no_gpu("search")
 
 
-def open_store(url: str, *, must_exist: bool = False, read_only: bool = False) -> StudyStore:
+def open_store(url: str | None, *, must_exist: bool = False, read_only: bool = False) -> StudyStore:
     """The study database; ``must_exist``: refuse (creating nothing) when a SQLite file is missing;
     ``read_only``: open it without writing (show, export, report)."""
     path = sqlite_path(resolve_url(url))

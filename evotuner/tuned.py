@@ -203,7 +203,8 @@ _DEVICE_COMMENT = re.compile(r"; device (.*?)\s*$")
 def load_header(path: Path) -> TunedTable:
     """The rows of every family's section of a header written by ``evotuner export``."""
     from evotuner.abi import DTYPE_NAMES
-    from evotuner.export import ExportError, header_families, read_header
+    from evotuner.errors import ExportError
+    from evotuner.header import header_families, read_header
 
     try:
         text = Path(path).read_text(encoding="utf-8")

@@ -12,13 +12,15 @@ and report import these from here, so none of them imports another for a name.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from optuna.distributions import IntDistribution
 
 from evotuner.config import KernelConfig
 from evotuner.errors import SpaceError
-from evotuner.space import SearchSpace
+
+if TYPE_CHECKING:   # the encoding reads a space; the record stage imports these names without it
+    from evotuner.space import SearchSpace
 
 # -- parameter encoding ------------------------------------------------------------------------
 

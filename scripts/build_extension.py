@@ -10,7 +10,7 @@
 
 What it does, once (minutes: the torch headers dominate):
 
-1. reads the family's rows from the header (``evotuner.export.read_header``) and copies
+1. reads the family's rows from the header (``evotuner.header.read_header``) and copies
    the header to ``OUTPUT/include/<config header>`` (``flashcore_config.h`` /
    ``hopper_config.h``, the name the binding includes);
 2. writes one ``OUTPUT/src/row_<i>.cu`` per row from the family's row template in
@@ -47,7 +47,7 @@ from pathlib import Path
 from evotuner.compiler.instantiate import check_family, gencode
 from evotuner.compiler.nvcc import find_nvcc, probe, run
 from evotuner.errors import BuildError, EvotunerError
-from evotuner.export import HeaderInfo, read_header, row_instantiation
+from evotuner.header import HeaderInfo, read_header, row_instantiation
 from evotuner.kernels.hopper.params import HOPPER_META
 
 HERE = Path(__file__).resolve().parent / "extension"

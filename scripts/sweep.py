@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from evotuner.compiler.instantiate import evotuner_version
+from evotuner.version import evotuner_version
 from evotuner.compiler.result import BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError

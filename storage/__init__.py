@@ -21,7 +21,7 @@ from evotuner.storage.records import (
     Zombie,
 )
 from evotuner.storage.schema import SCHEMA_VERSION
-from evotuner.storage.store import PTXAS_FIGURES, StudyStore, config_str, describe_problem, ptxas_figures
+from evotuner.storage.store import PTXAS_FIGURES, StudyStore, ptxas_figures
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -41,7 +41,5 @@ __all__ = [
     "StudySummary",
     "TrialRecord",
     "Zombie",
-    "config_str",
-    "describe_problem",
     "ptxas_figures",
 ]

@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session
 from evotuner.errors import StorageError
 from evotuner.storage import schema
 from evotuner.storage.dbclock import db_now
+from evotuner.storage.identity import device_identity
 
 SLOT, CONFIG, SEAT, ONCE = "slot", "config", "seat", "once"
 HELD, DONE = "held", "done"
@@ -60,8 +61,6 @@ def config_key(config: object) -> str:
 
 def baselines_key(fingerprint: Any) -> str:
     """The once-key of the SDPA baselines on a device (its identity, as record_device's)."""
-    from evotuner.storage.store import device_identity
-
     return f"baselines:{device_identity(fingerprint) if fingerprint is not None else 'none'}"
 
 

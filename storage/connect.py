@@ -179,6 +179,16 @@ def sqlite_path(url: URL) -> Path | None:
     return Path(url.database) if url.get_backend_name() == "sqlite" and url.database else None
 
 
+#: The files SQLite keeps next to a database (a database's "side files"), the database first.
+SQLITE_SIDE_SUFFIXES = ("", "-wal", "-shm", "-journal")
+
+
+def protected_files(database: Path) -> tuple[Path, ...]:
+    """A SQLite database's path with its side files (``-wal``, ``-shm``, ``-journal``): the
+    files no output of evotuner may replace (:mod:`evotuner.atomicfile`)."""
+    return tuple(Path(f"{database}{suffix}") for suffix in SQLITE_SIDE_SUFFIXES)
+
+
 def engine_kwargs(url: URL) -> dict[str, Any]:
     """Engine options for this URL: connect timeout for servers; for SQLite a busy
     timeout and ``check_same_thread=False`` (builds finish in worker threads and

@@ -103,7 +103,7 @@ def _now() -> _dt.datetime:
 
 
 def _study_id(store: Any, s: Any, study: str) -> int:
-    return int(store._require_row(s, study).id)   # StorageError naming the study when missing
+    return int(store.study_row(s, study).id)   # StorageError naming the study when missing
 
 
 def record_check(store: Any, study: str, config: str, tool: str, *, passed: bool, errors: int, warnings: int = 0,

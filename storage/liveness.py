@@ -36,10 +36,10 @@ from optuna.trial import TrialState
 from sqlalchemy import insert, literal_column, select, update
 from sqlalchemy.orm import Session
 
-from evotuner.config import KernelConfig
-from evotuner.storage import schema
+from evotuner.config import KernelConfig, config_string
+from evotuner.storage import claims, schema
 from evotuner.storage.dbclock import db_now, epoch_sql as _epoch_sql  # noqa: F401 (db_now re-exported)
-from evotuner.storage.records import INTERRUPTED_REASON, REASON_ATTR, Zombie
+from evotuner.storage.records import INTERRUPTED_REASON, REASON_ATTR, Zombie, is_finished
 from evotuner.vocabulary import CONFIG_ATTR, DEVICE_ATTR, RECOVERED_ATTR
 
 W = schema.workers
@@ -100,10 +100,8 @@ class WorkerRow:
 
 def register(store: Any, study: str, *, stale_after: float, device: Any = None) -> int:
     """A new live worker row for this process; returns its id."""
-    from evotuner.storage.claims import study_id
-
     with store.session() as s:
-        sid = study_id(s, study)
+        sid = claims.study_id(s, study)
         now = db_now(s)
         return int(s.execute(insert(W).values(
             study_id=sid, host=socket.gethostname(), host_key=host_key(), pid=os.getpid(),
@@ -134,19 +132,15 @@ def heartbeat(store: Any, worker_id: int) -> bool:
 def leave(store: Any, worker_id: int, reason: str = "done") -> None:
     """This worker ends: its unfilled slots go to the pool, its other held claims back, its
     row says why."""
-    from evotuner.storage.claims import hand_on
-
     with store.session() as s:
-        hand_on(s, worker_id)
+        claims.hand_on(s, worker_id)
         s.execute(update(W).where(W.c.id == worker_id, W.c.state == LIVE)
                   .values(state=DONE, ended=db_now(s), reason=reason))
 
 
 def workers(store: Any, study: str, *, live_only: bool = True) -> list[WorkerRow]:
-    from evotuner.storage.claims import study_id
-
     with store.session() as s:
-        sid = study_id(s, study)
+        sid = claims.study_id(s, study)
         now = db_now(s)
         query = select(W).where(W.c.study_id == sid)
         if live_only:
@@ -179,8 +173,6 @@ def reap(store: Any, study: str, *, exclude: int | None = None, target: int | No
     ``target`` claimed for it, and is not queued when neither is left: a queued trial thus
     always has a slot to be asked in, whoever asks first (claims.hand_on). Without
     ``exclude`` the slots go to the pool and nothing is queued."""
-    from evotuner.storage import claims
-
     dead: dict[int, str | None] = {}      # worker id -> the device it measured on
     for w in workers(store, study):
         if w.id == exclude:
@@ -196,7 +188,7 @@ def reap(store: Any, study: str, *, exclude: int | None = None, target: int | No
 
     failed: list[Any] = []
     told: dict[int, set[int]] = {}
-    oid, trials = store._trials(study) if dead else (None, [])
+    oid, trials = store.optuna_trials(study) if dead else (None, [])
     by_number = {t.number: t for t in trials}
     for worker_id in dead:
         with store.session() as s:
@@ -261,8 +253,6 @@ def reap(store: Any, study: str, *, exclude: int | None = None, target: int | No
 
 def _new_slot(store: Any, study: str, worker_id: int, target: int | None) -> str | None:
     """A new slot of the study's ``target`` for the reaper to queue a trial in, or None."""
-    from evotuner.storage import claims
-
     if target is None:
         return None
     try:
@@ -272,11 +262,9 @@ def _new_slot(store: Any, study: str, worker_id: int, target: int | None) -> str
 
 
 def _told(store: Any, oid: int, number: int) -> bool:
-    from evotuner.storage.store import _is_finished
-
     storage = store.optuna_storage
     t = storage.get_trial(storage.get_trial_id_from_study_id_trial_number(oid, number))
-    return _is_finished(t)
+    return is_finished(t)
 
 
 def _tell_recorded(store: Any, t: Any, outcome: Any, device: str | None, reaper: int | None) -> bool:
@@ -323,18 +311,16 @@ def _fail(store: Any, t: Any) -> bool:
 
 def _zombies(store: Any, study: str, failed: list[Any]) -> list[Zombie]:
     """The failed trials as zombies; ``requeue`` where their config may be queued again."""
-    from evotuner.storage.store import _is_finished, config_str
-
     if not failed:
         return []
-    _, trials = store._trials(study)
-    done = {config_str(t.params) for t in trials if _is_finished(t)}
-    waiting = {config_str(t.params or t.system_attrs.get("fixed_params") or {})
+    _, trials = store.optuna_trials(study)
+    done = {config_string(t.params) for t in trials if is_finished(t)}
+    waiting = {config_string(t.params or t.system_attrs.get("fixed_params") or {})
                for t in trials if t.state == TrialState.WAITING}
     out, seen = [], set()
     for t in failed:
         params = dict(t.params) or dict(t.system_attrs.get("fixed_params") or {})
-        cfg = config_str(params)
+        cfg = config_string(params)
         requeue = bool(params) and cfg not in done and cfg not in waiting and cfg not in seen
         out.append(Zombie(number=t.number, params=params, requeue=requeue))
         seen.add(cfg)

@@ -10,10 +10,11 @@ import datetime as _dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from evotuner.config import KernelConfig
+from optuna.trial import FrozenTrial
+
+from evotuner.config import KernelConfig, config_string
 from evotuner.errors import EvotunerError
 from evotuner.problem import Problem
-from evotuner.space import parse_space
 
 # The trial-attribute names and the "interrupted" rule live in evotuner.vocabulary.
 from evotuner.vocabulary import (  # noqa: E402,F401 (re-exported: the record stage's names)
@@ -27,6 +28,12 @@ from evotuner.vocabulary import (  # noqa: E402,F401 (re-exported: the record st
     TRANSFER_ATTR,
     is_interrupted,
 )
+
+
+def is_finished(t: FrozenTrial) -> bool:
+    """True for an Optuna trial that finished (COMPLETE, PRUNED, or FAIL other than interrupted):
+    its config counts as tried."""
+    return t.state.name in FINISHED_STATES and not is_interrupted(t.state, t.user_attrs.get(REASON_ATTR))
 
 
 def _iso(value: _dt.datetime | None) -> str | None:
@@ -57,9 +64,8 @@ class TrialRecord:
 
     @property
     def config(self) -> str:
-        """``str(KernelConfig)`` of the params ("" for a trial that never got any)."""
-        kc = self.kernel_config
-        return str(kc) if kc is not None else ",".join(f"{k}={v}" for k, v in sorted(self.params.items()))
+        """The config string of the params ("" for a trial that never got any)."""
+        return config_string(self.params)
 
     @property
     def kernel_config(self) -> KernelConfig | None:
@@ -115,13 +121,13 @@ class Zombie:
 
     @property
     def config(self) -> str:
-        return str(KernelConfig.of(self.params)) if self.params else ""
+        return config_string(self.params)
 
 
 @dataclass(frozen=True)
 class StudyRecord:
-    """What a study was created with (``StudyStore.study_info``); ``space`` is the
-    SearchSpace rebuilt from the space file text stored at creation."""
+    """What a study was created with (``StudyStore.study_info``); ``space_text`` is the
+    space file text stored at creation (``evotuner.session.study_space`` rebuilds it)."""
 
     name: str
     problem: Problem
@@ -135,10 +141,6 @@ class StudyRecord:
     nvcc_version: str
     evotuner_version: str
     created: _dt.datetime
-
-    @property
-    def space(self) -> Any:
-        return parse_space(self.space_text, f"study '{self.name}' (space {self.space_name})")
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,9 @@ PRUNED/FAIL trial as the user attribute ``reason`` (:data:`REASON_ATTR`);
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -37,11 +35,8 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from evotuner.atomicfile import protected_files
-from evotuner.compiler.instantiate import evotuner_version
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StorageError, StudyMismatchError
-from evotuner.family import DEFAULT_FAMILY
 from evotuner.numbers import finite_or_none
 from evotuner.problem import Problem
 from evotuner.storage import connect as _connect
@@ -49,9 +44,11 @@ from evotuner.storage import damage as _damage
 from evotuner.storage import diagnostics as _diagnostics  # noqa: F401  (registers its tables)
 from evotuner.storage import schema
 from evotuner.storage import start as _start
+from evotuner.storage.identity import device_identity, setup_identity
+from evotuner.storage.inputs import BuildFacts, Failure, GateVerdict, PtxasFigures, StoredSpace, Timing
+from evotuner.storage.readonly import readonly_url
 from evotuner.storage.records import (
     DUPLICATE_ATTR,
-    FINISHED_STATES,
     GATE_ATTR,
     REASON_ATTR,
     TFLOPS_ATTR,
@@ -61,26 +58,16 @@ from evotuner.storage.records import (
     StudyRecord,
     StudySummary,
     TrialRecord,
-    is_interrupted,
+    is_finished,
 )
+from evotuner.version import evotuner_version
 from evotuner.vocabulary import MEASURED_ATTRS, measure_failure_reason
 
-#: The ptxas figures recorded per build (columns of evotuner_builds, keys of the ``gate`` attr),
-#: with the attribute names a PtxasReport may spell them with.
-PTXAS_FIGURES: dict[str, tuple[str, ...]] = {
-    "registers": ("registers", "regs", "num_registers"),
-    "spill_stores": ("spill_stores", "spill_store_bytes"),
-    "spill_loads": ("spill_loads", "spill_load_bytes"),
-    "stack": ("stack", "stack_bytes", "stack_frame"),
-    "smem": ("smem", "static_smem", "smem_bytes", "shared", "shared_bytes"),
-    "barriers": ("barriers", "num_barriers"),
-}
+#: The ptxas figures recorded per build (columns of evotuner_builds, keys of the ``gate`` attr):
+#: the fields of :class:`~evotuner.storage.inputs.PtxasFigures`.
+PTXAS_FIGURES: tuple[str, ...] = ("registers", "spill_stores", "spill_loads", "stack", "smem", "barriers")
 #: How much of a compile log is kept per build.
 LOG_TAIL_CHARS = 4000
-#: Device fingerprint keys containing one of these words change between runs on the
-#: same GPU (clocks at start, temperature, power draw, performance state), also inside nested
-#: readings; they are stored but not part of its identity.
-VOLATILE_DEVICE_WORDS = ("clock", "temp", "power", "pstate")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -91,93 +78,26 @@ def _now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
 
 
-def config_str(params: Mapping[str, Any]) -> str:
-    """The canonical config string of a trial's params (``str(KernelConfig)``)."""
-    try:
-        return str(KernelConfig.of(params))
-    except (EvotunerError, ValueError):
-        return ",".join(f"{k}={params[k]}" for k in sorted(params))
+def _space_fingerprint(space: StoredSpace | str) -> str:
+    """A space's fingerprint; a string is one already."""
+    return space if isinstance(space, str) else space.fingerprint()
 
 
-def describe_problem(problem: Problem) -> str:
-    """``B=16,H=16,S=2048,D=64 fp16 non-causal`` (``str(problem)``)."""
-    return str(problem)
-
-
-def _space_fingerprint(space: Any) -> str:
-    if isinstance(space, str):
-        return space
-    fp = getattr(space, "fingerprint", None)
-    fp = fp() if callable(fp) else fp
-    if not isinstance(fp, str) or not fp:
-        raise TypeError("space must be a SearchSpace (with .fingerprint()) or a fingerprint string")
-    return fp
-
-
-def _space_facts(space: Any) -> dict[str, str]:
-    """name, fingerprint, kernel family and file text of a SearchSpace (read by attribute)."""
-    path = getattr(space, "path", None)
-    name = getattr(space, "name", None) or (Path(path).stem if path else None) or "custom"
-    kernel = getattr(space, "kernel", None)
-    if kernel is not None and not isinstance(kernel, str):
-        kernel = getattr(kernel, "family", None) or getattr(kernel, "name", None)
-    body = next((v for a in ("text", "source", "source_text", "toml") if isinstance(v := getattr(space, a, None), str)), None)
-    if body is None and path and Path(path).is_file():
-        body = Path(path).read_text(encoding="utf-8")
+def _space_facts(space: StoredSpace) -> dict[str, str]:
+    """The ``evotuner_studies`` columns that record a study's space."""
     return {
-        "space_name": str(name),
-        "space_fingerprint": _space_fingerprint(space),
-        "kernel_family": str(kernel or DEFAULT_FAMILY),
-        "space_text": body or "",
+        "space_name": space.name,
+        "space_fingerprint": space.fingerprint(),
+        "kernel_family": space.kernel,
+        "space_text": space.text,
     }
 
 
-def ptxas_figures(report: Any) -> dict[str, int | None]:
-    """The :data:`PTXAS_FIGURES` of a PtxasReport (dataclass, object or dict; None -> all None)."""
+def ptxas_figures(report: PtxasFigures | None) -> dict[str, int | None]:
+    """The :data:`PTXAS_FIGURES` of a ptxas report (None: no report, every figure None)."""
     if report is None:
         return {k: None for k in PTXAS_FIGURES}
-    if callable(getattr(report, "as_dict", None)):
-        report = report.as_dict()  # PtxasReport: smem is static + dynamic there
-    elif is_dataclass(report) and not isinstance(report, type):
-        report = asdict(report)
-    out: dict[str, int | None] = {}
-    for key, names in PTXAS_FIGURES.items():
-        value = None
-        for n in names:
-            value = report.get(n) if isinstance(report, Mapping) else getattr(report, n, None)
-            if value is not None:
-                break
-        out[key] = int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    return out
-
-
-def _stable(value: Any) -> Any:
-    """``value`` without volatile keys, at every depth (the fingerprint nests nvidia-smi's readings)."""
-    if isinstance(value, Mapping):
-        return {k: _stable(v) for k, v in value.items() if not any(w in str(k).lower() for w in VOLATILE_DEVICE_WORDS)}
-    return value
-
-
-#: Fingerprint keys that name one card, not its model and setup: cards of one model in one
-#: host differ only in these, and their timings compare (``record_device``'s change rule).
-CARD_KEYS = ("device_index", "uuid", "pci.bus_id", "serial")
-
-
-def setup_identity(fingerprint: Mapping[str, Any]) -> str:
-    """The device identity without the card: equal for GPUs of one model, driver and stack."""
-    def strip(value: Any) -> Any:
-        if isinstance(value, Mapping):
-            return {k: strip(v) for k, v in value.items() if str(k).lower() not in CARD_KEYS}
-        return value
-
-    return device_identity(strip(fingerprint))
-
-
-def device_identity(fingerprint: Mapping[str, Any]) -> str:
-    """One GPU model and setup's key (a hash of its fingerprint): a study's devices rows and
-    the once-claim of its baselines (claims.baselines_key) are per identity."""
-    blob = json.dumps(_stable(fingerprint), sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
+    return {k: int(getattr(report, k)) for k in PTXAS_FIGURES}
 
 
 def _trial_record(t: FrozenTrial, gate_from_build: dict[str, Any] | None = None) -> TrialRecord:
@@ -199,12 +119,6 @@ def _trial_record(t: FrozenTrial, gate_from_build: dict[str, Any] | None = None)
         datetime=t.datetime_complete or t.datetime_start,
         attrs=dict(attrs),
     )
-
-
-def _is_finished(t: FrozenTrial) -> bool:
-    reason = t.user_attrs.get(REASON_ATTR)
-    interrupted = is_interrupted(t.state, reason)
-    return t.state.name in FINISHED_STATES and not interrupted
 
 
 class StudyStore:
@@ -303,8 +217,6 @@ class StudyStore:
                 )
 
     def _open_optuna_read_only(self) -> None:
-        from evotuner.storage.readonly import readonly_url
-
         try:
             self._optuna = RDBStorage(
                 readonly_url(self._url).render_as_string(hide_password=False),
@@ -330,7 +242,7 @@ class StudyStore:
         """The files of a SQLite study database, its side files (``-wal``, ``-shm``,
         ``-journal``) included, which no output may replace; () for a server database."""
         path = _connect.sqlite_path(self._url)
-        return protected_files([path]) if path is not None else ()
+        return _connect.protected_files(path) if path is not None else ()
 
     @property
     def optuna_storage(self) -> RDBStorage:
@@ -428,15 +340,17 @@ class StudyStore:
                                   getattr(exc, "message", None) or _first_line(exc)) from None
 
     # -- studies ---------------------------------------------------------------------------
-    def _study_row(self, s: Session, name: str) -> Any:
+    def _find_row(self, s: Session, name: str) -> Any:
         return s.execute(select(schema.studies).where(schema.studies.c.name == name)).first()
 
     def _optuna_names(self) -> list[str]:
         with self._optuna_call("listing studies"):
             return sorted(st.study_name for st in self.optuna_storage.get_all_studies())
 
-    def _require_row(self, s: Session, name: str) -> Any:
-        row = self._study_row(s, name)
+    def study_row(self, s: Session, name: str) -> Any:
+        """Study ``name``'s ``evotuner_studies`` row, read in session ``s`` (the other record
+        modules key their rows by its ``id``); StorageError naming the study when it is missing."""
+        row = self._find_row(s, name)
         if row is not None:
             for column in ("seed", "optuna_study_id"):   # SQLite keeps whatever was written there
                 value = getattr(row, column)
@@ -459,7 +373,7 @@ class StudyStore:
     def study_exists(self, name: str) -> bool:
         """True when an evotuner study, or any Optuna study, already has this name."""
         with self.session() as s:
-            if self._study_row(s, name) is not None:
+            if self._find_row(s, name) is not None:
                 return True
         return name in self._optuna_names()
 
@@ -467,26 +381,23 @@ class StudyStore:
         self,
         name: str,
         problem: Problem,
-        space: Any,
-        sampler_name: str | None = None,
+        space: StoredSpace,
+        sampler_name: str,
         seed: int | None = None,
         *,
         source_hash: str,
         nvcc_version: str,
-        sampler: optuna.samplers.BaseSampler | str | None = None,
+        sampler: optuna.samplers.BaseSampler | None = None,
     ) -> optuna.Study:
         """Create study ``name`` (direction minimize: the value is the median µs) and its
         evotuner row (problem, space name/fingerprint/file text, kernel family, sampler,
         seed, kernel source hash, nvcc and evotuner versions).
 
-        ``space`` is a SearchSpace (read: ``fingerprint()``, ``name`` or ``path``,
-        ``kernel``, ``text``/``source`` or the file at ``path``). ``sampler`` is the
-        Optuna sampler object to attach (``sampler_name``/``seed`` are what is recorded);
-        a string passed as ``sampler`` is taken as ``sampler_name``.
+        ``space`` is the SearchSpace (:class:`~evotuner.storage.inputs.StoredSpace`: its name,
+        kernel family, text and fingerprint are recorded). ``sampler`` is the Optuna sampler
+        object to attach (``sampler_name``/``seed`` are what is recorded).
         Raises StorageError if the name is taken (by an evotuner or a plain Optuna study).
         """
-        if isinstance(sampler, str):
-            sampler_name, sampler = sampler_name or sampler, None
         if not sampler_name:
             raise StorageError(f"study '{name}': no sampler name to record", "pass sampler_name, e.g. 'tpe'")
         if not name or not name.strip():
@@ -537,7 +448,7 @@ class StudyStore:
         name: str,
         *,
         problem: Problem | None = None,
-        space: Any = None,
+        space: StoredSpace | str | None = None,
         sampler: optuna.samplers.BaseSampler | None = None,
     ) -> optuna.Study:
         """Load study ``name``. Given ``problem`` / ``space`` (SearchSpace or fingerprint),
@@ -549,31 +460,31 @@ class StudyStore:
     def optuna_study(self, name: str, *, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
         """The Optuna study of evotuner study ``name`` (no problem/space checks: see load_study)."""
         with self.session() as s:
-            self._require_row(s, name)
+            self.study_row(s, name)
         with self._optuna_call("loading the study"):
             return optuna.load_study(study_name=name, storage=self.optuna_storage, sampler=sampler)
 
-    def study_info(self, name: str, *, problem: Problem | None = None, space: Any = None) -> StudyRecord:
+    def study_info(self, name: str, *, problem: Problem | None = None,
+                   space: StoredSpace | str | None = None) -> StudyRecord:
         """What study ``name`` was created with (problem, space and its text, sampler name, seed,
         hashes); the same not-found and mismatch errors as :meth:`load_study`."""
         with self._reading():
             return self._study_info(name, problem, space)
 
-    def _study_info(self, name: str, problem: Problem | None, space: Any) -> StudyRecord:
+    def _study_info(self, name: str, problem: Problem | None, space: StoredSpace | str | None) -> StudyRecord:
         with self.session() as s:
-            row = self._require_row(s, name)
+            row = self.study_row(s, name)
         if problem is not None:
             created = self._problem(row)
             if created != problem:
                 raise StudyMismatchError(
-                    f"study '{name}' was created for {describe_problem(created)}; "
-                    f"this run asks for {describe_problem(problem)}",
+                    f"study '{name}' was created for {created}; this run asks for {problem}",
                     "use another --study name",
                 )
         if space is not None:
             fp = _space_fingerprint(space)
             if fp != row.space_fingerprint:
-                this = getattr(space, "name", None) or (Path(space.path).stem if getattr(space, "path", None) else None)
+                this = None if isinstance(space, str) else space.name
                 raise StudyMismatchError(
                     f"study '{name}' was created with search space '{row.space_name}' (fingerprint {row.space_fingerprint[:12]}); "
                     f"this run uses {('space ' + repr(this)) if this else 'a space'} with fingerprint {fp[:12]}",
@@ -618,16 +529,17 @@ class StudyStore:
         return out
 
     # -- trials ------------------------------------------------------------------------------
-    def _trials(self, name: str) -> tuple[int, list[FrozenTrial]]:
+    def optuna_trials(self, name: str) -> tuple[int, list[FrozenTrial]]:
+        """(Optuna study id, every trial of study ``name``) as Optuna holds them."""
         with self.session() as s:
-            row = self._require_row(s, name)
+            row = self.study_row(s, name)
         with self._optuna_call("reading trials"):
             return row.optuna_study_id, self.optuna_storage.get_all_trials(row.optuna_study_id, deepcopy=False)
 
     def finished_trials(self, name: str) -> list[TrialRecord]:
         """Every finished trial (COMPLETE, PRUNED, FAIL other than interrupted), by number."""
-        _, trials = self._trials(name)
-        return [_trial_record(t) for t in trials if _is_finished(t)]
+        _, trials = self.optuna_trials(name)
+        return [_trial_record(t) for t in trials if is_finished(t)]
 
     def finished_configs(self, name: str) -> dict[KernelConfig, TrialRecord]:
         """``{KernelConfig: TrialRecord}`` of configs that finished in the study (COMPLETE,
@@ -635,10 +547,10 @@ class StudyStore:
         the config string. A trial that copied another's result (``duplicate_of``) is not a
         config's own record. Per config, the best COMPLETE trial wins, else the earliest
         finished one. Trials whose params are not a KernelConfig are left out."""
-        _, trials = self._trials(name)
+        _, trials = self.optuna_trials(name)
         out: dict[KernelConfig, TrialRecord] = {}
         for t in trials:
-            if not t.params or not _is_finished(t) or t.user_attrs.get(DUPLICATE_ATTR) is not None:
+            if not t.params or not is_finished(t) or t.user_attrs.get(DUPLICATE_ATTR) is not None:
                 continue
             rec = _trial_record(t)
             cfg = rec.kernel_config
@@ -654,8 +566,8 @@ class StudyStore:
 
     def count_finished(self, name: str) -> int:
         """Number of finished trials (COMPLETE, PRUNED, FAIL other than interrupted)."""
-        _, trials = self._trials(name)
-        return sum(1 for t in trials if _is_finished(t))
+        _, trials = self.optuna_trials(name)
+        return sum(1 for t in trials if is_finished(t))
 
     def _set_trial_attr(self, optuna_study_id: int, number: int, key: str, value: Any) -> bool:
         """Set a user attr on an unfinished trial; False if the trial is finished (attrs are frozen)."""
@@ -672,22 +584,22 @@ class StudyStore:
         return True
 
     # -- records -----------------------------------------------------------------------------
-    def record_build(self, study_name: str, trial_number: int, build_result: Any, gate_result: Any = None) -> None:
-        """Record one build (a :class:`BuildResult`) and its gate verdict (a GateResult with
-        ``passed``, ``reason``, ``report``; None when the gate did not run).
+    def record_build(self, study_name: str, trial_number: int, build_result: BuildFacts,
+                     gate_result: GateVerdict | None = None) -> None:
+        """Record one build (a ``BuildResult``) and its gate verdict (a ``GateResult``; None
+        when the gate did not run).
 
         Writes an ``evotuner_builds`` row (replacing an earlier one for the same trial) and,
         while the trial is unfinished, its user attr ``gate`` = {passed, reason, registers,
         spill_stores, spill_loads, stack, smem, barriers}. Call before telling the trial's state.
         """
-        report = getattr(gate_result, "report", None) if gate_result is not None else None
-        figures = ptxas_figures(report)
+        figures = ptxas_figures(gate_result.report if gate_result is not None else None)
         passed = bool(gate_result.passed) if gate_result is not None else None
-        reason = getattr(gate_result, "reason", None) if gate_result is not None else None
+        reason = gate_result.reason if gate_result is not None else None
         log = build_result.ptxas_log or ""
         artifact = build_result.artifact
         with self.session() as s:
-            row = self._require_row(s, study_name)
+            row = self.study_row(s, study_name)
             s.execute(
                 delete(schema.builds).where(
                     schema.builds.c.study_id == row.id, schema.builds.c.trial_number == trial_number
@@ -714,28 +626,23 @@ class StudyStore:
         if gate_result is not None:
             self._set_trial_attr(row.optuna_study_id, trial_number, GATE_ATTR, {"passed": passed, "reason": reason, **figures})
 
-    def record_measurement(self, study_name: str, trial_number: int, config: Any, outcome: Any = None) -> None:
-        """Record a trial's timing (a Measurement) or failure (a MeasureFailure) in
-        ``evotuner_measurements`` (replacing an earlier row for that trial). For a
-        Measurement, also sets the unfinished trial's user attr ``tflops``.
-
-        ``record_measurement(study, number, outcome)`` (config omitted) takes the config
-        from the trial's params."""
-        if outcome is None:
-            outcome, config = config, None
-        if config is None:
-            config = self._trial_config(study_name, trial_number)
-        ok = hasattr(outcome, "median_us")
-        values: dict[str, Any] = {"ok": ok, "config": str(config), "measured_at": _now()}
-        if ok:
-            for k in ("median_us", "p20_us", "p80_us", "tflops", "max_error", "tolerance"):
-                values[k] = float(getattr(outcome, k))
-            values["repetitions"] = int(outcome.repetitions)
+    def record_measurement(self, study_name: str, trial_number: int, config: KernelConfig,
+                           outcome: Timing | Failure) -> None:
+        """Record a trial's timing (a ``Measurement``) or failure (a ``MeasureFailure``) of
+        ``config`` in ``evotuner_measurements`` (replacing an earlier row for that trial). For a
+        Measurement, also sets the unfinished trial's user attr ``tflops``."""
+        values: dict[str, Any] = {"config": str(config), "measured_at": _now()}
+        if isinstance(outcome, Failure):
+            ok = False
+            values.update(ok=False, failure_kind=str(outcome.kind), failure_reason=str(outcome.reason))
         else:
-            values["failure_kind"] = str(outcome.kind)
-            values["failure_reason"] = str(outcome.reason)
+            ok = True
+            values.update(ok=True, median_us=float(outcome.median_us), p20_us=float(outcome.p20_us),
+                          p80_us=float(outcome.p80_us), tflops=float(outcome.tflops),
+                          max_error=float(outcome.max_error), tolerance=float(outcome.tolerance),
+                          repetitions=int(outcome.repetitions))
         with self.session() as s:
-            row = self._require_row(s, study_name)
+            row = self.study_row(s, study_name)
             s.execute(
                 delete(schema.measurements).where(
                     schema.measurements.c.study_id == row.id, schema.measurements.c.trial_number == trial_number
@@ -743,7 +650,7 @@ class StudyStore:
             )
             s.execute(insert(schema.measurements).values(study_id=row.id, trial_number=trial_number, **values))
         if ok:
-            self._set_trial_attr(row.optuna_study_id, trial_number, TFLOPS_ATTR, float(outcome.tflops))
+            self._set_trial_attr(row.optuna_study_id, trial_number, TFLOPS_ATTR, values["tflops"])
 
     def recorded_outcomes(self, study_name: str, numbers: Iterable[int]) -> dict[int, RecordedOutcome]:
         """The ``evotuner_measurements`` rows of trials ``numbers`` that have one, by number."""
@@ -752,7 +659,7 @@ class StudyStore:
             return {}
         m = schema.measurements
         with self.session() as s:
-            row = self._require_row(s, study_name)
+            row = self.study_row(s, study_name)
             rows = s.execute(select(m).where(m.c.study_id == row.id, m.c.trial_number.in_(numbers))).all()
         out = {}
         for r in rows:
@@ -763,13 +670,6 @@ class StudyStore:
                 out[r.trial_number] = RecordedOutcome(r.trial_number, r.config, "FAIL", None, {},
                                                       measure_failure_reason(r.failure_kind, r.failure_reason))
         return out
-
-    def _trial_config(self, study_name: str, trial_number: int) -> str:
-        oid, trials = self._trials(study_name)
-        for t in trials:
-            if t.number == trial_number:
-                return config_str(t.params or t.system_attrs.get("fixed_params") or {})
-        raise StorageError(f"study '{study_name}' has no trial number {trial_number}", "record results only for trials the loop asked for")
 
     def _device_id(self, s: Session, study_id: int, fingerprint: Mapping[str, Any]) -> tuple[int, bool]:
         """(device row id, changed) for this fingerprint, inserting or touching its row;
@@ -817,7 +717,7 @@ class StudyStore:
         device of a study returns False. Keys naming clocks or temperature are stored but do
         not make a device "different"."""
         def write(s: Session) -> bool:
-            row = self._require_row(s, study_name)
+            row = self.study_row(s, study_name)
             return self._device_id(s, row.id, fingerprint)[1]
 
         return self._write(write)
@@ -826,24 +726,18 @@ class StudyStore:
         self,
         study_name: str,
         fingerprint: Mapping[str, Any] | None,
-        problem: Problem | Mapping[str, float | None],
-        results: Mapping[str, float | None] | None = None,
+        problem: Problem,
+        results: Mapping[str, float | None],
     ) -> None:
         """Record SDPA baseline timings ``{backend: µs or None}`` measured on ``fingerprint``'s
         device (None: no device) for ``problem``. Rows are appended; the summary shows the
-        latest per backend on the latest device. ``record_baselines(study, fingerprint,
-        results)`` (problem omitted) records them for the study's own problem."""
-        if results is None:
-            if isinstance(problem, Problem):
-                raise TypeError("record_baselines: no results given")
-            problem, results = None, problem
+        latest per backend on the latest device."""
         now = _now()
+        pj = json.dumps(problem.as_dict(), sort_keys=True)
 
         def write(s: Session) -> None:
-            row = self._require_row(s, study_name)
-            prob = problem if problem is not None else self._problem(row)
+            row = self.study_row(s, study_name)
             device_id = self._device_id(s, row.id, fingerprint)[0] if fingerprint is not None else None
-            pj = json.dumps(prob.as_dict(), sort_keys=True)
             for backend, us in results.items():
                 s.execute(
                     insert(schema.baselines).values(
@@ -862,7 +756,7 @@ class StudyStore:
         """The latest baselines recorded for this study on this device (same identity as
         record_device), ``{backend: µs}``; None when none were recorded there (measure them)."""
         with self.session() as s:
-            row = self._require_row(s, study_name)
+            row = self.study_row(s, study_name)
             if fingerprint is None:
                 cond = schema.baselines.c.device_id.is_(None)
             else:
@@ -891,7 +785,7 @@ class StudyStore:
 
     def _summary(self, study_name: str) -> StudySummary:
         with self.session() as s:
-            row = self._require_row(s, study_name)
+            row = self.study_row(s, study_name)
             build_rows = s.execute(
                 select(schema.builds).where(schema.builds.c.study_id == row.id)
             ).all()
@@ -951,19 +845,24 @@ class StudyStore:
         """Record the studies that seeded ``study_name`` (evotuner/transfer.py): its sampler
         reloads their measurements whenever the study runs, resumed runs included."""
         with self.session() as s:
-            study_id = self._require_row(s, study_name).optuna_study_id
+            study_id = self.study_row(s, study_name).optuna_study_id
         with self._optuna_call("recording the studies that seeded it"):
             self.optuna_storage.set_study_user_attr(study_id, TRANSFER_ATTR, list(sources))
 
     def transfer_sources(self, study_name: str) -> tuple[str, ...]:
         """The studies that seeded ``study_name`` (none for a study started cold)."""
         with self.session() as s:
-            study_id = self._require_row(s, study_name).optuna_study_id
+            study_id = self.study_row(s, study_name).optuna_study_id
         with self._optuna_call("reading the studies that seeded it"):
             names = self.optuna_storage.get_study_user_attrs(study_id).get(TRANSFER_ATTR) or []
         return tuple(str(n) for n in names)
 
+    def latest_checks(self, study: str) -> dict[str, dict[str, _diagnostics.CheckRecord]]:
+        """config -> tool -> the latest ``evotuner check`` verdict of ``study``
+        (:func:`evotuner.storage.diagnostics.latest_checks`)."""
+        return _diagnostics.latest_checks(self, study)
+
     def space_text(self, study_name: str) -> str:
         """The space file text the study was created with (to rebuild its SearchSpace)."""
         with self.session() as s:
-            return self._require_row(s, study_name).space_text
+            return self.study_row(s, study_name).space_text

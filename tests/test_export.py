@@ -18,12 +18,13 @@ from evotuner.compiler.cubin import read_meta
 from evotuner.kernels.flashcore.params import META_FIELDS as FC_FIELDS
 from evotuner.compiler.instantiate import compile_flags
 from evotuner.compiler.nvcc import find_nvcc, run
-from evotuner.errors import BuildError, EvotunerError
-from evotuner.export import (
-    BUCKET_EDGES, OPEN_BUCKET, ExportError, export_header, read_header, row_instantiation, seqlen_bucket,
-)
+from evotuner.errors import BuildError, EvotunerError, StorageError
+from evotuner.export import BUCKET_EDGES, OPEN_BUCKET, ExportError, export_header, seqlen_bucket
+from evotuner.header import read_header, row_instantiation
 from evotuner.problem import Problem, Shape
-from evotuner.storage.records import StudySummary, TrialRecord
+from evotuner.family import get_family
+from evotuner.space import load_space
+from evotuner.storage.records import StudyRecord, StudySummary, TrialRecord
 
 REPO = Path(__file__).resolve().parents[1]
 TOY_ROOT = REPO / "tests" / "data" / "kernels"
@@ -53,13 +54,30 @@ def summary(name: str, trials: list[TrialRecord], *, s: int = 2048, d: int = 64,
 
 
 class FakeStore:
-    """The StudyStore read side export uses: summary(name), unknown names raise KeyError."""
+    """The StudyStore read side export uses (evotuner.export.ExportSource): each study was
+    created with its family's packaged space; no `evotuner check` records; no database file."""
 
     def __init__(self, *summaries: StudySummary) -> None:
         self.summaries = {x.study: x for x in summaries}
 
     def summary(self, name: str) -> StudySummary:
+        if name not in self.summaries:
+            raise StorageError(f"study '{name}' not found", "check --study")
         return self.summaries[name]
+
+    def study_info(self, name: str) -> StudyRecord:
+        s = self.summary(name)
+        space = load_space(get_family(s.kernel_family).default_space())
+        return StudyRecord(name=name, problem=s.problem, space_name=s.space_name,
+                           space_fingerprint=s.space_fingerprint, space_text=space.text,
+                           kernel_family=s.kernel_family, sampler=s.sampler, seed=s.seed, source_hash=s.source_hash,
+                           nvcc_version=s.nvcc_version, evotuner_version=s.evotuner_version, created=s.created)
+
+    def latest_checks(self, study: str) -> dict[str, dict[str, object]]:
+        return {}
+
+    def database_files(self) -> tuple[Path, ...]:
+        return ()
 
 
 def three_studies() -> FakeStore:
@@ -194,7 +212,7 @@ def test_invalid_tflops_is_refused(tmp_path: Path) -> None:
 
 
 def test_unknown_study(tmp_path: Path) -> None:
-    with pytest.raises(ExportError, match="study 'nope': not found"):
+    with pytest.raises(StorageError, match="study 'nope' not found"):   # the store's own error
         export_header(three_studies(), ["d64_s2k", "nope"], tmp_path / "h.h")
 
 
@@ -241,7 +259,7 @@ def test_failed_write_leaves_the_old_header(tmp_path: Path, monkeypatch: pytest.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["flashcore_config.h"]   # no temp file left
     monkeypatch.undo()
     # a refused export also leaves it alone
-    with pytest.raises(ExportError):
+    with pytest.raises(StorageError):
         export_header(three_studies(), ["d64_s2k", "nope"], out)
     assert out.read_text() == "// the previous export\n"
     export_header(three_studies(), ["d64_s2k"], out)

@@ -87,7 +87,7 @@ def test_a_new_study_tries_the_recommended_config_first_and_only_once(space, tmp
     start = default_config(problem.shape.head_dim, problem.dtype, problem.causal)
     replay = ReplayMeasure(D64, problem, space)
     with StudyStore(f"sqlite:///{tmp_path / 'w.db'}") as store:
-        store.create_study("w", problem, space, sampler="tpe", seed=0, source_hash="replay",
+        store.create_study("w", problem, space, sampler_name="tpe", seed=0, source_hash="replay",
                            nvcc_version="replay")
         for target in (5, 10):   # the second run resumes: no second warm start
             run_search(store=store, study_name="w", problem=problem, space=space,
@@ -109,7 +109,7 @@ def test_start_configs_past_the_budget_are_not_queued(space, tmp_path):
     ok = [c for c, row in replay.table.rows.items() if row.status == "ok" and space.admits(c, problem)]
     start = tuple(ok[:5])
     with StudyStore(f"sqlite:///{tmp_path / 'w.db'}") as store:
-        store.create_study("w", problem, space, sampler="tpe", seed=0, source_hash="replay",
+        store.create_study("w", problem, space, sampler_name="tpe", seed=0, source_hash="replay",
                            nvcc_version="replay")
         result = run_search(store=store, study_name="w", problem=problem, space=space,
                             sampler=make_sampler("tpe", space, 0, problem), seed=0, trials=2,

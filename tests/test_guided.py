@@ -181,7 +181,7 @@ def test_a_replayed_guided_search_gets_within_2pc_of_the_sweeps_optimum(tmp_path
     problem = read_sweep(path).problem
     replay = ReplayMeasure(path, problem, grid)
     with StudyStore(f"sqlite:///{tmp_path / 'g.db'}") as store:
-        store.create_study("g", problem, grid, sampler="guided", seed=0, source_hash="replay",
+        store.create_study("g", problem, grid, sampler_name="guided", seed=0, source_hash="replay",
                            nvcc_version="replay")
         run_search(store=store, study_name="g", problem=problem, space=grid,
                    sampler=make_sampler("guided", grid, 0, problem), seed=0, trials=budget,

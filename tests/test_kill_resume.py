@@ -65,7 +65,7 @@ def test_twenty_kills_lose_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'kill.db'}"
     calls = tmp_path / "calls.log"
     with StudyStore(url) as store:
-        store.create_study("kill", table.problem, load_space(None), sampler="tpe", seed=7,
+        store.create_study("kill", table.problem, load_space(None), sampler_name="tpe", seed=7,
                            source_hash="replay", nvcc_version="replay (no nvcc)")
     rng = random.Random(20240611)
     killed_pids: list[int] = []

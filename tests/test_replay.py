@@ -169,7 +169,7 @@ def test_replayed_search_runs_without_nvcc(space, tmp_path: Path, monkeypatch: p
     table = read_sweep(D64)
     replay = ReplayMeasure(D64, table.problem, space)
     with StudyStore(f"sqlite:///{tmp_path / 'r.db'}") as store:
-        store.create_study("r", table.problem, space, sampler="tpe", seed=1, source_hash="replay",
+        store.create_study("r", table.problem, space, sampler_name="tpe", seed=1, source_hash="replay",
                            nvcc_version=replay.builder().nvcc_version())
         result = run_search(store=store, study_name="r", problem=table.problem, space=space,
                             sampler=make_sampler("tpe", space, 1), seed=1, trials=60,

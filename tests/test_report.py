@@ -23,7 +23,7 @@ def _study(tmp_path: Path, trials: int, sampler: str = "tpe") -> StudyStore:
     space = load_space(None)
     replay = ReplayMeasure(SWEEP, table.problem, space)
     store = StudyStore(f"sqlite:///{tmp_path / 'report.db'}")
-    store.create_study("r", table.problem, space, sampler=sampler, seed=3, source_hash="replay", nvcc_version="none")
+    store.create_study("r", table.problem, space, sampler_name=sampler, seed=3, source_hash="replay", nvcc_version="none")
     run_search(store=store, study_name="r", problem=table.problem, space=space,
                sampler=make_sampler(sampler, space, 3), seed=3, trials=trials,
                builder=replay.builder(), measure=replay)

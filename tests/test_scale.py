@@ -107,7 +107,7 @@ def test_thousand_trial_replay(tmp_path: Path) -> None:
 
     url = f"sqlite:///{tmp_path / 'scale.db'}"
     with StudyStore(url) as store:
-        store.create_study("scale", problem, space, sampler="tpe", seed=0, source_hash="replay", nvcc_version="none")
+        store.create_study("scale", problem, space, sampler_name="tpe", seed=0, source_hash="replay", nvcc_version="none")
         t0 = time.perf_counter()
         result = run_search(store=store, study_name="scale", problem=problem, space=space,
                             sampler=make_sampler("tpe", space, 0), seed=0, trials=TRIALS,

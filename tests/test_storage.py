@@ -74,7 +74,7 @@ def test_create_load_list_and_optuna_reads_it(store: StudyStore) -> None:
     loaded = store.load_study("s1", problem=PROBLEM, space=SPACE)
     assert loaded.best_value == 42.0
     rec = store.study_info("s1")
-    assert rec.seed == 7 and rec.space_text == SPACE.text and rec.space.fingerprint() == SPACE.fingerprint()
+    assert rec.seed == 7 and rec.space_text == SPACE.text and rec.space_fingerprint == SPACE.fingerprint()
 
     # Optuna (and so optuna-dashboard) reads the same database by URL, its own schema intact.
     plain = optuna.load_study(study_name="s1", storage=store.url)
@@ -371,7 +371,8 @@ def test_summary_json_shape(store: StudyStore) -> None:
     study.tell(t, state=optuna.trial.TrialState.PRUNED)
     t = _ask(study, BLOCK_M=256, BLOCK_N=64)
     store.record_build("s1", t.number, _build(KernelConfig.of({"BLOCK_M": 256, "BLOCK_N": 64}), ok=False))
-    store.record_measurement("s1", t.number, MeasureFailure("launch", "too many resources"))  # config from params
+    store.record_measurement("s1", t.number, KernelConfig.of({"BLOCK_M": 256, "BLOCK_N": 64}),
+                             MeasureFailure("launch", "too many resources"))
     t.set_user_attr("reason", "build failed: error: expected ';'")
     study.tell(t, state=optuna.trial.TrialState.FAIL)
 
@@ -408,7 +409,7 @@ def test_device_change_is_recorded(store: StudyStore) -> None:
     h100 = {"name": "NVIDIA H100 80GB HBM3", "sm_count": 132, "sm_clock_mhz": 1980, "driver": "560.35"}
     assert store.record_device("s1", h100) is False                            # first device
     assert store.record_device("s1", {**h100, "sm_clock_mhz": 1755}) is False  # same GPU, other clocks
-    store.record_baselines("s1", h100, {"sdpa_flash": 250.0})                  # problem omitted: the study's
+    store.record_baselines("s1", h100, PROBLEM, {"sdpa_flash": 250.0})
     h200 = {**h100, "name": "NVIDIA H200", "driver": "570.1"}
     assert store.baselines("s1", h200) is None
     assert store.record_device("s1", h200) is True

@@ -337,7 +337,7 @@ def test_reaping_spares_the_living_and_happens_once(tmp_path: Path) -> None:
 
     url = f"sqlite:///{tmp_path / 'reap.db'}"
     with StudyStore(url) as store:
-        store.create_study(STUDY, read_sweep(SWEEP).problem, load_space(None), sampler="tpe", seed=0,
+        store.create_study(STUDY, read_sweep(SWEEP).problem, load_space(None), sampler_name="tpe", seed=0,
                            source_hash="replay", nvcc_version="none")
         living = StudyWorker(store, STUDY, stale_after=0.6).join()             # heartbeats every 0.1 s
         silent = liveness.register(store, STUDY, stale_after=0.6)              # never heartbeats
@@ -377,7 +377,7 @@ def _dead_worker_with_two_trials(store: StudyStore, target: int, device: object 
     from evotuner.vocabulary import params_for
 
     space = load_space(None)
-    store.create_study(STUDY, read_sweep(SWEEP).problem, space, sampler="tpe", seed=0,
+    store.create_study(STUDY, read_sweep(SWEEP).problem, space, sampler_name="tpe", seed=0,
                        source_hash="replay", nvcc_version="none")
     study = store.optuna_study(STUDY)
     reaper = liveness.register(store, STUDY, stale_after=60)
@@ -478,7 +478,7 @@ def test_a_worker_on_another_gpu_model_is_refused(tmp_path: Path) -> None:
 
     url = f"sqlite:///{tmp_path / 'mixed.db'}"
     with StudyStore(url) as store:
-        store.create_study(STUDY, read_sweep(SWEEP).problem, load_space(None), sampler="tpe", seed=0,
+        store.create_study(STUDY, read_sweep(SWEEP).problem, load_space(None), sampler_name="tpe", seed=0,
                            source_hash="replay", nvcc_version="none")
         other = StudyWorker(store, STUDY, seat=False).join()
         other.set_device({"name": "NVIDIA H200", "device_index": 0})
@@ -506,7 +506,7 @@ class _ReplayedStudy:
         self.table = read_sweep(SWEEP)
         self.space = load_space(None)
         self.replay = ReplayMeasure(SWEEP, self.table.problem, self.space)
-        store.create_study(STUDY, self.table.problem, self.space, sampler="tpe", seed=0, source_hash="replay",
+        store.create_study(STUDY, self.table.problem, self.space, sampler_name="tpe", seed=0, source_hash="replay",
                            nvcc_version=self.replay.builder().nvcc_version())
 
     def search(self, trials: int, on_event: object = None):

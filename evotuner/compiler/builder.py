@@ -22,7 +22,8 @@ from evotuner.abi import ABI_HEADER, DTYPE_CODES
 from evotuner.compiler import nvcc as toolchain_mod
 from evotuner.compiler.cache import BuildCache, CacheEntry, build_key, hash_sources, source_files
 from evotuner.compiler.cubin import CubinError, read_family_meta
-from evotuner.compiler.instantiate import check_family, compile_flags, evotuner_version, render_source
+from evotuner.compiler.instantiate import check_family, compile_flags, render_source
+from evotuner.version import evotuner_version
 from evotuner.compiler.result import Artifact, BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import BuildError, SpaceError

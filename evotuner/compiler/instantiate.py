@@ -8,26 +8,17 @@ in, so one cubin serves every batch/heads/sequence length.
 
 from __future__ import annotations
 
-import functools
 import re
-from importlib import metadata
 
 from evotuner.abi import DTYPE_CODES
 from evotuner.config import PARAM_NAME, KernelConfig
 from evotuner.errors import BuildError, SpaceError
 from evotuner.family import KernelFamily
 from evotuner.problem import Problem
+from evotuner.version import evotuner_version
 
 _FAMILY_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _ARCH = re.compile(r"^sm_(\d{2,3})([af]?)\Z")
-
-
-@functools.cache
-def evotuner_version() -> str:
-    try:
-        return metadata.version("evotuner")
-    except metadata.PackageNotFoundError:
-        return "0+unknown"
 
 
 def check_family(family: str) -> str:

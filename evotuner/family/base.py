@@ -48,7 +48,7 @@ import abc
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping
 
 from evotuner.abi import decode_meta
 from evotuner.config import KernelConfig
@@ -214,10 +214,6 @@ class KernelFamily(abc.ABC):
         return None
 
     # -- export ----------------------------------------------------------------------------
-
-    def export_order(self, names: Sequence[str]) -> tuple[str, ...]:
-        """Field order of a row's parameters in the header when the space is unknown."""
-        return tuple(sorted(names))
 
     # -- runtime ---------------------------------------------------------------------------
 

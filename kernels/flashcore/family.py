@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from evotuner.config import KernelConfig
 from evotuner.defaults import parse_defaults, pick_config
@@ -16,9 +16,6 @@ from evotuner.family.base import packaged
 from evotuner.family import AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec
 from evotuner.kernels.flashcore.params import META_FIELDS, Params
 from evotuner.problem import Problem
-
-#: FlashCore's parameters, in the order of its header fields (space order wins when known).
-PARAM_ORDER = ("BLOCK_M", "BLOCK_N", "NUM_WARPS", "STAGES", "MIN_BLOCKS")
 
 
 class FlashCore(KernelFamily):
@@ -57,10 +54,6 @@ class FlashCore(KernelFamily):
             "smem_per_block": "reduce BLOCK_N or STAGES",
             "smem_per_sm": "lower MIN_BLOCKS, BLOCK_N or STAGES",
         }.get(check, "choose a smaller config")
-
-    def export_order(self, names: Sequence[str]) -> tuple[str, ...]:
-        names = set(names)
-        return tuple(n for n in PARAM_ORDER if n in names) + tuple(sorted(names - set(PARAM_ORDER)))
 
     def launch(self, meta: Mapping[str, int], args: AttentionArgs, device: DeviceInfo) -> LaunchSpec:
         q, k, v, o, lse = args.q, args.k, args.v, args.o, args.lse

@@ -8,7 +8,7 @@ import math
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 try:
     import tomllib  # Python 3.11+
@@ -25,9 +25,6 @@ from evotuner.kernels.hopper.params import (META_FIELDS, Params, TmaStrideError,
                                             encode_tensor_map)
 from evotuner.problem import Problem
 
-#: Header field order (space order wins when known).
-PARAM_ORDER = ("BLOCK_N", "CONSUMER_WGS", "STAGES", "REG_PROD", "REG_CONS", "OVERLAP", "PINGPONG", "SCHED",
-               "RESCALE_LOG2", "EXP_EMU")
 #: ptxas notes that wgmma instructions were serialized (C7510-C7519): a slow kernel.
 WGMMA_SERIALIZED = re.compile(r"^.*\(C751\d\).*$", re.M)
 #: Head dims tuned in search_spaces/hopper_wide.toml (the rest in hopper.toml).
@@ -141,12 +138,6 @@ class Hopper(KernelFamily):
                                         f"of __launch_bounds__({threads}, 1) that setmaxnreg redistributes: "
                                         "the kernel was not built as the family expects; rebuild (clear the cache)")
         return None
-
-    # -- export ----------------------------------------------------------------------------
-
-    def export_order(self, names: Sequence[str]) -> tuple[str, ...]:
-        names = set(names)
-        return tuple(n for n in PARAM_ORDER if n in names) + tuple(sorted(names - set(PARAM_ORDER)))
 
     # -- runtime ---------------------------------------------------------------------------
 

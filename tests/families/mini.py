@@ -15,7 +15,7 @@ import ctypes
 import math
 from ctypes import c_float, c_int32, c_int64, c_void_p
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from evotuner.config import KernelConfig
 from evotuner.family import AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec
@@ -79,9 +79,6 @@ class Mini(KernelFamily):
             return ("mini_occupancy", f"registers {report.registers} x ROWS={meta['threads']} x 2 blocks = {need}"
                                       f" > regs_per_sm={thresholds.device.regs_per_sm}: lower ROWS")
         return None
-
-    def export_order(self, names: Sequence[str]) -> tuple[str, ...]:
-        return tuple(sorted(names))
 
     def launch(self, meta: Mapping[str, int], args: AttentionArgs, device: DeviceInfo) -> LaunchSpec:
         q, k, v, o = args.q, args.k, args.v, args.o
