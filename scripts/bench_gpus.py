@@ -23,7 +23,7 @@ After each run the script reads the study database (read-only, SQLite) and repor
   these rates ("measuring phase") and of the wall times ("whole run");
 * builds: how many were compiled, their summed nvcc seconds, and that sum over
   (cores x wall), the share of the host's CPUs the builds used;
-* the tail: last measurement -> exit;
+* the tail: last measurement -> exit; the best measured median (µs);
 * the search loop's own time split, as ``search`` prints it last ("time split ...": baselines,
   sampler, waiting on builds, gate, measuring, recording; per GPU thread on average).
 
@@ -38,6 +38,7 @@ import datetime as dt
 import json
 import os
 import re
+import shlex
 import sqlite3
 import sys
 import tempfile
@@ -73,7 +74,7 @@ def command(args: argparse.Namespace, run: str, study: str, db: Path) -> list[st
         cmd += ["--gpus", run.replace("+", ",")]
     if args.replay:
         cmd += ["--replay", args.replay, "--replay-delay", args.replay_delay]
-    return cmd
+    return cmd + shlex.split(args.extra)
 
 
 def _utc(text: str | None) -> float | None:
@@ -95,6 +96,8 @@ def analyse(db: Path, study: str, launched: float, exited: float, trials: int) -
         states = Counter(s for (s,) in q("SELECT state FROM trials WHERE study_id = ?", (optuna_id,)))
         meas = q("SELECT trial_number, config, measured_at FROM evotuner_measurements WHERE study_id = ? "
                  "ORDER BY measured_at", (study_id,)).fetchall()
+        best = q("SELECT MIN(median_us) FROM evotuner_measurements WHERE study_id = ? AND ok = 1",
+                 (study_id,)).fetchone()[0]
         twice = [c for c, n in Counter(c for _, c, _ in meas).items() if n > 1]
         devices = Counter()
         for (value,) in q("SELECT a.value_json FROM trial_user_attributes a JOIN trials t ON a.trial_id = t.trial_id "
@@ -126,6 +129,7 @@ def analyse(db: Path, study: str, launched: float, exited: float, trials: int) -
         "measuring_phase_s": None if phase is None else round(phase, 2),
         "measurements_per_s": round((len(times) - 1) / phase, 3) if phase else None,
         "tail_s": round(exited - times[-1], 2) if times else None,
+        "best_us": None if best is None else round(best, 2),
         "builds": len(builds), "build_cpu_s": round(build_s, 1),
         "build_cpu_share": round(build_s / (cores * wall), 3) if wall > 0 else None,
         "exact": finished == trials and states.get("RUNNING", 0) == 0 and not twice,
@@ -165,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=None, help="caches, databases, logs (default: a new temp dir)")
     ap.add_argument("--output", "-o", type=Path, default=Path("bench_gpus.json"))
     ap.add_argument("--run-timeout", type=float, default=900.0, help="seconds per search command (default 900)")
+    ap.add_argument("--extra", default="", help="more search options for every run, one string (e.g. '--budget 1')")
     ap.add_argument("--replay", default=None, help="rehearse without a GPU from a recorded sweep")
     ap.add_argument("--replay-delay", default="0.05,0.03", help="with --replay: BUILD,MEASURE seconds")
     args = ap.parse_args(argv)
@@ -206,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
             res["efficiency_measuring"] = round(res["speedup_measuring"] * base["gpus"] / res["gpus"], 3)
     args.output.write_text(json.dumps(report, indent=1) + "\n")
     cols = ("gpus", "finished", "measured", "configs_measured_twice", "wall_s", "to_worker_row_s", "to_baselines_s",
-            "to_first_measurement_s", "measuring_phase_s", "measurements_per_s", "tail_s", "builds", "build_cpu_s",
+            "to_first_measurement_s", "measuring_phase_s", "measurements_per_s", "tail_s", "best_us", "builds", "build_cpu_s",
             "build_cpu_share", "speedup_measuring", "speedup_wall", "efficiency_measuring", "per_gpu", "loop_split_s")
     for label, res in report["runs"].items():
         print(f"\n{label}")

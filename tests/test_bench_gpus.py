@@ -46,6 +46,7 @@ def test_runs_are_checked_and_compared(bench, tmp_path: Path, monkeypatch) -> No
         assert run["configs_measured_twice"] == 0 and run["measured"] >= 1
         assert 0 < run["to_first_measurement_s"] <= run["wall_s"]
         assert set(run["loop_split_s"]) >= {"sampler", "measuring", "recording"}
+        assert run["best_us"] > 0
     assert one["gpus"] == 1 and two["gpus"] == 2 and set(two["per_gpu"]) == {"0", "1"}
     assert two["speedup_measuring"] > 0 and one["speedup_measuring"] == 1.0
     # a second run into the same work dir would not be cold: refused
