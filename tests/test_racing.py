@@ -77,15 +77,23 @@ def test_autocorrelated_samples_count_as_fewer():
 
 def test_the_rule_stops_a_clearly_slower_config_and_never_a_contender():
     rule = DEFAULT_RULE
-    slower = [110.0 + 0.1 * (i % 7) for i in range(16)]      # 10% slower, tight
+    rng = np.random.default_rng(4)
+
+    def noisy(center, n):
+        return (center + 0.3 * rng.standard_normal(n)).tolist()
+
+    slower = noisy(110.0, 16)                                 # 10% slower, tight
     assert rule.stops(slower, 100.0)
     assert not rule.stops(slower[:15], 100.0)               # before the first look: never
-    just = [100.5 + 0.1 * (i % 7) for i in range(64)]       # within the 1% margin
+    just = noisy(100.5, 64)                                   # within the 1% margin
     assert not rule.stops(just, 100.0)
-    faster = [95.0 + 0.1 * (i % 7) for i in range(2048)]
+    faster = noisy(95.0, 2048)
     assert not rule.stops(faster, 100.0)
-    one_fast = [120.0] * 15 + [99.0]                         # one repetition as fast as the best
+    one_fast = noisy(120.0, 15) + [99.0]                      # one repetition as fast as the best
     assert not rule.stops(one_fast, 100.0)                  # at 16 reps the bound is the minimum
+    assert rule.stops(noisy(120.0, 16), 100.0)
+    drifting = (110.0 + np.cumsum(rng.standard_normal(16))).tolist()   # one drift, not 16 draws
+    assert lag1_autocorrelation(drifting) > 0.3 and not rule.stops(drifting, 100.0)
 
 
 def test_a_stopped_config_median_is_above_the_threshold():
