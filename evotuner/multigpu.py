@@ -140,7 +140,8 @@ def run_multi(
     outcome = "done" if finished >= done[0].target else next(
         (r.outcome for r in done if r.outcome == "exhausted"), done[0].outcome)
     return replace(done[0], outcome=outcome, finished=finished, new_trials=sum(r.new_trials for r in done),
-                   counts=counts, best=best, zombies=tuple(z for r in done for z in r.zombies))
+                   counts=counts, best=best, zombies=tuple(z for r in done for z in r.zombies),
+                   measured=sum(r.measured for r in done), stopped_early=sum(r.stopped_early for r in done))
 
 
 def _label(measure: MeasureStage, index: int) -> dict[str, Any]:
