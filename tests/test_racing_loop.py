@@ -376,3 +376,34 @@ def test_time_cuda_without_a_race_times_everything_in_one_chunk(monkeypatch):
     timing, cuda, kernel = _fake_timing(monkeypatch, [50.0] * 100)
     t = timing.time_cuda(kernel, warmup=0, reps=40, flush_l2=False)
     assert t.repetitions == 40 and not t.stopped_early and cuda.syncs == 2      # after warm-up, after the reps
+
+
+# -- fast start: the availability check -----------------------------------------------------
+
+
+def _fake_run(calls, smi_out="GPU 0: NVIDIA H100 80GB HBM3 (UUID: x)\n", smi_rc=0, torch_rc=0):
+    import subprocess
+
+    def run(cmd, **kw):
+        calls.append(cmd[0] if cmd[0] == "nvidia-smi" else "torch-probe")
+        if cmd[0] == "nvidia-smi":
+            return subprocess.CompletedProcess(cmd, smi_rc, smi_out, "")
+        return subprocess.CompletedProcess(cmd, torch_rc, b"", b"")
+    return run
+
+
+def test_a_listed_gpu_needs_no_torch_probe_unless_the_device_list_may_hide_it(monkeypatch):
+    import evotuner.measure.gpu as gpu
+
+    check = gpu.gpu_available.__wrapped__
+    calls: list[str] = []
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(gpu.subprocess, "run", _fake_run(calls))
+    assert check() is True and calls == ["nvidia-smi"]            # no torch import + CUDA init
+    calls.clear()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setattr(gpu.subprocess, "run", _fake_run(calls, torch_rc=3))
+    assert check() is False and calls == ["nvidia-smi", "torch-probe"]
+    calls.clear()
+    monkeypatch.setattr(gpu.subprocess, "run", _fake_run(calls, smi_out="", smi_rc=9))
+    assert check() is False and calls == ["nvidia-smi"]           # no driver: at once

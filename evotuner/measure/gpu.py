@@ -393,14 +393,21 @@ class GpuMeasure(MeasureStage):
 def gpu_available(python: str = sys.executable, timeout_s: float = 60.0) -> bool:
     """Whether a CUDA GPU can be used, checked WITHOUT initializing CUDA here.
 
-    Asks a short-lived subprocess (``torch.cuda.is_available()``, which is what
-    the worker needs); ``nvidia-smi -L`` first, so a machine with no NVIDIA
-    driver answers in milliseconds. Every subprocess has a timeout.
+    ``nvidia-smi -L`` first, so a machine with no NVIDIA driver answers in milliseconds;
+    when it lists a GPU and ``CUDA_VISIBLE_DEVICES`` is not set, that is the answer: the
+    GPU worker's own start (torch import + CUDA context, begun in the background by
+    ``GpuMeasure.start``) is the real check, and it says in one line why when torch cannot
+    use the GPU. Otherwise (no ``nvidia-smi``, or a device list that may hide every GPU
+    from torch) a short-lived subprocess asks ``torch.cuda.is_available()``, which costs
+    a torch import and a CUDA init: seconds on the search's start path. Every subprocess
+    has a timeout.
     """
     try:
         smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=min(timeout_s, 20.0), text=True)
         if smi.returncode != 0 or "GPU" not in smi.stdout:
             return False
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+            return True
     except FileNotFoundError:
         pass  # no nvidia-smi on PATH: let torch decide
     except (subprocess.TimeoutExpired, OSError):
