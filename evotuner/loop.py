@@ -306,7 +306,11 @@ class _Search:
                 self._take_over(every=self.worker.reap_every)   # dead or frozen workers' trials
                 stop = self._fill()
                 if not device_known:      # the first builds compile while the worker starts
-                    self._device()
+                    try:
+                        self._device()
+                    except Exception as exc:   # no device, or refused on it: nothing asked was judged
+                        self._interrupt(f"interrupted: the run stopped before measuring ({_describe(exc)})")
+                        raise
                     device_known = True
                 self._poll_remote()
                 if self.pending:
@@ -329,9 +333,6 @@ class _Search:
                 self._baselines(wait=True)
         except KeyboardInterrupt:
             self._interrupt()
-            raise
-        except StudyMismatchError:
-            self._interrupt()          # refused on this device: its asked trials run again elsewhere
             raise
         # A worker that died holding nothing was never waited for: mark it dead now (a killed
         # process on this host at once, others once stale) so the study does not show it live.
@@ -768,8 +769,9 @@ class _Search:
         if self.best is None or value < self.best.median_us:
             self.best = ev.Best(number, config, value, tflops)
 
-    def _interrupt(self) -> None:
-        """Fail everything in flight, cancel queued builds; the caller re-raises."""
+    def _interrupt(self, reason: str = INTERRUPTED) -> None:
+        """Fail everything in flight with ``reason`` (an "interrupted" one: such trials do not
+        count and their configs run again), cancel queued builds; the caller re-raises."""
         stranded: list[tuple[optuna.trial.Trial, KernelConfig | None]] = []
         if self.current is not None:
             stranded.append((self.current, None))
@@ -783,7 +785,7 @@ class _Search:
         self.by_config.clear()
         for trial, _config in stranded:
             try:
-                trial.set_user_attr(REASON_ATTR, INTERRUPTED)
+                trial.set_user_attr(REASON_ATTR, reason)
                 self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             except Exception:  # noqa: BLE001 -- best effort; the next run's reap fails the rest
                 pass
@@ -798,7 +800,7 @@ class _Search:
         storage = self.store.optuna_storage
         for t in left:
             try:
-                storage.set_trial_user_attr(t._trial_id, REASON_ATTR, INTERRUPTED)
+                storage.set_trial_user_attr(t._trial_id, REASON_ATTR, reason)
                 storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             except Exception:  # noqa: BLE001 -- finished meanwhile, or a busy database: the reap's
                 pass

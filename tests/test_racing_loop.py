@@ -184,6 +184,25 @@ def test_the_first_builds_start_before_the_device_and_the_baselines(store, space
     assert store.baselines("r", RacingScaffold().device())
 
 
+def test_a_device_that_fails_after_the_first_builds_leaves_no_trial_running(store, space, builder):
+    from evotuner.errors import NoGpuError
+
+    _study(store, space, builder)
+
+    class NoDevice(RacingScaffold):
+        def device(self):
+            raise NoGpuError("GPU worker could not fingerprint device 0: test", "check nvidia-smi")
+
+    with pytest.raises(NoGpuError):
+        _run(store, space, builder, NoDevice(), 3, batch=2)
+    trials = [t for t in store.summary("r").trials if t.state != "WAITING"]    # WAITING: enqueued, never asked
+    assert len(trials) == 2 and all(t.state == "FAIL" for t in trials)  # asked, then failed: none left RUNNING
+    assert all(t.error.startswith("interrupted: the run stopped before measuring (NoGpuError") for t in trials)
+    assert store.count_finished("r") == 0                            # they do not count; a resume runs them
+    result = _run(store, space, builder, RacingScaffold(), 3)
+    assert result.finished == 3 and result.counts["FAIL"] == 0
+
+
 # -- the wire ------------------------------------------------------------------------------
 
 FAKE = textwrap.dedent(r'''
