@@ -426,3 +426,54 @@ def test_a_listed_gpu_needs_no_torch_probe_unless_the_device_list_may_hide_it(mo
     calls.clear()
     monkeypatch.setattr(gpu.subprocess, "run", _fake_run(calls, smi_out="", smi_rc=9))
     assert check() is False and calls == ["nvidia-smi"]           # no driver: at once
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+def _cli(capsys, monkeypatch, tmp_path, build_cache_dir, factory, *extra):
+    from evotuner import cli
+    from cli_helpers import scaffold_env
+
+    scaffold_env(monkeypatch, build_cache_dir, tmp_path)
+    monkeypatch.setenv("COLUMNS", "200")
+    code = cli.main(["search", "--study", "s", "--shape", "B=1,H=2,S=256,D=32", "--space", str(TINY),
+                     "--trials", "6", "--jobs", "2", "--storage", f"sqlite:///{tmp_path / 'c.db'}", *extra],
+                    measure_factory=factory)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def test_search_says_which_timings_stopped_early_and_full_timing_stops_none(capsys, monkeypatch, tmp_path,
+                                                                             build_cache_dir):
+    made: list[RacingScaffold] = []
+
+    def factory():
+        made.append(RacingScaffold())
+        return made[-1]
+
+    out = _cli(capsys, monkeypatch, tmp_path, build_cache_dir, factory)
+    stopped = sum(1 for r in made[0].races_seen if r is not None)   # raced requests
+    lines = [line for line in out.splitlines() if "stopped early at 16 of 500 reps: clearly slower" in line]
+    assert stopped >= 1 and lines, out
+    assert f"racing: {len(lines)} of {len(made[0].calls)} timings stopped early" in out
+    (tmp_path / "full").mkdir()
+    out = _cli(capsys, monkeypatch, tmp_path / "full", build_cache_dir, factory, "--full-timing")
+    assert all(r is None for r in made[1].races_seen) and "stopped early" not in out and "racing:" not in out
+
+
+def test_resume_takes_full_timing(capsys, monkeypatch, tmp_path, build_cache_dir):
+    from evotuner import cli
+
+    made: list[RacingScaffold] = []
+
+    def factory():
+        made.append(RacingScaffold())
+        return made[-1]
+
+    _cli(capsys, monkeypatch, tmp_path, build_cache_dir, factory, "--full-timing")
+    code = cli.main(["resume", "--study", "s", "--trials", "7", "--full-timing",
+                     "--storage", f"sqlite:///{tmp_path / 'c.db'}"], measure_factory=factory)
+    assert code == 0, capsys.readouterr().err
+    assert len(made) == 2 and all(r is None for m in made for r in m.races_seen)
