@@ -2,6 +2,7 @@
 
     evotuner search  --study NAME --shape B=16,H=16,S=2048,D=64 [--dtype fp16|bf16] [--causal]
                      [--trials 64] [--sampler tpe] [--seed 0] [--jobs N] [--space FILE] [--storage URL]
+                     [--full-timing]
     evotuner resume  --study NAME [--trials 96]
     evotuner show    --study NAME [--top 10] [--json]
     evotuner export  --study NAME [--study OTHER ...] --output flashcore_config.h
@@ -60,7 +61,7 @@ from evotuner.cli_options import (
     DtypeOpt, CausalOpt, TrialsOpt, ResumeTrialsOpt, SamplerOpt, SeedOpt,
     FamilyOpt, JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
-    CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, TransferOpt, GATE_REJECTED_EXIT,
+    CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, TransferOpt, FullTimingOpt, GATE_REJECTED_EXIT,
     consoles, one_line, open_store,
 )
 
@@ -99,6 +100,7 @@ def search(
     stale_after: StaleAfterOpt = None,
     replay_delay: ReplayDelayOpt = None,
     transfer: TransferOpt = True,
+    full_timing: FullTimingOpt = False,
 ) -> None:
     """Tune the kernel for one problem: run the study until it has --trials finished trials.
 
@@ -129,7 +131,7 @@ def search(
         if not exists:
             session.start_study(store, study, problem, search_space, sampler, seed, builder)
         _run(store, study, problem, search_space, sampler, seed, trials, builder, measure,
-             stale_after=stale_after, mixed_gpus=mixed_gpus, transfer=transfer)
+             stale_after=stale_after, mixed_gpus=mixed_gpus, transfer=transfer, racing=not full_timing)
 
 
 @app.command()
@@ -145,6 +147,7 @@ def resume(
     mixed_gpus: MixedGpusOpt = False,
     stale_after: StaleAfterOpt = None,
     replay_delay: ReplayDelayOpt = None,
+    full_timing: FullTimingOpt = False,
 ) -> None:
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
     wanted_shape = Shape.parse(shape) if shape is not None else None
@@ -157,7 +160,7 @@ def resume(
         target = trials if trials is not None else store.count_finished(study) + RESUME_STEP
         builder, measure = stages.stages(resumed.problem, resumed.space, jobs, stack)
         _run(store, study, resumed.problem, resumed.space, resumed.sampler, resumed.seed, target, builder, measure,
-             stale_after=stale_after, mixed_gpus=mixed_gpus)
+             stale_after=stale_after, mixed_gpus=mixed_gpus, racing=not full_timing)
 
 
 @app.command()
@@ -355,13 +358,13 @@ def _bench_lines(result: Any, width: int, order: tuple[str, ...] = ()) -> list[T
 
 
 def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure, *,
-         stale_after=None, mixed_gpus=False, transfer=False) -> None:
+         stale_after=None, mixed_gpus=False, transfer=False, racing=True) -> None:
     view = _SearchView(study, problem)
     try:
         with view.live():
             result = session.run_study(store, study, problem, space, sampler_name, seed, trials, builder, measure,
                                        on_event=view.on_event, stale_after=stale_after,
-                                       mixed_gpus=mixed_gpus, transfer=transfer)
+                                       mixed_gpus=mixed_gpus, transfer=transfer, racing=racing)
     except KeyboardInterrupt:   # typer would turn it into a silent exit 130: say what was kept
         raise _interrupted(store, study, trials) from None
     view.close(result, store.summary(study), space)
@@ -443,6 +446,8 @@ class _SearchView:
         else:
             what = one_line(e.reason) or "-"
         dup = f" (= #{e.duplicate_of})" if e.duplicate_of is not None else ""
+        if e.stopped_early is not None and e.duplicate_of is None:
+            what += f" (stopped early at {e.stopped_early[0]} of {e.stopped_early[1]} reps: clearly slower)"
         return f"#{e.number} {e.state}{dup} {e.config or ''}: {what}"
 
     def _refresh(self) -> None:
@@ -487,6 +492,9 @@ class _SearchView:
         self._refresh()
         self._log(self.status.plain)
         self._log(outcome)
+        if getattr(result, "stopped_early", 0):
+            self._log(f"racing: {result.stopped_early} of {result.measured} timings stopped early, clearly slower "
+                      "than the study's best so far (--full-timing times every config in full)")
         if result.new_trials and result.timings:
             self._log(_time_split(result))
         _print_lines(_top_table(summary, 10, dict(summary.baselines or self.baselines or {}), space))

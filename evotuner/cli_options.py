@@ -163,6 +163,11 @@ ReplayDelayOpt = Annotated[
     typer.Option("--replay-delay", help="With --replay: seconds each build and each measurement takes, BUILD,MEASURE "
                                         "(rehearse timing-dependent setups such as several workers)."),
 ]
+FullTimingOpt = Annotated[
+    bool,
+    typer.Option("--full-timing", help="Time every config for the whole budget (default: a config clearly slower "
+                                       "than the study's best so far stops early; docs/measurement.md)."),
+]
 TransferOpt = Annotated[
     bool,
     typer.Option("--transfer/--no-transfer", help="A new study starts from the best configs of the nearest studies "

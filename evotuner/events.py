@@ -94,6 +94,8 @@ class TrialFinished:
     reason: str | None          # why PRUNED / FAIL (constraint, gate, build error, measure failure)
     tflops: float | None = None
     duplicate_of: int | None = None  # finished with the result of this earlier trial
+    #: Racing stopped its timing early: (repetitions timed, repetitions planned).
+    stopped_early: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,11 @@ and the one place where exceptions become trial states:
 * a failed build is FAIL (reason: the compiler's error), a build the ptxas
   gate rejects is PRUNED (reason: the gate's), a measure failure is FAIL with
   reason ``"<kind>: <reason>"``, a measurement is COMPLETE with value = median µs;
+* racing (``racing``, on by default; evotuner/measure/racing.py): each measure request
+  carries the study's best median so far on this GPU model (the incumbent), and a stage
+  that races stops timing a config once it is clearly slower; such a trial is COMPLETE
+  with its median so far and user attr ``stopped_early`` (reps, planned reps, median,
+  incumbent, rule). Off with ``racing=None`` and under ``allow_mixed_gpus``;
 * any unexpected exception while one trial is processed fails that trial with
   the exception's text, and the search goes on; KeyboardInterrupt fails every
   trial in flight with reason ``"interrupted by user"`` and is re-raised.
@@ -35,6 +40,12 @@ the config before it is built (a config another worker owns is copied as
 ``duplicate_of`` once that worker is done with it), the start config and the
 baselines of a device once. A worker with nothing left to ask waits until every
 slot is done, taking over the slots and trials of workers that died.
+
+Start-up: the first builds are submitted before the device is fingerprinted (the
+measure stage's worker starts in the background meanwhile, ``MeasureStage.start``), and
+the SDPA baselines are measured at the first moment the loop would otherwise wait for a
+build, or after the first measurement, whichever comes first: nothing the first
+measurement does not need waits in front of it.
 
 Reproducibility: builds run in parallel and complete in any order, but their
 results are told in proposal order and new trials are asked only at those
@@ -62,10 +73,11 @@ from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StudyMismatchError
 from evotuner.gate import apply_gate
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
+from evotuner.measure.racing import DEFAULT_RULE, Race, RaceRule
 from evotuner.problem import Problem
 from evotuner.propose import params_for, suggest
-from evotuner.vocabulary import (CONFIG_ATTR, DEVICE_ATTR, DUPLICATE_ATTR, MEASURED_ATTRS, REASON_ATTR, TFLOPS_ATTR,
-                                 measure_failure_reason)
+from evotuner.vocabulary import (CONFIG_ATTR, DEVICE_ATTR, DUPLICATE_ATTR, MEASURED_ATTRS, REASON_ATTR,
+                                 STOPPED_ATTR, TFLOPS_ATTR, measure_failure_reason)
 from evotuner.vocabulary import config_of  # noqa: F401 (re-exported)
 from evotuner.workers import POLL_S, StudyWorker
 
@@ -110,12 +122,15 @@ class SearchResult:
     #: Wall seconds this run spent in each part of the loop's thread (see ``TIMING_KEYS``);
     #: builds run in a pool, so ``build_wait`` is only the time the loop was blocked on one.
     timings: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+    #: Measurements this run made, and how many of them racing stopped early.
+    measured: int = 0
+    stopped_early: int = 0
     #: Search threads whose ``timings`` are summed (one per GPU with ``--gpus``).
     threads: int = 1
 
 
-#: Keys of ``SearchResult.timings``: ``baselines`` (device fingerprint + SDPA baselines at
-#: the start), ``ask`` (sampler ask + suggest), ``build_wait`` (blocked on the oldest build),
+#: Keys of ``SearchResult.timings``: ``baselines`` (device fingerprint + SDPA baselines,
+#: measured once the first builds are under way), ``ask`` (sampler ask + suggest), ``build_wait`` (blocked on the oldest build),
 #: ``gate`` (ptxas gate), ``measure`` (the measure stage's call), ``record`` (study writes:
 #: build/measurement rows and Optuna's tell).
 TIMING_KEYS = ("baselines", "ask", "build_wait", "gate", "measure", "record")
@@ -166,6 +181,7 @@ def run_search(
     stale_after: float | None = None,
     allow_mixed_gpus: bool = False,
     ask_lock: Any = None,
+    racing: RaceRule | None = DEFAULT_RULE,
 ) -> SearchResult:
     """Run the study ``study_name`` (already created) until it has ``trials`` finished trials.
 
@@ -186,6 +202,8 @@ def run_search(
     ``ask_lock``: a lock held around each ask and suggest, when several searches in one
     process share ``sampler`` (``--gpus``): a sampler is not thread-safe, and a config
     proposed by one search is known to the next ask only once its suggest stored it.
+    ``racing``: the rule a racing measure stage stops clearly slower configs by (None: every
+    config gets the whole timing budget; ``--full-timing``).
     """
     if trials < 1:
         raise EvotunerError(f"--trials: {trials} is not a positive number of trials", "e.g. --trials 64")
@@ -193,13 +211,15 @@ def run_search(
         store=store, study_name=study_name, problem=problem, space=space, sampler=sampler,
         trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch, start=start,
         seed=seed, worker=worker, stale_after=stale_after, allow_mixed_gpus=allow_mixed_gpus, ask_lock=ask_lock,
+        racing=racing,
     )
     return search.run()
 
 
 class _Search:
     def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch,
-                 start=(), seed=None, worker=None, stale_after=None, allow_mixed_gpus=False, ask_lock=None):
+                 start=(), seed=None, worker=None, stale_after=None, allow_mixed_gpus=False, ask_lock=None,
+                 racing=DEFAULT_RULE):
         self.store = store
         self.ask_lock = ask_lock if ask_lock is not None else contextlib.nullcontext()
         self.start = start if callable(start) else tuple(start)
@@ -235,6 +255,15 @@ class _Search:
         self._unseen: set[KernelConfig] | None = None
         self._feasible: int | None = None
         self.timings = {key: 0.0 for key in TIMING_KEYS}
+        # Racing: the rule (None: off), the best median measured by this run, and the best of
+        # the study's earlier trials per GPU model (the incumbent must come from this model).
+        self.racing: RaceRule | None = racing if not allow_mixed_gpus else None
+        self.race_best: float | None = None
+        self.history_best: dict[str, float] = {}
+        self.stopped = 0                     # trials this run's racing stopped early
+        self.baselines_pending = False       # device known, SDPA baselines not measured yet
+        self.device: dict[str, Any] | None = None
+        self.measured = 0                    # measure calls this run made
 
     def _tally(self, key: str, since: float) -> float:
         """Add the wall seconds since ``since`` to ``timings[key]``; returns now."""
@@ -278,18 +307,29 @@ class _Search:
         if stop is not None:       # nothing new can come of asking: say so before measuring anything
             self.emit(ev.SearchFinished(stop, self.finished, self.target))
             return self._result(stop, zombies)
-        self._device_and_baselines()
         outcome = "done"
+        device_known = False
         try:
             while True:
                 if self.worker.reaped:
                     self._rejoin()
                 self._take_over(every=self.worker.reap_every)   # dead or frozen workers' trials
                 stop = self._fill()
+                if not device_known:      # the first builds compile while the worker starts
+                    try:
+                        self._device()
+                    except Exception as exc:   # no device, or refused on it: nothing asked was judged
+                        self._interrupt(f"interrupted: the run stopped before measuring ({_describe(exc)})")
+                        raise
+                    device_known = True
                 self._poll_remote()
                 if self.pending:
+                    # the baselines go where the GPU would idle: while the oldest build compiles,
+                    # else right after the first measurement
+                    self._baselines_if_due(idle=not self.pending[0].future.done())
                     self._collect(self.pending.popleft())
                     continue
+                self._baselines_if_due(idle=True)
                 if self.remote:
                     self._wait()
                     continue
@@ -299,6 +339,8 @@ class _Search:
                 if self.worker.slots()[0] >= self.target:
                     break
                 self._wait()   # the rest of the budget is held by other workers: wait, take over the dead
+            if self.baselines_pending:
+                self._baselines(wait=True)
         except KeyboardInterrupt:
             self._interrupt()
             raise
@@ -403,6 +445,7 @@ class _Search:
             new_trials=self.new_trials, counts=dict(self.counts), best=self.best,
             baselines=self.baselines, zombies=zombies, timings=dict(self.timings),
             feasible=feasible, untried=untried, duplicate_streak=self.dup_streak,
+            measured=self.measured, stopped_early=self.stopped,
         )
 
     def emit(self, event: object) -> None:
@@ -428,20 +471,40 @@ class _Search:
                 self.known[config] = _Result(rec.number, rec.state, rec.value, rec.error, attrs)
             if rec.state == "COMPLETE" and rec.value is not None:
                 self._offer_best(rec.number, config, rec.value, rec.tflops)
+                device = rec.attrs.get(DEVICE_ATTR)
+                name = device.get("name") if isinstance(device, dict) else None
+                if isinstance(name, str) and rec.value < self.history_best.get(name, float("inf")):
+                    self.history_best[name] = rec.value      # an incumbent for racing on this model
 
-    def _device_and_baselines(self) -> None:
-        """Record this run's device; measure SDPA baselines once per study and device."""
+    def _device(self) -> None:
+        """Record this run's device (waits for the measure stage's worker to be up); the SDPA
+        baselines are then due (:meth:`_baselines_if_due`)."""
         started = time.perf_counter()
         device = self.measure.device()
+        self.device = device
         if device is not None:
             self.device_tag = {k: device[k] for k in ("name", "device_index") if device.get(k) is not None}
             self._refuse_mixed_models()
         if device is not None and self.store.record_device(self.name, device):
             self.emit(ev.DeviceChanged(str(device.get("name", "unknown device"))))
-        # Baselines belong to a device: a resume on another GPU measures its own, and of
-        # several workers on one device only the one that claims them measures them.
+        self.baselines_pending = True
+        self._tally("baselines", started)
+
+    def _baselines_if_due(self, *, idle: bool) -> None:
+        """Measure the baselines now if they are pending and the GPU would otherwise idle
+        (``idle``) or the first measurement is done."""
+        if self.baselines_pending and (idle or self.measured > 0):
+            self._baselines(wait=False)
+
+    def _baselines(self, *, wait: bool) -> None:
+        """SDPA baselines once per study and device. Baselines belong to a device: a resume
+        on another GPU measures its own, and of several workers on one device only the one
+        that claims them measures them; the others read them (``wait``: until they are
+        there; else they try again later)."""
         from evotuner.storage.claims import baselines_key
 
+        started = time.perf_counter()
+        device = self.device
         key = baselines_key(device)
         recorded = self.store.baselines(self.name, device)
         while not recorded:
@@ -454,11 +517,15 @@ class _Search:
                     raise
                 self.worker.finish_once(key)
                 break
+            if not wait:
+                self._tally("baselines", started)
+                return
             self._wait()
             if self.worker.reaped:
                 self.worker.rejoin()
             recorded = self.store.baselines(self.name, device)
         self.baselines = recorded
+        self.baselines_pending = False
         self._tally("baselines", started)
         self.emit(ev.BaselinesMeasured(dict(recorded)))
 
@@ -628,7 +695,12 @@ class _Search:
             return "PRUNED", None, gate.reason, {}
         if not self.worker.holds_config(flight.config):
             raise _Reaped()             # reaped while building: the config is someone else's now
-        outcome = self.measure.measure(build.artifact, self.problem)
+        race = self._race()
+        if race is not None:
+            outcome = self.measure.measure(build.artifact, self.problem, race=race)
+        else:
+            outcome = self.measure.measure(build.artifact, self.problem)
+        self.measured += 1
         t = self._tally("measure", t)
         if not self.worker.holds_config(flight.config):
             raise _Reaped()             # stalled mid-measurement and reaped: the new owner records it
@@ -639,9 +711,26 @@ class _Search:
         if not isinstance(outcome, Measurement):
             raise TypeError(f"measure stage returned {type(outcome).__name__}, not a Measurement")
         attrs: dict[str, Any] = {k: getattr(outcome, k) for k in MEASURED_ATTRS}
+        if self.race_best is None or outcome.median_us < self.race_best:
+            self.race_best = outcome.median_us
+        if outcome.stopped_early:
+            self.stopped += 1
+            attrs[STOPPED_ATTR] = {"reps": outcome.repetitions, "planned_reps": outcome.planned_repetitions,
+                                   "median_us": outcome.median_us, "incumbent_us": outcome.incumbent_us,
+                                   "rule": race.rule.describe() if race is not None else None}
         if self.device_tag:
             attrs[DEVICE_ATTR] = dict(self.device_tag)   # which GPU measured it (several workers, --gpus)
         return "COMPLETE", outcome.median_us, None, attrs
+
+    def _race(self) -> Race | None:
+        """What this measure request races against: the best median measured on this GPU model
+        (this run's, or the study's earlier trials'); None when racing is off, the stage does
+        not race, or nothing is known yet (the first config gets the whole budget)."""
+        if self.racing is None or not getattr(self.measure, "races", False):
+            return None
+        name = self.device_tag.get("name")
+        known = [v for v in (self.race_best, self.history_best.get(name) if name else None) if v is not None]
+        return Race(min(known), self.racing) if known else None
 
     # -- telling -------------------------------------------------------------------------
 
@@ -679,7 +768,9 @@ class _Search:
             copied = {TFLOPS_ATTR: attrs[TFLOPS_ATTR]} if TFLOPS_ATTR in attrs else {}
             self.known[config] = _Result(trial.number, state, value, reason, copied)
         tflops = attrs.get(TFLOPS_ATTR)
-        self.emit(ev.TrialFinished(trial.number, config, state, value, reason, tflops, duplicate_of))
+        stopped = attrs.get(STOPPED_ATTR)
+        early = (int(stopped["reps"]), int(stopped["planned_reps"])) if isinstance(stopped, dict) else None
+        self.emit(ev.TrialFinished(trial.number, config, state, value, reason, tflops, duplicate_of, early))
         if state == "COMPLETE" and value is not None:
             self._offer_best(trial.number, config, value, tflops)
         self.emit(ev.Progress(self.finished, self.target, dict(self.counts),
@@ -699,8 +790,9 @@ class _Search:
         if self.best is None or value < self.best.median_us:
             self.best = ev.Best(number, config, value, tflops)
 
-    def _interrupt(self) -> None:
-        """Fail everything in flight, cancel queued builds; the caller re-raises."""
+    def _interrupt(self, reason: str = INTERRUPTED) -> None:
+        """Fail everything in flight with ``reason`` (an "interrupted" one: such trials do not
+        count and their configs run again), cancel queued builds; the caller re-raises."""
         stranded: list[tuple[optuna.trial.Trial, KernelConfig | None]] = []
         if self.current is not None:
             stranded.append((self.current, None))
@@ -714,7 +806,7 @@ class _Search:
         self.by_config.clear()
         for trial, _config in stranded:
             try:
-                trial.set_user_attr(REASON_ATTR, INTERRUPTED)
+                trial.set_user_attr(REASON_ATTR, reason)
                 self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
             except Exception:  # noqa: BLE001 -- best effort; the next run's reap fails the rest
                 pass
@@ -729,7 +821,7 @@ class _Search:
         storage = self.store.optuna_storage
         for t in left:
             try:
-                storage.set_trial_user_attr(t._trial_id, REASON_ATTR, INTERRUPTED)
+                storage.set_trial_user_attr(t._trial_id, REASON_ATTR, reason)
                 storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
             except Exception:  # noqa: BLE001 -- finished meanwhile, or a busy database: the reap's
                 pass

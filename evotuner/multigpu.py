@@ -144,7 +144,8 @@ def run_multi(
     timings = {key: sum(r.timings.get(key, 0.0) for r in done) for key in done[0].timings}
     return replace(done[0], outcome=outcome, finished=finished, new_trials=sum(r.new_trials for r in done),
                    counts=counts, best=best, zombies=tuple(z for r in done for z in r.zombies),
-                   timings=timings, threads=len(done))
+                   timings=timings, threads=len(done),
+                   measured=sum(r.measured for r in done), stopped_early=sum(r.stopped_early for r in done))
 
 
 def _fingerprints(measures: Sequence[MeasureStage]) -> list[dict[str, Any] | None]:

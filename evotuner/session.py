@@ -24,6 +24,7 @@ from evotuner.defaults import recommended
 from evotuner.errors import EvotunerError, NoGpuError, StorageError, StudyMismatchError
 from evotuner.loop import SearchResult, run_search
 from evotuner.measure.base import MeasureStage
+from evotuner.measure.racing import DEFAULT_RULE
 from evotuner.measure.replay import ReplayMeasure
 from evotuner.numbers import parse_real
 from evotuner.problem import Problem, Shape
@@ -145,13 +146,21 @@ class StageFactory:
             return builder, [measure, *(one(i) for i in gpus[1:])]
         factory = self.ready().measure_factory
         assert factory is not None
-        builder = self.builder(space, jobs, stack)
-        if gpus is None:
-            return builder, stack.enter_context(factory())
+        # the measure stages first, started at once: the GPU worker's torch import and CUDA
+        # context come up while the Builder, the study and the first builds get going
         gpu_class = measure_pkg.GpuMeasure
-        if isinstance(factory, type) and issubclass(factory, gpu_class):
-            return builder, [stack.enter_context(factory(device_index=i)) for i in gpus]
-        return builder, [stack.enter_context(factory()) for _ in gpus]
+        if gpus is None:
+            measures = [stack.enter_context(factory())]
+        elif isinstance(factory, type) and issubclass(factory, gpu_class):
+            measures = [stack.enter_context(factory(device_index=i)) for i in gpus]
+        else:
+            measures = [stack.enter_context(factory()) for _ in gpus]
+        for stage in measures:
+            start = getattr(stage, "start", None)     # an injected stage may be duck-typed
+            if callable(start):
+                start()
+        builder = self.builder(space, jobs, stack)
+        return builder, (measures[0] if gpus is None else measures)
 
     def with_budget(self, budget_s: float) -> "StageFactory":
         """The GPU stage with ``budget_s``; an injected factory takes no options and is kept as is."""
@@ -307,14 +316,16 @@ def resume_study(store: StudyStore, study: str, *, shape: Shape | None = None,
 def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpace, sampler: str, seed: int,
               trials: int, builder: Any, measure: MeasureStage,
               on_event: Callable[[object], None] | None = None, *, stale_after: float | None = None,
-              mixed_gpus: bool = False, transfer: bool = True) -> SearchResult:
+              mixed_gpus: bool = False, transfer: bool = True, racing: bool = True) -> SearchResult:
     """Run ``study`` to ``trials`` finished trials; a new study starts from its family's
     recommended config and, with ``transfer``, from the nearest studies of its family and GPU
     model in the database (:mod:`evotuner.transfer`: their measurements for a sampler of
     MODEL_SAMPLERS, their best configs enqueued for the others; the study records which, and
     its sampler reloads them whenever the study runs). Other workers may run the study at once
     (each worker samples with its own seed, derived from the study's); ``measure`` a list: one
-    measure stage per GPU (``--gpus``), run by one coordinator (:mod:`evotuner.multigpu`)."""
+    measure stage per GPU (``--gpus``), run by one coordinator (:mod:`evotuner.multigpu`).
+    ``racing``: a clearly slower config's timing stops early (:mod:`evotuner.measure.racing`);
+    False gives every config the whole budget (``--full-timing``)."""
     first = measure[0] if isinstance(measure, list) else measure
 
     def sampler_for(worker_seed: int | None) -> Any:
@@ -327,7 +338,8 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
         start = lambda: seeded_start(store, study, problem, space, first, recommended_start, on_event,  # noqa: E731
                                      takes_related=sampler in MODEL_SAMPLERS)
     common: dict[str, Any] = dict(store=store, study_name=study, problem=problem, space=space, trials=trials,
-                                  builder=builder, on_event=on_event, start=start)
+                                  builder=builder, on_event=on_event, start=start,
+                                  racing=DEFAULT_RULE if racing else None)
     if isinstance(measure, list):
         from evotuner.multigpu import run_multi
 

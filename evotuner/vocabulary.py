@@ -92,6 +92,9 @@ TRANSFER_ATTR = "transfer_sources"  # study attr: the studies that seeded it (ev
 CONFIG_ATTR = "config"          # the config's values (Optuna's params are the sampler's encoding)
 DEVICE_ATTR = "device"          # which GPU measured it (name, index)
 RECOVERED_ATTR = "recovered"    # told by the worker that reaped its dead measurer (why, in words)
+#: On a COMPLETE trial whose timing racing stopped early (evotuner/measure/racing.py):
+#: {"reps", "planned_reps", "median_us", "incumbent_us", "rule"}; its value is that median.
+STOPPED_ATTR = "stopped_early"
 #: A Measurement's figures a COMPLETE trial keeps as user attrs (its value is the median).
 MEASURED_ATTRS = ("tflops", "max_error", "p20_us", "p80_us")
 #: The reason a zombie trial (left RUNNING by a dead process) is failed with.

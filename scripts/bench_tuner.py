@@ -3,7 +3,7 @@
 
     python scripts/bench_tuner.py [--trials 64] [--shape B=16,H=16,S=2048,D=64] [--dtype fp16] [--causal]
                                   [--space FILE] [--sampler tpe] [--seed 0] [--jobs N] [--budget 0.5]
-                                  [--output bench_tuner.json] [--workdir DIR] [--keep]
+                                  [--output bench_tuner.json] [--workdir DIR] [--keep] [--full-timing]
 
 cold: an empty build cache (a fresh ``EVOTUNER_CACHE_DIR`` under the work dir) and a
       fresh SQLite study; every config is compiled by nvcc.
@@ -26,6 +26,17 @@ trials/min and where the wall time went:
 * sampler / record / setup / other   ask+suggest, study writes, store+Builder creation;
 * gpu_idle   wall minus the time the worker spent on the GPU (load + correctness +
              timing + baselines). It overlaps the other shares.
+
+and the figures of issue 28 (search throughput):
+
+* first_measure_s   phase start to the end of the first measurement; ``startup_s`` is the
+                    fixed start-up before it (phase start to the first measure call);
+* measures_per_min  measurements after the first one, per minute between the first's end
+                    and the last's;
+* per_trial_s       the loop's time per measurement: build wait, load, check, timing, the
+                    rest of the measure call, record;
+* racing            timings stopped early, repetitions timed against planned (``saved``);
+                    ``--full-timing`` turns racing off for the comparison.
 
 Targets (issue 4): cold <= 3.2 min (>= 20 trials/min) for 64 trials on the 16-core H100
 machine; warm <= 1 min. The JSON has them under ``targets``.
@@ -90,6 +101,11 @@ class PhaseReport:
     gpu_busy_s: float = 0.0
     gpu_idle_s: float = 0.0
     shares: dict[str, float | None] = field(default_factory=dict, hash=False)
+    startup_s: float | None = None            # phase start to the first measure call
+    first_measure_s: float | None = None      # phase start to the end of the first measurement
+    measures_per_min: float | None = None     # after the first measurement
+    per_trial_s: dict[str, float] = field(default_factory=dict, hash=False)
+    racing: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,20 +117,46 @@ class TimedMeasure(MeasureStage):
 
     def __init__(self, inner: MeasureStage) -> None:
         self.inner = inner
+        self.races = bool(getattr(inner, "races", False))   # the loop races this wrapper as it would the stage
         self.calls = 0
+        self.first_call_at: float | None = None     # perf_counter at the first measure call
+        self.first_done_at: float | None = None     # ... at its end
+        self.last_done_at: float | None = None
+        self.stopped = 0
+        self.reps_timed = 0
+        self.reps_planned = 0
         self.measure_s = 0.0
         self.device_s = 0.0
         self.baselines_s = 0.0
         self.phase_sums = {"load_s": 0.0, "check_s": 0.0, "time_s": 0.0}
         self.phase_reports = 0
 
-    def measure(self, artifact: Any, problem: Problem) -> MeasureOutcome:
+    def start(self) -> None:
+        start = getattr(self.inner, "start", None)
+        if callable(start):
+            start()
+
+    def measure(self, artifact: Any, problem: Problem, race: Any = None) -> MeasureOutcome:
         started = time.perf_counter()
+        if self.first_call_at is None:
+            self.first_call_at = started
+        outcome: Any = None
         try:
-            return self.inner.measure(artifact, problem)
+            outcome = (self.inner.measure(artifact, problem, race=race) if race is not None
+                       else self.inner.measure(artifact, problem))
+            return outcome
         finally:
-            self.measure_s += time.perf_counter() - started
+            done = time.perf_counter()
+            self.measure_s += done - started
             self.calls += 1
+            self.first_done_at = self.first_done_at or done
+            self.last_done_at = done
+            reps = getattr(outcome, "repetitions", None)
+            if isinstance(reps, int):
+                planned = getattr(outcome, "planned_repetitions", None)
+                self.reps_timed += reps
+                self.reps_planned += planned if isinstance(planned, int) else reps
+                self.stopped += bool(getattr(outcome, "stopped_early", False))
             phases = (getattr(self.inner, "last_detail", None) or {}).get("phases")
             if isinstance(phases, dict):
                 self.phase_reports += 1
@@ -154,6 +196,7 @@ def run_phase(
     db_path: Path,
     measure_factory: Callable[[], MeasureStage],
     build_timeout_s: float = 180.0,
+    racing: bool = True,
 ) -> PhaseReport:
     """One fresh study of ``trials`` trials against the build cache at ``cache_dir``."""
     builds: list[ev.BuildFinished] = []
@@ -166,23 +209,24 @@ def run_phase(
     started = time.perf_counter()
     store = session.open_store(f"sqlite:///{db_path}")
     try:
-        with Builder(space.kernel, arch=space.arch, cache_dir=cache_dir, jobs=jobs,
-                     timeout_s=build_timeout_s) as builder:
-            session.start_study(store, study, problem, space, sampler_name, seed, builder)
-            measure = TimedMeasure(measure_factory())
-            with measure:
+        measure = TimedMeasure(measure_factory())     # started first, as StageFactory.stages does
+        with measure:
+            measure.start()
+            with Builder(space.kernel, arch=space.arch, cache_dir=cache_dir, jobs=jobs,
+                         timeout_s=build_timeout_s) as builder:
+                session.start_study(store, study, problem, space, sampler_name, seed, builder)
                 search_started = time.perf_counter()
                 result = session.run_study(store, study, problem, space, sampler_name, seed, trials,
-                                           builder, measure, on_event=on_event)
+                                           builder, measure, on_event=on_event, racing=racing)
                 search_s = time.perf_counter() - search_started
     finally:
         store.close()
     wall = time.perf_counter() - started
-    return _report(phase, wall, search_s, result, builds, measure, jobs)
+    return _report(phase, wall, search_s, result, builds, measure, jobs, started)
 
 
 def _report(phase: str, wall: float, search_s: float, result: Any, builds: list[ev.BuildFinished],
-            measure: TimedMeasure, jobs: int) -> PhaseReport:
+            measure: TimedMeasure, jobs: int, started: float | None = None) -> PhaseReport:
     loop = {k: float(v) for k, v in (getattr(result, "timings", None) or {}).items()}
     have_phases = measure.calls > 0 and measure.phase_reports == measure.calls
     sums = measure.phase_sums
@@ -216,6 +260,25 @@ def _report(phase: str, wall: float, search_s: float, result: Any, builds: list[
         "gpu_idle": share(max(0.0, wall - gpu_busy)),
     }
     best = result.best
+    n = measure.calls
+    startup = first = per_min = None
+    if started is not None and measure.first_call_at is not None and measure.first_done_at is not None:
+        startup = round(measure.first_call_at - started, 3)
+        first = round(measure.first_done_at - started, 3)
+        span = (measure.last_done_at or measure.first_done_at) - measure.first_done_at
+        per_min = round((n - 1) / (span / 60.0), 2) if n > 1 and span > 0 else None
+    per_trial: dict[str, float] = {}
+    if n:
+        per_trial = {"build_wait": loop.get("build_wait", 0.0) / n, "record": loop.get("record", 0.0) / n,
+                     "measure": measure_s / n}
+        if have_phases:
+            per_trial.update(load=sums["load_s"] / n, check=sums["check_s"] / n, timing=sums["time_s"] / n,
+                             measure_overhead=max(0.0, measure_s - sums["load_s"] - sums["check_s"]
+                                                  - sums["time_s"]) / n)
+        per_trial = {k: round(v, 4) for k, v in per_trial.items()}
+    racing = {"stopped_early": measure.stopped, "reps_timed": measure.reps_timed,
+              "reps_planned": measure.reps_planned,
+              "saved": round(1.0 - measure.reps_timed / measure.reps_planned, 4) if measure.reps_planned else 0.0}
     return PhaseReport(
         phase=phase, wall_s=round(wall, 3), search_s=round(search_s, 3), trials=result.new_trials,
         trials_per_min=round(result.new_trials / (wall / 60.0), 2) if wall > 0 else 0.0,
@@ -225,7 +288,8 @@ def _report(phase: str, wall: float, search_s: float, result: Any, builds: list[
         build_cpu_s=round(build_cpu, 3), build_pool_use=round(build_cpu / (jobs * wall), 4) if wall > 0 else 0.0,
         measured=measure.calls, loop_s={k: round(v, 4) for k, v in loop.items()}, worker_s=worker,
         phases_reported=have_phases, gpu_busy_s=round(gpu_busy, 3), gpu_idle_s=round(max(0.0, wall - gpu_busy), 3),
-        shares=shares,
+        shares=shares, startup_s=startup, first_measure_s=first, measures_per_min=per_min,
+        per_trial_s=per_trial, racing=racing,
     )
 
 
@@ -254,6 +318,7 @@ def bench_tuner(
     measure_factory: Callable[[], MeasureStage],
     phases: Sequence[str] = PHASES,
     on_phase: Callable[[PhaseReport], None] | None = None,
+    racing: bool = True,
 ) -> dict[str, PhaseReport]:
     """Run the phases in order against one build cache under ``workdir`` (which must hold
     no build cache yet, so the first phase is cold)."""
@@ -274,7 +339,7 @@ def bench_tuner(
                 db.unlink()
             report = run_phase(phase, problem=problem, space=space, trials=trials, sampler_name=sampler_name,
                                seed=seed, jobs=jobs, cache_dir=cache_dir, db_path=db,
-                               measure_factory=measure_factory)
+                               measure_factory=measure_factory, racing=racing)
             reports[phase] = report
             if on_phase is not None:
                 on_phase(report)
@@ -314,6 +379,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", type=Path, default=Path("bench_tuner.json"), help="JSON report path")
     p.add_argument("--workdir", type=Path, default=None, help="where the cache and databases go (default: temp)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (default: removed at the end)")
+    p.add_argument("--full-timing", action="store_true", help="time every config for the whole budget (no racing)")
     return p
 
 
@@ -335,6 +401,14 @@ def _table(reports: dict[str, PhaseReport], jobs: int) -> Any:
     row("builds (cached)", lambda r: f"{r.builds} ({r.cached_builds})")
     row("build cpu / pool use", lambda r: f"{r.build_cpu_s:.1f} s / {100 * r.build_pool_use:.0f}%")
     row("best", lambda r: f"{r.best_us:.1f} µs" if r.best_us is not None else "-")
+    row("start-up / first measure", lambda r: "-" if r.first_measure_s is None
+        else f"{r.startup_s:.1f} s / {r.first_measure_s:.1f} s")
+    row("measures/min", lambda r: "-" if r.measures_per_min is None else f"{r.measures_per_min:.1f}")
+    for key in ("build_wait", "load", "check", "timing", "measure_overhead", "record"):
+        row(f"per trial: {key}", lambda r, key=key: "n/a" if key not in r.per_trial_s
+            else f"{1000 * r.per_trial_s[key]:.0f} ms")
+    row("stopped early (reps saved)", lambda r: f"{r.racing.get('stopped_early', 0)} of {r.measured} "
+        f"({100 * r.racing.get('saved', 0.0):.0f}%)")
     for key in SHARE_KEYS:
         row(f"share: {key}", lambda r, key=key: "n/a" if r.shares.get(key) is None else f"{100 * r.shares[key]:.1f}%")
     return table
@@ -373,7 +447,8 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
         sampler = session.sampler_name(args.sampler, space)   # default: the family's, as `evotuner search`
         meta = {"shape": str(problem.shape), "problem": problem.as_dict(), "space": space.name,
                 "sampler": sampler, "seed": args.seed, "jobs": jobs, "trials": args.trials,
-                "budget_s": args.budget, "workdir": str(workdir), "cpu_count": os.cpu_count()}
+                "budget_s": args.budget, "workdir": str(workdir), "cpu_count": os.cpu_count(),
+                "racing": not args.full_timing}
 
         def write(reports: dict[str, PhaseReport]) -> None:
             data = {**meta, "phases": {k: r.as_dict() for k, r in reports.items()},
@@ -391,7 +466,7 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
 
         reports = bench_tuner(problem=problem, space=space, trials=args.trials, sampler_name=sampler,
                               seed=args.seed, jobs=jobs, workdir=workdir, measure_factory=measure_factory,
-                              phases=phases, on_phase=on_phase)
+                              phases=phases, on_phase=on_phase, racing=not args.full_timing)
         out.print(_table(reports, jobs))
         goal = targets(reports, args.trials)
         for phase in ("cold", "warm"):

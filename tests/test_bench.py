@@ -238,6 +238,7 @@ def test_bench_tuner_cold_then_warm(tmp_path, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "trials/min" in out and "share: gpu_idle" in out and f"wrote {output}" in out
+    assert "start-up / first measure" in out and "per trial: check" in out and "measures/min" in out
     data = json.loads(output.read_text())
     cold, warm = data["phases"]["cold"], data["phases"]["warm"]
     assert data["shape"] == SHAPE and data["jobs"] == 2 and data["trials"] == 4
@@ -254,11 +255,70 @@ def test_bench_tuner_cold_then_warm(tmp_path, capsys):
         for key, value in phase["shares"].items():
             assert value is not None and 0.0 <= value <= 1.0, (key, value)
         assert set(phase["loop_s"]) >= {"build_wait", "gate", "measure", "record", "ask", "baselines"}
+        # issue 28's figures: start-up, time to the first measurement, per-trial split, racing
+        assert 0 <= phase["startup_s"] <= phase["first_measure_s"] <= phase["wall_s"]
+        assert phase["measures_per_min"] is None or phase["measures_per_min"] > 0
+        split = phase["per_trial_s"]
+        assert split["check"] == pytest.approx(0.002, abs=1e-4) and split["timing"] == pytest.approx(0.003, abs=1e-4)
+        assert split["load"] == pytest.approx(0.001, abs=1e-4)
+        assert split["build_wait"] == pytest.approx(phase["loop_s"]["build_wait"] / n, abs=1e-3)
+        assert phase["racing"] == {"stopped_early": 0, "reps_timed": 10 * n, "reps_planned": 10 * n, "saved": 0.0}
     assert cold["builds"] >= 1 and cold["cached_builds"] == 0 and cold["build_cpu_s"] > 0   # empty cache
     assert warm["builds"] == cold["builds"] and warm["cached_builds"] == warm["builds"]     # all hits
     assert warm["best_config"] == cold["best_config"] and warm["best_us"] == cold["best_us"]  # same seed
     assert data["targets"]["applies"] is False and "met" in data["targets"]["cold"]
     assert sorted(p.name for p in workdir.iterdir()) == ["build-cache", "cold.db", "warm.db"]
+
+
+class RacingPhased(PhasedScaffold):
+    """A racing stage: stops every config over the incumbent's threshold at 16 of 400 reps."""
+
+    races = True
+
+    def __init__(self):
+        super().__init__()
+        self.races_seen = []
+
+    def measure(self, artifact, problem, race=None):
+        from evotuner.measure.base import Measurement
+
+        outcome = super().measure(artifact, problem)
+        self.races_seen.append(race)
+        if race is not None and outcome.median_us > race.rule.threshold(race.incumbent_us):
+            return Measurement(outcome.median_us, outcome.p20_us, outcome.p80_us, outcome.tflops,
+                               outcome.max_error, outcome.tolerance, 16, stopped_early=True,
+                               planned_repetitions=400, incumbent_us=race.incumbent_us)
+        return Measurement(outcome.median_us, outcome.p20_us, outcome.p80_us, outcome.tflops, outcome.max_error,
+                           outcome.tolerance, 400)
+
+
+@pytest.mark.parametrize("full", [False, True])
+def test_bench_tuner_reports_racing_and_full_timing_turns_it_off(tmp_path, capsys, full):
+    script = _load_script()
+    made: list[RacingPhased] = []
+
+    def factory():
+        made.append(RacingPhased())
+        return made[-1]
+
+    output = tmp_path / "bench.json"
+    argv = ["--trials", "6", "--space", str(TINY), "--shape", SHAPE, "--jobs", "2", "--phases", "cold",
+            "--output", str(output), "--workdir", str(tmp_path / "work")] + (["--full-timing"] if full else [])
+    assert script.main(argv, measure_factory=factory) == 0, capsys.readouterr().err
+    data = json.loads(output.read_text())
+    cold = data["phases"]["cold"]
+    racing = cold["racing"]
+    races = made[0].races_seen
+    assert data["racing"] is (not full)
+    if full:
+        assert all(r is None for r in races) and racing["stopped_early"] == 0 and racing["saved"] == 0.0
+    else:
+        stopped = racing["stopped_early"]
+        assert races[0] is None and all(r is not None for r in races[1:])
+        assert stopped >= 1 and racing["reps_planned"] == 400 * cold["measured"]
+        assert racing["reps_timed"] == 400 * (cold["measured"] - stopped) + 16 * stopped
+        assert racing["saved"] == pytest.approx(1 - racing["reps_timed"] / racing["reps_planned"], abs=1e-4)
+    assert "stopped early (reps saved)" in capsys.readouterr().out
 
 
 def test_bench_tuner_refuses_a_used_cache_and_no_gpu(tmp_path, capsys, monkeypatch):

@@ -39,7 +39,14 @@ class Measurement:
     tflops: float
     max_error: float   # max |out - ref| at the study's shape
     tolerance: float   # the bound it was checked against (FA2's rule)
-    repetitions: int
+    repetitions: int   # repetitions timed (the figures above are theirs)
+    #: Racing (evotuner/measure/racing.py): the timing stopped after ``repetitions`` of the
+    #: ``planned_repetitions`` the budget allowed, the config being clearly slower than
+    #: ``incumbent_us``, the study's best so far that the request carried. The median is the
+    #: honest median of the repetitions it had.
+    stopped_early: bool = False
+    planned_repetitions: int | None = None
+    incumbent_us: float | None = None
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)
@@ -63,7 +70,12 @@ class MeasureStage(ABC):
 
     * ``measure`` is called from one thread, one artifact at a time (timing is
       strictly serial, one process per GPU); it returns a Measurement or a
-      MeasureFailure and survives any kernel fault.
+      MeasureFailure and survives any kernel fault. A stage whose ``races`` is True
+      takes ``race`` (a :class:`~evotuner.measure.racing.Race`: the study's best so far
+      and the stopping rule) and may stop timing a clearly slower config early
+      (``Measurement.stopped_early``); the loop passes ``race`` to no other stage.
+    * ``start`` begins whatever is slow to start (the GPU worker's torch import and CUDA
+      context) without waiting for it; the first call that needs it waits.
     * ``baselines`` measures SDPA's backends at the problem's shape on the same
       device: ``{"sdpa_default": µs, "sdpa_flash": µs, "sdpa_efficient": µs}``
       (None for a backend that cannot run the shape).
@@ -72,8 +84,14 @@ class MeasureStage(ABC):
     * ``close`` releases the worker; the stage is a context manager.
     """
 
+    #: Whether ``measure`` takes a ``race`` (the loop races only such stages).
+    races: bool = False
+
     @abstractmethod
     def measure(self, artifact: Artifact, problem: Problem) -> MeasureOutcome: ...
+
+    def start(self) -> None:
+        """Begin starting up in the background (no-op unless the stage has a slow start)."""
 
     @abstractmethod
     def baselines(self, problem: Problem) -> dict[str, float | None]: ...

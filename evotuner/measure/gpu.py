@@ -37,6 +37,7 @@ from evotuner.measure.protocol import (
     FrameReader, FrameTimeout, PipeClosed, ProtocolError, Reply, Request, encode, measure_request,
     measurement_from_wire,
 )
+from evotuner.measure.racing import Race
 from evotuner.problem import Problem
 
 #: Names of the SDPA baselines, in the order ``baselines()`` returns them.
@@ -99,13 +100,21 @@ class GpuMeasure(MeasureStage):
         #: Why a baseline is None, filled by ``baselines()``.
         self.baseline_reasons: dict[str, str] = {}
         self._fingerprint: dict[str, object] | None = None
+        #: ``start()`` sent ``init`` and nobody has read its reply yet.
+        self._init_pending = False
+
+    #: The worker races (evotuner/measure/racing.py): ``measure`` takes the loop's ``race``.
+    races = True
 
     # ------------------------------------------------------------ public API
-    def measure(self, artifact: Artifact, problem: Problem) -> MeasureOutcome:
+    def measure(self, artifact: Artifact, problem: Problem, race: Race | None = None) -> MeasureOutcome:
+        """Gate and time ``artifact`` in the worker; with ``race``, the worker may stop the
+        timing early once the config is clearly slower than ``race.incumbent_us``."""
         self._trials += 1
         request = measure_request(str(artifact.cubin), artifact.entry, dict(artifact.meta), problem.as_dict(),
                                   seed=self.seed + self._trials, budget_s=self.budget_s,
-                                  key=artifact.key, sha256=artifact.sha256, family=artifact.family)
+                                  key=artifact.key, sha256=artifact.sha256, family=artifact.family,
+                                  race=race.to_wire() if race is not None else None)
         try:
             reply = self._call(request, self.timeout_s)
         except _WorkerLost as lost:
@@ -124,6 +133,29 @@ class GpuMeasure(MeasureStage):
             return MeasureFailure("crash", f"worker sent a malformed measurement ({exc}); worker restarted")
         self.last_detail = dict(value.get("detail") or {})
         return measurement
+
+    def start(self) -> None:
+        """Spawn the worker and send it ``init`` now, without waiting for the reply: its torch
+        import and CUDA context come up while the caller goes on (opening the study, starting
+        builds). The first request reads the init reply (``start_timeout_s``) before its own.
+        A worker that cannot be spawned here is reported by that first request."""
+        with self._lock:
+            if self._proc is not None and self._proc.poll() is None:
+                return
+            if self._proc is not None:
+                self._kill()
+            try:
+                self._spawn()
+            except _WorkerLost:
+                return
+            assert self._proc is not None and self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(encode(Request("init", {"device_index": self.device_index}).to_wire()))
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                self._kill()           # the next request spawns a new one and says what went wrong
+                return
+            self._init_pending = True
 
     def baselines(self, problem: Problem) -> dict[str, float | None]:
         """SDPA's backends at ``problem``'s shape; None (reason in ``baseline_reasons``) where one can't run."""
@@ -236,7 +268,15 @@ class GpuMeasure(MeasureStage):
         return reply
 
     def _ensure_worker(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
+        if self._proc is not None and (self._init_pending or self._proc.poll() is None):
+            if not self._init_pending:
+                return
+            self._init_pending = False      # start() sent init: its reply comes first
+            try:
+                reply = self._read_reply("init", self.start_timeout_s)
+            except _WorkerLost as lost:
+                raise _WorkerLost(lost.kind, f"GPU worker failed to start: {lost.reason}") from None
+            self._check_init(reply)
             return
         if self._proc is not None:
             self._kill()  # exited on its own: reap it and close its pipes
@@ -246,6 +286,9 @@ class GpuMeasure(MeasureStage):
                                                 self.start_timeout_s)
         except _WorkerLost as lost:
             raise _WorkerLost(lost.kind, f"GPU worker failed to start: {lost.reason}") from None
+        self._check_init(reply)
+
+    def _check_init(self, reply: Reply) -> None:
         if not reply.ok:
             assert reply.failure is not None
             self._kill()
@@ -311,6 +354,7 @@ class GpuMeasure(MeasureStage):
     def _kill(self) -> None:
         """Kill the worker's whole process group (it may have children), wait(), close pipes."""
         proc, self._proc, self._reader = self._proc, None, None
+        self._init_pending = False
         if proc is not None:
             if proc.poll() is None:
                 try:
@@ -349,14 +393,21 @@ class GpuMeasure(MeasureStage):
 def gpu_available(python: str = sys.executable, timeout_s: float = 60.0) -> bool:
     """Whether a CUDA GPU can be used, checked WITHOUT initializing CUDA here.
 
-    Asks a short-lived subprocess (``torch.cuda.is_available()``, which is what
-    the worker needs); ``nvidia-smi -L`` first, so a machine with no NVIDIA
-    driver answers in milliseconds. Every subprocess has a timeout.
+    ``nvidia-smi -L`` first, so a machine with no NVIDIA driver answers in milliseconds;
+    when it lists a GPU and ``CUDA_VISIBLE_DEVICES`` is not set, that is the answer: the
+    GPU worker's own start (torch import + CUDA context, begun in the background by
+    ``GpuMeasure.start``) is the real check, and it says in one line why when torch cannot
+    use the GPU. Otherwise (no ``nvidia-smi``, or a device list that may hide every GPU
+    from torch) a short-lived subprocess asks ``torch.cuda.is_available()``, which costs
+    a torch import and a CUDA init: seconds on the search's start path. Every subprocess
+    has a timeout.
     """
     try:
         smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=min(timeout_s, 20.0), text=True)
         if smi.returncode != 0 or "GPU" not in smi.stdout:
             return False
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+            return True
     except FileNotFoundError:
         pass  # no nvidia-smi on PATH: let torch decide
     except (subprocess.TimeoutExpired, OSError):

@@ -15,7 +15,9 @@ Requests (parent → worker), ``op`` first:
 * ``init``        {device_index}: import torch, bind the device, create the context.
 * ``ping``        {}: answered at once (liveness).
 * ``fingerprint`` {}: the device fingerprint (``Reply.value`` is a dict).
-* ``measure``     {cubin, entry, family, key, sha256, meta, problem, seed, budget_s}: gate + time.
+* ``measure``     {cubin, entry, family, key, sha256, meta, problem, seed, budget_s, race}: gate + time;
+  ``race`` is None or {incumbent_us, alpha, margin, min_reps} (evotuner/measure/racing.py):
+  the timing may stop early once the config is clearly slower than the incumbent.
 * ``baselines``   {problem, budget_s}: SDPA backends at the problem's shape.
 * ``sanitize``    {cubin, entry, key, meta, problem, shapes, seed}: run the kernel once per
   shape ([B, H, Sq, Sk]; D, dtype, causal from problem) on fresh inputs, no timing; the
@@ -176,10 +178,12 @@ class Request:
 
 
 def measure_request(cubin: str, entry: str, meta: dict[str, int], problem: dict[str, object],
-                    seed: int, budget_s: float, key: str = "", sha256: str = "", family: str = "") -> Request:
+                    seed: int, budget_s: float, key: str = "", sha256: str = "", family: str = "",
+                    race: dict[str, Any] | None = None) -> Request:
     return Request("measure", {"cubin": cubin, "entry": entry, "family": family, "key": key, "sha256": sha256,
                                "meta": dict(meta),
-                               "problem": dict(problem), "seed": int(seed), "budget_s": float(budget_s)})
+                               "problem": dict(problem), "seed": int(seed), "budget_s": float(budget_s),
+                               "race": dict(race) if race is not None else None})
 
 
 @dataclass(frozen=True)
@@ -222,7 +226,9 @@ class Reply:
 
 
 # ---------------------------------------------------------------- measurements
-_MEASUREMENT_FIELDS = tuple(Measurement.__dataclass_fields__)
+#: Fields every measurement carries; the racing ones (``_RACE_FIELDS``) only when it raced.
+_RACE_FIELDS = ("stopped_early", "planned_repetitions", "incumbent_us")
+_MEASUREMENT_FIELDS = tuple(f for f in Measurement.__dataclass_fields__ if f not in _RACE_FIELDS)
 
 
 def measurement_from_wire(value: Any) -> Measurement:
@@ -233,10 +239,21 @@ def measurement_from_wire(value: Any) -> Measurement:
     if missing:
         raise ProtocolError(f"measurement lacks {', '.join(missing)}")
     try:
-        m = Measurement(**{f: (int(value[f]) if f == "repetitions" else float(value[f]))
-                           for f in _MEASUREMENT_FIELDS})
+        figures: dict[str, Any] = {f: (int(value[f]) if f == "repetitions" else float(value[f]))
+                                   for f in _MEASUREMENT_FIELDS}
+        stopped = value.get("stopped_early", False)
+        if not isinstance(stopped, bool):
+            raise ProtocolError(f"measurement stopped_early={stopped!r} is not a boolean")
+        planned, incumbent = value.get("planned_repetitions"), value.get("incumbent_us")
+        m = Measurement(**figures, stopped_early=stopped,
+                        planned_repetitions=int(planned) if planned is not None else None,
+                        incumbent_us=float(incumbent) if incumbent is not None else None)
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"measurement has a non-numeric field: {exc}") from None
     if not (math.isfinite(m.median_us) and m.median_us > 0):
         raise ProtocolError(f"measurement median_us={m.median_us!r} is not a positive number")
+    if m.stopped_early and (m.planned_repetitions is None or m.incumbent_us is None
+                            or not m.repetitions < m.planned_repetitions):
+        raise ProtocolError(f"measurement stopped early at {m.repetitions} repetitions without fewer than "
+                            f"planned ({m.planned_repetitions}) or an incumbent ({m.incumbent_us})")
     return m

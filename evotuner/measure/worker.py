@@ -14,7 +14,9 @@ A measure request runs, in order:
    output poisoned, at the study's shape and at a small ragged shape
    (Sq=97, Sk=203: partial tiles on both axes) — ``wrong_result`` / ``nan``;
 3. timing (``runtime.timing.time_cuda``: warm-up, CUDA events, L2 flushed,
-   median/p20/p80) within the trial's budget.
+   median/p20/p80) within the trial's budget; with a ``race`` in the request
+   (evotuner/measure/racing.py) it stops at a look once the config is clearly slower
+   than the incumbent the request carries, and says so in the measurement.
 
 A sticky CUDA error (illegal address, launch failure...) loses the context:
 the worker sends a ``fatal`` failure and exits at once (``os._exit``, no
@@ -89,6 +91,10 @@ class Worker:
         torch.empty(1, device="cuda").zero_()  # create the primary context now, not inside a trial
         torch.cuda.synchronize()
         self.torch = torch
+        # the measure path's modules now, while the parent is still starting builds, not in trial 1
+        import evotuner.runtime.check  # noqa: F401
+        import evotuner.runtime.loader  # noqa: F401
+        import evotuner.runtime.timing  # noqa: F401
         return Reply.success({"pid": os.getpid(), "device": torch.cuda.get_device_name(self.device_index)})
 
     def op_fingerprint(self, args: dict[str, Any]) -> Reply:
@@ -100,8 +106,14 @@ class Worker:
     def op_measure(self, args: dict[str, Any]) -> Reply:
         from evotuner.runtime import cuda
 
+        from evotuner.measure.racing import Race
+
         seed = int(args.get("seed", 0))
         budget_s = float(args.get("budget_s", 0.5))
+        try:
+            race = Race.from_wire(args.get("race"))
+        except (KeyError, TypeError, ValueError) as exc:
+            return Reply.fail("crash", f"measure request has a bad race {args.get('race')!r:.200}: {exc}")
 
         # Wall seconds per phase (load, correctness, timing), returned in ``detail["phases"]``
         # for scripts/bench_tuner.py's time shares; perf_counter only, no extra sync.
@@ -122,17 +134,22 @@ class Worker:
             if isinstance(ragged, Reply):
                 return _annotate(ragged, f"at the ragged shape {ragged_problem.shape}")
             t2 = time.perf_counter()
-            timing = self._time(module, problem, seed, budget_s)
+            timing = self._time(module, problem, seed, budget_s, race)
             t3 = time.perf_counter()
         finally:
             _unload_if_healthy(module, cuda)
         phases = {"load_s": t1 - t0, "check_s": t2 - t1, "time_s": t3 - t2}
-        median, p20, p80, reps = timing
+        median, p20, p80 = timing.median_us, timing.p20_us, timing.p80_us
+        measurement: dict[str, Any] = {
+            "median_us": median, "p20_us": p20, "p80_us": p80, "tflops": problem.tflops(median),
+            "max_error": study["max_error"], "tolerance": study["tolerance"], "repetitions": timing.repetitions,
+        }
+        if race is not None:
+            measurement.update(stopped_early=bool(timing.stopped_early),
+                               planned_repetitions=int(timing.planned_repetitions),
+                               incumbent_us=race.incumbent_us)
         return Reply.success({
-            "measurement": {
-                "median_us": median, "p20_us": p20, "p80_us": p80, "tflops": problem.tflops(median),
-                "max_error": study["max_error"], "tolerance": study["tolerance"], "repetitions": reps,
-            },
+            "measurement": measurement,
             "detail": {"ragged_max_error": ragged["max_error"], "ragged_tolerance": ragged["tolerance"],
                        "ragged_shape": str(ragged_problem.shape), "seed": seed, "phases": phases},
         })
@@ -146,7 +163,8 @@ class Worker:
             return Reply.fail(result.kind or "wrong_result", result.reason)
         return {"max_error": float(result.max_error), "tolerance": float(result.tolerance)}
 
-    def _time(self, module: Any, problem: Problem, seed: int, budget_s: float) -> tuple[float, float, float, int]:
+    def _time(self, module: Any, problem: Problem, seed: int, budget_s: float, race: Any = None) -> Any:
+        """The config's Timing within ``budget_s``; raced (looks, stop) when ``race`` is given."""
         from evotuner.runtime.check import make_inputs
         from evotuner.runtime.timing import time_cuda
 
@@ -154,8 +172,8 @@ class Worker:
         q, k, v = make_inputs(problem.shape, problem.dtype, device=f"cuda:{self.device_index}", seed=seed + 7)
         out = torch.empty_like(q)
         scale = 1.0 / math.sqrt(problem.shape.head_dim)
-        stats = time_cuda(lambda: module.launch(q, k, v, out, None, scale), budget_s=budget_s)
-        return float(stats.median_us), float(stats.p20_us), float(stats.p80_us), int(stats.repetitions)
+        racing: dict[str, Any] = {} if race is None else {"looks": race.rule.looks(), "stop": race.stops}
+        return time_cuda(lambda: module.launch(q, k, v, out, None, scale), budget_s=budget_s, **racing)
 
     # ------------------------------------------------------ sanitize / profile
     def _module(self, args: dict[str, Any]) -> tuple[Any, Problem] | Reply:

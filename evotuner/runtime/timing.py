@@ -23,8 +23,10 @@ class Timing:
     median_us: float
     p20_us: float
     p80_us: float
-    repetitions: int
+    repetitions: int                  # repetitions timed (fewer than planned when stopped early)
     samples_us: tuple[float, ...]
+    planned_repetitions: int = 0      # what the budget (or ``reps``) asked for
+    stopped_early: bool = False       # ``stop`` ended the timing at a look
 
     def as_dict(self) -> dict[str, float | int]:
         return {"median_us": self.median_us, "p20_us": self.p20_us, "p80_us": self.p80_us,
@@ -68,7 +70,8 @@ def l2_flush_buffer(device: int | None = None) -> torch.Tensor:
 
 def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warmup: int | None = None,
               reps: int | None = None, budget_s: float | None = None, flush_l2: bool = True,
-              device: int | None = None, min_reps: int = 10, max_reps: int = 2000) -> Timing:
+              device: int | None = None, min_reps: int = 10, max_reps: int = 2000,
+              looks: Sequence[int] = (), stop: Callable[[Sequence[float]], bool] | None = None) -> Timing:
     """Time ``fn`` (or cycle through a sequence of callables, one per input set).
 
     Warm-up runs ``warmup`` calls (default 10; module load and first-touch
@@ -79,6 +82,12 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
     clamped to [min_reps, max_reps]; with neither, 50. Errors raised by the
     callables propagate; an asynchronous fault surfaces at a synchronize
     (torch raises it as RuntimeError).
+
+    Racing: with ``stop``, the repetitions are queued in chunks ending at each of
+    ``looks`` below the planned count; after each chunk the stream is synchronized and
+    ``stop(samples so far, in time order)`` decides whether to end the timing there
+    (``Timing.stopped_early``). Each repetition keeps its own L2 flush and host lead, so
+    a look costs one synchronize and no timed repetition changes.
     """
     fns = list(fn) if isinstance(fn, (list, tuple)) else [fn]
     if not fns or not all(callable(f) for f in fns):
@@ -108,17 +117,28 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
                 torch.cuda.synchronize(dev)
                 per_call_s = max(t0.elapsed_time(t1) / 1000.0 / probe, 1e-7)
                 reps = max(min_reps, min(max_reps, int(budget_s / per_call_s)))
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-        for i in range(reps):
-            if flush is not None:
-                flush.zero_()
-            _queue_lead()
-            starts[i].record()
-            fns[i % len(fns)]()
-            ends[i].record()
-        torch.cuda.synchronize(dev)
-    samples = tuple(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, ends))
+        ends_at = sorted({int(n) for n in looks if 0 < int(n) < reps}) if stop is not None else []
+        ends_at.append(reps)
+        samples: list[float] = []
+        stopped = False
+        done = 0
+        for end in ends_at:
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(end - done)]
+            stops_ = [torch.cuda.Event(enable_timing=True) for _ in range(end - done)]
+            for j in range(end - done):
+                if flush is not None:
+                    flush.zero_()
+                _queue_lead()
+                starts[j].record()
+                fns[(done + j) % len(fns)]()
+                stops_[j].record()
+            torch.cuda.synchronize(dev)
+            samples.extend(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, stops_))
+            done = end
+            if end < reps and stop is not None and stop(samples):
+                stopped = True
+                break
     ordered = sorted(samples)
     return Timing(median_us=_quantile(ordered, 0.5), p20_us=_quantile(ordered, 0.2), p80_us=_quantile(ordered, 0.8),
-                  repetitions=reps, samples_us=samples)
+                  repetitions=len(samples), samples_us=tuple(samples), planned_repetitions=reps,
+                  stopped_early=stopped)

@@ -115,3 +115,35 @@ def test_search_process_never_initializes_cuda(tmp_path: Path) -> None:
                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.startswith("ok")
+
+
+def test_racing_in_the_real_worker_stops_a_clearly_slower_config_and_times_a_contender_in_full(
+        builder: Builder, gpu: GpuMeasure) -> None:
+    """Issue 28: against an incumbent far below its time, the worker stops at an early look
+    (16, or 32/64 when the first repetitions are autocorrelated) and says so; against one far
+    above, it times the whole budget."""
+    from evotuner.measure.racing import Race
+
+    problem = PROBLEMS[0]
+    result = builder.build(recommended(problem), problem)
+    assert result.ok, result.error
+    full = gpu.measure(result.artifact, problem)
+    assert isinstance(full, Measurement) and not full.stopped_early and full.planned_repetitions is None
+    beaten = gpu.measure(result.artifact, problem, race=Race(full.median_us / 2))
+    assert isinstance(beaten, Measurement), beaten
+    assert beaten.stopped_early and beaten.repetitions in (16, 32, 64), beaten
+    assert beaten.planned_repetitions is not None and beaten.planned_repetitions > beaten.repetitions
+    assert beaten.incumbent_us == full.median_us / 2 and beaten.median_us > beaten.incumbent_us * 1.01
+    contender = gpu.measure(result.artifact, problem, race=Race(full.median_us * 2))
+    assert isinstance(contender, Measurement) and not contender.stopped_early
+    assert contender.repetitions == contender.planned_repetitions >= 10
+    assert gpu.spawns == 1
+
+
+def test_a_started_worker_answers_the_first_request(tmp_path: Path) -> None:
+    """GpuMeasure.start: the worker comes up in the background; the first call reads its init."""
+    with GpuMeasure(timeout_s=60.0, budget_s=0.1) as gm:
+        gm.start()
+        assert gm.worker_pid is not None
+        assert gm.device()["name"]
+        assert gm.spawns == 1

@@ -1,0 +1,184 @@
+"""Racing: stop timing a config once it is clearly slower than the study's best so far.
+
+A measure request may carry a :class:`Race`: the incumbent (the study's best median so
+far, µs, on this GPU model) and the :class:`RaceRule`. The worker times the config in
+chunks; at each *look* (``RaceRule.looks``: 16, 32, 64, ... repetitions) it asks
+:meth:`RaceRule.stops` whether a conservative lower confidence bound of the config's
+median already exceeds ``incumbent * (1 + margin)``. If so, the timing stops there and
+the config is recorded with its honest median so far and the repetitions it had
+(``Measurement.stopped_early``); otherwise it gets the whole budget. A config that may
+beat the incumbent is never stopped: it is a contender and gets the full budget.
+
+The rule (docs/measurement.md has the derivation and the simulation on recorded sweeps):
+
+* the bound is an order statistic, distribution free: with ``n`` samples sorted
+  ``x(1) <= ... <= x(n)``, ``P(x(k) > m) = P(Binomial(n, 1/2) <= k - 1)`` for the true
+  median ``m`` of any continuous distribution of independent repetitions. ``k`` is the
+  largest rank whose probability is at most ``alpha / len(LOOKS)``;
+* a Bonferroni split over every look the schedule can make, so the chance that a config
+  whose true median is at or below ``incumbent * (1 + margin)`` is ever stopped is at
+  most ``alpha`` (0.1% by default), whatever the timing distribution's shape;
+* ``margin`` (1%) keeps slow drift within a config's timing (clocks, temperature: the
+  repetitions are not quite independent) from turning into a stop.
+
+Pure Python, no torch: the loop, the worker and the tests share it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import lru_cache
+from typing import Any, Sequence
+
+#: Repetition counts at which the worker looks (a config is timed in chunks up to these).
+LOOKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+def binom_cdf_half(n: int, k: int) -> float:
+    """P(Binomial(n, 1/2) <= k), exactly (integer arithmetic, one division at the end)."""
+    if k < 0:
+        return 0.0
+    if k >= n:
+        return 1.0
+    return float(Fraction(sum(math.comb(n, i) for i in range(k + 1)), 2 ** n))
+
+
+@lru_cache(maxsize=None)
+def lower_rank(n: int, level: float) -> int:
+    """The largest rank ``k`` (1-based) with ``P(x(k) > median) <= level`` among ``n``
+    independent samples, i.e. ``P(Binomial(n, 1/2) <= k - 1) <= level``; 0 when even the
+    minimum is not a bound at that level. Exact: integer sums against ``level * 2**n``."""
+    limit = Fraction(level) * 2 ** n
+    k, cumulative, term = 0, 0, 1          # term = C(n, k)
+    while k < n:
+        cumulative += term                 # sum_{i <= k} C(n, i)
+        if cumulative > limit:
+            break
+        k += 1
+        term = term * (n - k + 1) // k
+    return k
+
+
+def lag1_autocorrelation(samples: Sequence[float]) -> float:
+    """The lag-1 autocorrelation of ``samples`` in time order (0 for fewer than 3 or no spread)."""
+    n = len(samples)
+    if n < 3:
+        return 0.0
+    mean = math.fsum(samples) / n
+    dev = [x - mean for x in samples]
+    var = math.fsum(d * d for d in dev)
+    if var <= 0.0:
+        return 0.0
+    return math.fsum(dev[i] * dev[i + 1] for i in range(n - 1)) / var
+
+
+#: The largest lag-1 autocorrelation credited (past it the samples are one drift, not n draws).
+MAX_AUTOCORRELATION = 0.9
+
+
+def effective_size(samples: Sequence[float]) -> int:
+    """How many independent samples ``samples`` are worth: ``n (1 - r) / (1 + r)`` for a
+    positive lag-1 autocorrelation ``r`` (clamped to ``MAX_AUTOCORRELATION``), else ``n``."""
+    n = len(samples)
+    r = min(max(lag1_autocorrelation(samples), 0.0), MAX_AUTOCORRELATION)
+    return max(1, int(n * (1.0 - r) / (1.0 + r)))
+
+
+@dataclass(frozen=True)
+class RaceRule:
+    """When a config's timing may stop: at a look of ``LOOKS`` (from ``min_reps`` on), once
+    the order-statistic lower bound of its median (false-stop level ``alpha`` over all
+    looks) exceeds ``incumbent * (1 + margin)``."""
+
+    alpha: float = 1e-3
+    margin: float = 0.01
+    min_reps: int = 16
+
+    def __post_init__(self) -> None:
+        if not (0.0 < self.alpha < 1.0 and math.isfinite(self.alpha)):
+            raise ValueError(f"RaceRule.alpha={self.alpha!r}: not in (0, 1)")
+        if not (0.0 <= self.margin < 1.0 and math.isfinite(self.margin)):
+            raise ValueError(f"RaceRule.margin={self.margin!r}: not in [0, 1)")
+        if self.min_reps < 1:
+            raise ValueError(f"RaceRule.min_reps={self.min_reps!r}: not a positive count")
+
+    @property
+    def level(self) -> float:
+        """The false-stop level of one look (Bonferroni over every look of the schedule)."""
+        return self.alpha / len(LOOKS)
+
+    def looks(self) -> tuple[int, ...]:
+        return tuple(n for n in LOOKS if n >= self.min_reps)
+
+    def bound(self, samples: Sequence[float]) -> float | None:
+        """The lower confidence bound of the median of ``samples`` (in time order), or None
+        when there are too few for one at this rule's level.
+
+        Successive repetitions on a GPU are not quite independent (clocks, temperature
+        drift): with lag-1 autocorrelation ``r > 0`` the samples count as
+        ``n_eff = n (1 - r) / (1 + r)`` independent ones (the AR(1) effective size), the
+        rank is taken for ``n_eff`` and scaled back to ``n``."""
+        n = len(samples)
+        if n < self.min_reps:
+            return None
+        n_eff = effective_size(samples)
+        k_eff = lower_rank(n_eff, self.level)
+        if k_eff < 1:
+            return None
+        k = max(1, (k_eff * n) // n_eff)
+        return sorted(samples)[k - 1]
+
+    def threshold(self, incumbent_us: float) -> float:
+        return incumbent_us * (1.0 + self.margin)
+
+    def stops(self, samples: Sequence[float], incumbent_us: float) -> bool:
+        """True when the config is clearly slower than ``incumbent_us``."""
+        bound = self.bound(samples)
+        return bound is not None and bound > self.threshold(incumbent_us)
+
+    def describe(self) -> str:
+        return (f"order-statistic lower bound of the median above the best x {1 + self.margin:g} "
+                f"(alpha {self.alpha:g} over looks at {','.join(map(str, self.looks()))} reps)")
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"alpha": self.alpha, "margin": self.margin, "min_reps": self.min_reps}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> "RaceRule":
+        if not isinstance(value, dict):
+            raise ValueError(f"race rule is a {type(value).__name__}, not an object")
+        return cls(alpha=float(value.get("alpha", cls.alpha)), margin=float(value.get("margin", cls.margin)),
+                   min_reps=int(value.get("min_reps", cls.min_reps)))
+
+
+#: The rule ``evotuner search`` races with unless ``--full-timing`` is given.
+DEFAULT_RULE = RaceRule()
+
+
+@dataclass(frozen=True)
+class Race:
+    """What a measure request carries when racing is on: the incumbent and the rule."""
+
+    incumbent_us: float
+    rule: RaceRule = DEFAULT_RULE
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.incumbent_us) and self.incumbent_us > 0):
+            raise ValueError(f"Race.incumbent_us={self.incumbent_us!r}: not a positive time")
+
+    def stops(self, samples: Sequence[float]) -> bool:
+        return self.rule.stops(samples, self.incumbent_us)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"incumbent_us": self.incumbent_us, **self.rule.to_wire()}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> "Race | None":
+        """The request's race (None when the request carries none)."""
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise ValueError(f"race is a {type(value).__name__}, not an object")
+        return cls(float(value["incumbent_us"]), RaceRule.from_wire(value))
