@@ -1,8 +1,8 @@
 """evotuner: an Optuna-driven autotuner for fused attention CUDA kernels on NVIDIA Hopper,
 in two kernel families: hopper (wgmma + TMA + warp specialization) and FlashCore (mma.sync).
 
-``import evotuner`` stays cheap and works without CUDA: ``flash_attention`` and
-``use_tuned`` (which pull in torch and the driver binding) are imported on first access.
+``import evotuner`` stays cheap and works without CUDA: ``flash_attention``,
+``flash_attention_varlen`` and ``use_tuned`` (which pull in torch and the driver binding) are imported on first access.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["flash_attention", "use_tuned", "__version__"]
+__all__ = ["flash_attention", "flash_attention_varlen", "use_tuned", "__version__"]
 _LAZY = ("flash_attention", "use_tuned")
 
 
@@ -21,6 +21,11 @@ def __getattr__(name: str) -> Any:
         value = getattr(attention, name)
         globals()[name] = value
         return value
+    if name == "flash_attention_varlen":
+        from evotuner.runtime.varlen import flash_attention_varlen
+
+        globals()[name] = flash_attention_varlen
+        return flash_attention_varlen
     raise AttributeError(f"module 'evotuner' has no attribute {name!r}")
 
 

@@ -117,15 +117,20 @@ def _missing_d() -> int:
 
 @dataclass(frozen=True)
 class Problem:
-    """What one study tunes for: shape, dtype and causal masking."""
+    """What one study tunes for: shape, dtype and causal masking. ``varlen``: a packed
+    variable-length batch (``flash_attention_varlen``): then ``shape`` has the number of
+    sequences as its batch and the longest query and key lengths as Sq and Sk, and the
+    kernel is a build of its own (compiled in, like the head dim)."""
 
     shape: Shape
     dtype: str = "fp16"
     causal: bool = False
+    varlen: bool = False
 
     def __str__(self) -> str:
         """``B=16,H=16,S=2048,D=64 fp16 non-causal`` (how errors and messages name a problem)."""
-        return f"{self.shape} {self.dtype} {'causal' if self.causal else 'non-causal'}"
+        packed = " packed (variable lengths)" if self.varlen else ""
+        return f"{self.shape} {self.dtype} {'causal' if self.causal else 'non-causal'}{packed}"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -147,8 +152,13 @@ class Problem:
         return self.flops / (microseconds * 1e-6) / 1e12
 
     def static_key(self) -> dict[str, int | str | bool]:
-        """The part of the problem compiled into the kernel."""
-        return {"head_dim": self.shape.head_dim, "dtype": self.dtype, "causal": self.causal}
+        """The part of the problem compiled into the kernel (``varlen`` only when set, so a
+        dense problem's key, and the build cache's, read as they always did)."""
+        key: dict[str, int | str | bool] = {"head_dim": self.shape.head_dim, "dtype": self.dtype,
+                                            "causal": self.causal}
+        if self.varlen:
+            key["varlen"] = True
+        return key
 
     def as_dict(self) -> dict[str, object]:
         """The problem as stored with a study; ``heads_kv`` only where it is not ``heads``
@@ -160,6 +170,8 @@ class Problem:
         }
         if s.heads_kv != s.heads:
             out["heads_kv"] = s.heads_kv
+        if self.varlen:
+            out["varlen"] = True
         return out
 
     @classmethod
@@ -167,4 +179,4 @@ class Problem:
         kv = d.get("heads_kv")
         shape = Shape(int(d["batch"]), int(d["heads"]), int(d["seqlen_q"]), int(d["seqlen_k"]), int(d["head_dim"]),
                       None if kv is None else int(kv))
-        return cls(shape=shape, dtype=str(d["dtype"]), causal=bool(d["causal"]))
+        return cls(shape=shape, dtype=str(d["dtype"]), causal=bool(d["causal"]), varlen=bool(d.get("varlen", False)))

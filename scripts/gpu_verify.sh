@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification a landing's note quotes, in one script (run on the H100 machine from the
 # project root, after `source .device/setup.sh` there). Logs go to $OUT (default out/verify).
-#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|shipped|all]...
+#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|shipped|gpus|throughput|all]...
 set -uo pipefail
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
@@ -204,6 +204,24 @@ for what in "${@:-all}"; do
       done
       tar czf "$out/transfer_logs.tgz" "$out"/transfer_*_x_*.log "$out"/bench_transfer_* && \
         rm -f "$out"/transfer_*_x_*.log "$out"/bench_transfer_* ;;
+    gpus)
+      # One study on one GPU, then on all of the host's GPUs, then 1 vs 2 (issues 30 and 28): cold, the user's
+      # command; needs a host of several GPUs (not in `all`). GPUS_TRIALS trials (default 256) for the first pair.
+      step "bench_gpus: ${GPUS_TRIALS:-256} trials on one GPU, then --gpus all"
+      timeout 420 python3 scripts/bench_gpus.py --trials "${GPUS_TRIALS:-256}" --causal --runs none,all \
+        --run-timeout 300 --workdir /tmp/evotuner-gpus-all -o "$out/bench_gpus_all.json" 2>&1 | tee "$out/bench_gpus_all.log" | tail -50
+      step "bench_gpus: 64 trials on one GPU, then --gpus 0,1"
+      timeout 170 python3 scripts/bench_gpus.py --trials 64 --causal --runs none,0+1 \
+        --run-timeout 100 --workdir /tmp/evotuner-gpus-two -o "$out/bench_gpus_two.json" 2>&1 | tee "$out/bench_gpus_two.log" | tail -50 ;;
+    throughput)
+      # A cold 64-trial hopper study with racing (the default), then with --full-timing (issue 28): wall, time to
+      # the first measurement and each one's best, from the user's command.
+      for mode in racing full; do
+        extra=""; [ "$mode" = full ] && extra="--full-timing"
+        step "bench_gpus: a cold 64-trial study, $mode"
+        timeout 200 python3 scripts/bench_gpus.py --trials 64 --causal --runs none --extra="$extra" --run-timeout 180 \
+          --workdir "/tmp/evotuner-throughput-$mode" -o "$out/throughput_$mode.json" 2>&1 | tee "$out/throughput_$mode.log" | tail -25
+      done ;;
     workers|all)
       step "two search processes on one study (exact budget, nothing measured twice)"
       timeout 240 python3 scripts/two_workers.py --trials 24 --gpus 0 --workdir /tmp/evotuner-two 2>&1 | tee "$out/two_workers.log" | tail -12 ;;

@@ -140,7 +140,7 @@ def test_params_layout_matches_params_h(tmp_path):
 
 
 def test_meta_table_decodes_onto_the_common_names_and_refuses_other_versions():
-    values = [HP.HOPPER_ABI_VERSION, 384, 197760, 128, 128, 128, 0, 1, 2, 2, 24, 240, 1, 1, 64, 1, 8, 0]
+    values = [HP.HOPPER_ABI_VERSION, 384, 197760, 128, 128, 128, 0, 1, 2, 2, 24, 240, 1, 1, 64, 1, 8, 0, 0]
     raw = b"".join(v.to_bytes(4, "little", signed=True) for v in values)
     meta = HOPPER.decode_meta(raw)
     assert meta["threads"] == 384 and meta["min_blocks"] == 1 and meta["dtype"] == 1 and meta["sched"] == 1
@@ -149,7 +149,7 @@ def test_meta_table_decodes_onto_the_common_names_and_refuses_other_versions():
     from evotuner.abi import MetaError
     with pytest.raises(MetaError, match="HOPPER_ABI_VERSION 7"):
         HOPPER.decode_meta(b"\x07\0\0\0" + raw[4:])
-    with pytest.raises(MetaError, match="expected 72"):
+    with pytest.raises(MetaError, match="expected 76"):
         HOPPER.decode_meta(raw[:-4])
 
 

@@ -253,6 +253,8 @@ def _check_meta(meta: dict[str, int], config: KernelConfig, problem: Problem, fa
         "is_causal": int(bool(static["causal"])),
         "dtype": DTYPE_CODES[str(static["dtype"])],
     }
+    if "varlen" in meta or static.get("varlen"):
+        expected["varlen"] = int(bool(static.get("varlen")))
     params = config.as_dict()
     expected.update({field: params[name] for name, field in family.echoed.items() if name in params})
     wrong = [f"{k}={meta[k]} (expected {v})" for k, v in expected.items() if meta.get(k) != v]

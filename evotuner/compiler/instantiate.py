@@ -56,6 +56,11 @@ def render_source(config: KernelConfig, problem: Problem, family: KernelFamily) 
         f"#define {prefix + '_IS_CAUSAL':<{width}} {causal}",
         f"#define {prefix + '_DTYPE':<{width}} {DTYPE_CODES[dtype]}  // 0 fp16, 1 bf16",
     ]
+    if static.get("varlen"):
+        if not family.varlen:
+            raise SpaceError(f"the {family.name} family has no kernel for packed variable-length batches",
+                             "run flash_attention_varlen with the hopper family")
+        lines.append(f"#define {prefix + '_VARLEN':<{width}} 1")
     lines += [f"#define {prefix + '_' + name:<{width}} {value}" for name, value in config]
     lines.append(f'#include "{family.name}/instantiate.cuh"')
     return "\n".join(lines) + "\n"

@@ -7,10 +7,11 @@ from evotuner.family.base import (
     KernelFamily,
     LaunchSpec,
     TensorView,
+    VarlenArgs,
 )
 from evotuner.family.registry import DEFAULT_FAMILY, families, family_names, get_family, register, unregister
 
 __all__ = [
-    "BUILD_RESERVED", "AttentionArgs", "DeviceInfo", "KernelFamily", "LaunchSpec", "TensorView",
+    "BUILD_RESERVED", "AttentionArgs", "DeviceInfo", "KernelFamily", "LaunchSpec", "TensorView", "VarlenArgs",
     "DEFAULT_FAMILY", "families", "family_names", "get_family", "register", "unregister",
 ]

@@ -104,6 +104,21 @@ class AttentionArgs:
     #: Device pointer to :meth:`KernelFamily.workspace_bytes` bytes that the runtime zeroed
     #: on the launch stream just before this launch (0 when the family asks for none).
     workspace: int = 0
+    #: A packed variable-length batch (then q/o are [1, H, total_q, D] views of the packed
+    #: [total_q, H, D] tensors, k/v likewise, lse [H, total_q]); None: dense.
+    varlen: "VarlenArgs | None" = None
+
+
+@dataclass(frozen=True)
+class VarlenArgs:
+    """A packed batch's offsets: int32 device arrays of ``batch + 1`` entries each
+    (FlashAttention's ``cu_seqlens``), and the longest query and key lengths."""
+
+    cu_seqlens_q: int
+    cu_seqlens_k: int
+    batch: int
+    max_seqlen_q: int
+    max_seqlen_k: int
 
 
 def packaged(package: str, *parts: str) -> Path:
@@ -128,8 +143,10 @@ class KernelFamily(abc.ABC):
     meta_fields: tuple[str, ...] = ()
     #: {space parameter: meta field} the kernel echoes back.
     echoed: Mapping[str, str] = {}
-    #: Problems the kernel supports.
+    #: Problems the kernel supports (``varlen``: packed variable-length batches, a build of
+    #: their own, ``<P>_VARLEN`` 1).
     head_dims: tuple[int, ...] = ()
+    varlen: bool = False
     dtypes: tuple[str, ...] = ("fp16", "bf16")
     #: The generic ptxas gate checks run for this family, in order, before :meth:`extra_gate`.
     #: A family may leave one out and judge it itself in ``extra_gate`` (e.g. spills only on

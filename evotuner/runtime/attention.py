@@ -241,15 +241,16 @@ def _get_builder(family: str) -> Builder:
 
 
 def kernel_module(config: KernelConfig, problem: Problem, device: int, family: str = DEFAULT_FAMILY) -> KernelModule:
-    """The loaded KernelModule for (device, family, config, D, dtype, causal), built on first use."""
-    key = (device, family, config, problem.shape.head_dim, problem.dtype, problem.causal)
+    """The loaded KernelModule for (device, family, config, D, dtype, causal, varlen), built on first use."""
+    key = (device, family, config, problem.shape.head_dim, problem.dtype, problem.causal, problem.varlen)
     mod = _modules.get(key)
     if mod is not None:
         return mod
     builder = _get_builder(family)
     result = builder.build(config, problem)
     if not result.ok or result.artifact is None:
-        tail = (result.error or "").strip().splitlines()
+        lines = (result.error or "").strip().splitlines()
+        tail = [line.strip() for line in lines if "error" in line.lower()][:1] or lines[-1:]
         raise KernelBuildError(
             f"{builder.family.title or family} config {config} (D={problem.shape.head_dim}, {problem.dtype}, "
             f"causal={problem.causal}) "
@@ -446,7 +447,7 @@ class _Plan:
         return out, lse
 
 
-def _forward_only() -> ShapeError:
+def forward_only_error() -> ShapeError:
     """The refusal of inputs that require grad (no backward kernel: the output would silently
     stop the gradient)."""
     return ShapeError("q/k/v: requires grad, but evotuner.flash_attention is forward-only (no backward kernel)",
@@ -555,7 +556,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
         plan = _resolve(q, k, v, causal, scale, config, layout, return_lse, family)
         _remember(key, plan)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise _forward_only()
+        raise forward_only_error()
     out, lse = plan.run(q, k, v)
     return out, lse, plan.choice
 
@@ -608,7 +609,7 @@ def _compiled(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
         raise ShapeError("config: under torch.compile give it as a 'NAME=value,...' string",
                          "e.g. config=str(kernel_config)")
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        raise _forward_only()
+        raise forward_only_error()
     out, lse = torch.ops.evotuner.flash_attention(q, k, v, causal, scale, config, layout, return_lse, family)
     return (out, lse) if return_lse else out
 

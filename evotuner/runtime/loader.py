@@ -21,7 +21,8 @@ import torch
 from evotuner.abi import DTYPE_NAMES, MetaError, meta_mismatch
 from evotuner.compiler.result import Artifact
 from evotuner.errors import EvotunerError, ShapeError
-from evotuner.family import DEFAULT_FAMILY, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView, get_family
+from evotuner.family import (DEFAULT_FAMILY, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView,
+                             VarlenArgs, get_family)
 from evotuner.runtime import cuda
 
 #: Grid y/z limits (heads, batch) of every CUDA device.
@@ -184,6 +185,65 @@ class KernelModule:
                            handle, spec.args, what=f"cuLaunchKernel({self.entry} from {self.source})")
 
     __call__ = launch
+
+    def launch_varlen(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                      lse: torch.Tensor | None, scale: float, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                      max_seqlen_q: int, max_seqlen_k: int, stream: int | None = None) -> None:
+        """A packed variable-length batch (a kernel built with ``Problem.varlen``): q, o
+        [total_q, H, D]; k, v [total_k, HKV, D]; ``cu_seqlens_*`` int32 [batch + 1] on the
+        module's device; lse fp32 [H, total_q] or None. ``max_seqlen_*`` must be at least every
+        sequence's length (the grid spans them; FlashAttention's contract). Offsets that
+        overrun the packed tensors read zeros and write nothing outside them."""
+        if not self.meta.get("varlen"):
+            raise ShapeError(f"{self.source}: a dense kernel; a packed batch needs one built for Problem(varlen=True)")
+        for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+            if t.dim() != 3:
+                raise ShapeError(f"{name}: expected a 3-D packed [total, H, D] tensor, got {t.dim()}-D")
+            if t.dtype != self.dtype or t.device.type != "cuda" or t.device.index != self.device:
+                raise ShapeError(f"{name}: {t.dtype} on {t.device}; the kernel is {self.dtype} on cuda:{self.device}")
+            if t.shape[2] != self.head_dim or t.stride(2) != 1:
+                raise ShapeError(f"{name}: head dim {t.shape[2]} (stride {t.stride(2)}); the kernel takes "
+                                 f"D={self.head_dim}, contiguous")
+        total_q, H, D = q.shape
+        if tuple(o.shape) != tuple(q.shape):
+            raise ShapeError(f"o: shape {tuple(o.shape)} must equal q's {tuple(q.shape)}")
+        if k.shape != v.shape or k.shape[1] < 1 or H % k.shape[1]:
+            raise ShapeError(f"k/v: shapes {tuple(k.shape)} and {tuple(v.shape)} must be [total_k, HKV, D={D}] "
+                             f"with HKV dividing H={H}")
+        for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if cu.dtype != torch.int32 or cu.dim() != 1 or not cu.is_contiguous() or cu.device != q.device:
+                raise ShapeError(f"{name}: must be a contiguous int32 1-D tensor on {q.device}")
+        if cu_seqlens_q.numel() != cu_seqlens_k.numel() or cu_seqlens_q.numel() < 2:
+            raise ShapeError(f"cu_seqlens_q/k: {cu_seqlens_q.numel()} and {cu_seqlens_k.numel()} entries; both "
+                             f"must be batch + 1 >= 2")
+        batch = cu_seqlens_q.numel() - 1
+        if lse is not None and (lse.dtype != torch.float32 or tuple(lse.shape) != (H, total_q)
+                                or not lse.is_contiguous() or lse.device != q.device):
+            raise ShapeError(f"lse: must be a contiguous fp32 [H={H}, total_q={total_q}] tensor on {q.device}")
+        if H > MAX_GRID_YZ or batch > MAX_GRID_YZ:
+            raise ShapeError(f"q: H={H}, batch={batch}; each must be at most {MAX_GRID_YZ} (grid y/z limit)")
+        handle = torch.cuda.current_stream(self.device).cuda_stream if stream is None else int(stream)
+        if total_q == 0 or max_seqlen_q <= 0:
+            return                                   # no query row: nothing to compute
+        if k.shape[0] == 0 or max_seqlen_k <= 0:     # no key anywhere: softmax over nothing
+            o.zero_()
+            if lse is not None:
+                lse.fill_(float("-inf"))
+            return
+
+        def packed(t: torch.Tensor) -> TensorView:   # [total, H, D] -> the [1, H, total, D] view
+            return TensorView(ptr=t.data_ptr(), shape=(1, t.shape[1], t.shape[0], t.shape[2]),
+                              strides=(t.shape[0] * t.stride(0), t.stride(1), t.stride(0), 1))
+
+        cuda.ensure_context(self.device)
+        args = AttentionArgs(q=packed(q), k=packed(k), v=packed(v), o=packed(o),
+                             lse=_view(lse) if lse is not None else None, dtype=DTYPE_NAMES[self.meta["dtype"]],
+                             scale=float(scale), workspace=self.zeroed_workspace(handle),
+                             varlen=VarlenArgs(cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), batch,
+                                               int(max_seqlen_q), int(max_seqlen_k)))
+        spec = self.family.launch(self.meta, args, DeviceInfo(self.device, self.sm_count))
+        cuda.launch_kernel(self.function, spec.grid, spec.block, spec.smem_bytes, handle, spec.args,
+                           what=f"cuLaunchKernel({self.entry} from {self.source})")
 
     def zeroed_workspace(self, stream: int) -> int:
         """The family's workspace for a launch on ``stream``, zeroed on that stream (stream

@@ -80,6 +80,22 @@ struct Consumer {
     __device__ __forceinline__ void to_p(const float (&s)[T::kSRegs], uint32_t (&pr)[T::kPRegs]);
 
 
+    // This tile's sequence as the masked blocks and the epilogue need it: the problem's
+    // lengths (constant bank) when dense; packed batches re-read their offsets there
+    // (L1 hits) so no register holds them through the mainloop.
+    __device__ __forceinline__ int kv_len() const {
+        if constexpr (!T::kVarlen) return p.seqlen_k;
+        return ld_global_nc_s32(p.cu_seqlens_k + t.batch + 1) - ld_global_nc_s32(p.cu_seqlens_k + t.batch);
+    }
+    __device__ __forceinline__ int q_first_row() const {
+        if constexpr (!T::kVarlen) return 0;
+        return ld_global_nc_s32(p.cu_seqlens_q + t.batch);
+    }
+    __device__ __forceinline__ int q_len(int first_row) const {
+        if constexpr (!T::kVarlen) return p.seqlen_q;
+        return ld_global_nc_s32(p.cu_seqlens_q + t.batch + 1) - first_row;
+    }
+
     __device__ __forceinline__ void pp_sync() {
         if constexpr (T::kPingpong) named_sync(1 + g, 256);
     }
@@ -188,8 +204,8 @@ struct Consumer {
     // the first warpgroup of a 192-row tile skips one block, the second one every other tile.
     __device__ __forceinline__ int causal_skip() const {
         if constexpr (T::kIsCausal) {
-            const int last_row = min(t.m0 + g * 64 + 63, p.seqlen_q - 1);
-            const int mine = min((p.seqlen_k + BN - 1) / BN, last_row / BN + 1);
+            const int last_row = min(t.m0 + g * 64 + 63, t.seqlen_q - 1);
+            const int mine = min((t.seqlen_k + BN - 1) / BN, last_row / BN + 1);
             return t.n_blocks - mine;   // >= 0, < n_blocks (every row sees key 0)
         } else {
             return 0;
@@ -198,7 +214,7 @@ struct Consumer {
 
     // One tile: t and kv set by the caller, who has waited for q_full.
     __device__ __forceinline__ void run_tile() {
-        if (t.m0 + g * 64 >= p.seqlen_q) {
+        if (t.m0 + g * 64 >= t.seqlen_q) {
             skip_tile();
             return;
         }
@@ -207,6 +223,11 @@ struct Consumer {
         m[0] = m[1] = -INFINITY;
         l[0] = l[1] = 0.f;
         ms[0] = ms[1] = 0.f;
+        if (T::kVarlen && t.n_blocks == 0) {   // a packed sequence with no keys: O = 0, LSE = -inf
+            skip_tile();
+            epilogue();
+            return;
+        }
 
         float s[T::kSRegs];
         uint32_t pr[T::kPRegs];

@@ -10,6 +10,8 @@ namespace hopper {
 template <class T>
 __device__ __forceinline__ void Consumer<T>::epilogue() {
     float inv[2];
+    const int q_row = q_first_row();      // the sequence's first row in the maps (packed; else 0)
+    const int seqlen_q = q_len(q_row);
     const int r_lo = warp * 16 + (lane >> 2);  // row inside the WG's 64-row slab
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -18,10 +20,14 @@ __device__ __forceinline__ void Consumer<T>::epilogue() {
         lsum += __shfl_xor_sync(0xffffffffu, lsum, 2);
         inv[h] = lsum > 0.f ? 1.f / lsum : 0.f;
         const int row = t.m0 + g * 64 + r_lo + 8 * h;
-        if (p.lse != nullptr && (lane & 3) == 0 && row < p.seqlen_q) {
+        // (packed: rows outside the packed Q too, should the offsets overrun it)
+        if (p.lse != nullptr && (lane & 3) == 0 && row < seqlen_q &&
+            (!T::kVarlen || (q_row + row >= 0 && q_row + row < p.total_q))) {
             const float lse = lsum > 0.f ? (ms[h] + __log2f(lsum)) * 0.69314718055994531f : -INFINITY;
-            const int bh = t.batch * p.heads + t.head;
-            p.lse[static_cast<int64_t>(bh) * p.seqlen_q + row] = lse;
+            const int64_t at = T::kVarlen
+                                   ? static_cast<int64_t>(t.head) * p.total_q + q_row + row  // [H, total_q]
+                                   : static_cast<int64_t>(t.batch * p.heads + t.head) * p.seqlen_q + row;
+            p.lse[at] = lse;
         }
     }
     if constexpr (T::kPersistent) {
@@ -44,10 +50,30 @@ __device__ __forceinline__ void Consumer<T>::epilogue() {
     }
     fence_proxy_async();
     named_sync(4 + g, 128);
+    const int slab = t.m0 + g * 64;  // this WG's first row in its sequence
+    if (T::kVarlen && slab + 64 > seqlen_q) {
+        // Packed batch, the sequence ends inside this slab: a TMA store would write the
+        // next sequence's rows. Every thread copies 16-byte chunks of the rows inside it.
+        constexpr int kChunks = 64 * 8 * T::kPanels;
+        auto* out = static_cast<uint16_t*>(p.o_ptr);
+#pragma unroll 1
+        for (int i = warp * 32 + lane; i < kChunks; i += 128) {   // (not unrolled: 160-register consumers)
+            const int r = i / (8 * T::kPanels);
+            const int pnl = (i / 8) % T::kPanels;
+            const int ch = i % 8;
+            const int grow = q_row + slab + r;   // offsets that overrun the packed O write nothing
+            if (slab + r >= seqlen_q || grow < 0 || grow >= p.total_q) continue;
+            const uint4 v = ld_shared_v4(o_base + pnl * T::kBlockM * 128 + r * 128 + ((ch ^ (r & 7)) * 16));
+            const int64_t at = static_cast<int64_t>(grow) * p.o_row_stride +
+                               static_cast<int64_t>(t.head) * p.o_head_stride + pnl * 64 + ch * 8;
+            *reinterpret_cast<uint4*>(out + at) = v;
+        }
+        return;
+    }
     if (warp == 0 && lane == 0) {
 #pragma unroll
         for (int pnl = 0; pnl < T::kPanels; ++pnl) {
-            tma_store_5d(&p.tm_o, o_base + pnl * T::kBlockM * 128, 0, t.m0 + g * 64, pnl, t.head, t.batch);
+            tma_store_5d(&p.tm_o, o_base + pnl * T::kBlockM * 128, 0, q_row + slab, pnl, t.head, T::kVarlen ? 0 : t.batch);
         }
         tma_store_commit();
         // Non-persistent: the CTA exits next, so the smem must be read now.

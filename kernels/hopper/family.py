@@ -46,6 +46,7 @@ class Hopper(KernelFamily):
     # default) needed 14.5-139 and random search 21-136 (docs/samplers.md).
     default_sampler = "guided"
     macro_prefix = "HOPPER"
+    varlen = True   # packed variable-length batches (flash_attention_varlen): HOPPER_VARLEN 1
     entry = "hopper_fwd"
     meta_symbol = "hopper_meta"
     meta_fields = META_FIELDS
@@ -156,6 +157,11 @@ class Hopper(KernelFamily):
         q, k, v, o, lse = args.q, args.k, args.v, args.o, args.lse
         B, H, Sq, D = q.shape
         Sk = k.shape[2]
+        packed = args.varlen
+        if bool(meta.get("varlen", 0)) != (packed is not None):
+            raise EvotunerError(f"hopper: a {'packed' if meta.get('varlen') else 'dense'} kernel launched for a "
+                                f"{'packed' if packed is not None else 'dense'} batch",
+                                "build the kernel for the problem (Problem.varlen) it runs")
         panels = D // 64
         p = Params()
         for field, view, rows, pan in (("tm_q", q, meta["block_m"], panels), ("tm_k", k, meta["block_n"], panels),
@@ -164,6 +170,13 @@ class Hopper(KernelFamily):
             getattr(p, field).opaque[:] = memoryview(data).cast("Q").tolist()
         p.lse = lse.ptr if lse is not None else None
         p.batch, p.heads, p.seqlen_q, p.seqlen_k = B, H, Sq, Sk
+        if packed is not None:   # the grid spans the longest sequence; the maps the packed rows
+            total_q = Sq
+            B, Sq, Sk = packed.batch, packed.max_seqlen_q, packed.max_seqlen_k
+            p.batch, p.seqlen_q, p.seqlen_k = B, Sq, Sk
+            p.cu_seqlens_q, p.cu_seqlens_k = packed.cu_seqlens_q, packed.cu_seqlens_k
+            p.o_ptr, p.o_row_stride, p.o_head_stride = o.ptr, o.strides[2], o.strides[1]
+            p.total_q = total_q
         p.scale_log2 = float(args.scale) * math.log2(math.e)
         p.kv_group = _kv_group(q, k)
         sched = int(meta["sched"])

@@ -15,6 +15,7 @@
 //   #define HOPPER_SCHED 0           // 0 one CTA per tile, 1 persistent static, 2 persistent dynamic (grid = min(#SMs, tiles))
 //   #define HOPPER_RESCALE_LOG2 0    // optional (default 0 = eager O rescale); 8 = lazy rescale
 //   #define HOPPER_EXP_EMU 0         // optional (default 0); k >= 2: 1 exp2 in k by FMA polynomial
+//   #define HOPPER_VARLEN 0          // optional (default 0); 1: packed variable-length batches (a problem property)
 //   #include "hopper/instantiate.cuh"
 //
 // Optional: HOPPER_BLOCK_M (if given it must equal 64*CONSUMER_WGS),
@@ -81,6 +82,12 @@
 #if HOPPER_IS_CAUSAL != 0 && HOPPER_IS_CAUSAL != 1
 #error "HOPPER_IS_CAUSAL must be 0 or 1"
 #endif
+#ifndef HOPPER_VARLEN
+#define HOPPER_VARLEN 0
+#endif
+#if HOPPER_VARLEN != 0 && HOPPER_VARLEN != 1
+#error "HOPPER_VARLEN must be 0 or 1"
+#endif
 
 #define HOPPER_CAT2_(a, b) a##b
 #define HOPPER_CAT_(a, b) HOPPER_CAT2_(a, b)
@@ -89,7 +96,7 @@
 using HOPPER_TRAITS_ = hopper::Traits<HOPPER_HEAD_DIM, HOPPER_BLOCK_N, HOPPER_STAGES, HOPPER_CONSUMER_WGS,
                                       HOPPER_REG_PROD, HOPPER_REG_CONS, HOPPER_OVERLAP, HOPPER_PINGPONG,
                                       HOPPER_SCHED, HOPPER_IS_CAUSAL != 0, HOPPER_ELEMENT_, HOPPER_RESCALE_LOG2,
-                                      HOPPER_EXP_EMU>;
+                                      HOPPER_EXP_EMU, HOPPER_VARLEN != 0>;
 
 // Braces: a definition on both the host and device side (see flashcore/instantiate.cuh).
 extern "C" {
@@ -112,6 +119,7 @@ __constant__ int32_t HOPPER_META_NAME[HOPPER_META_LEN] = {
     HOPPER_TRAITS_::kSched,         // HOPPER_META_SCHED
     HOPPER_TRAITS_::kRescaleLog2,   // HOPPER_META_RESCALE_LOG2
     HOPPER_TRAITS_::kExpEmu,        // HOPPER_META_EXP_EMU
+    HOPPER_TRAITS_::kVarlen,        // HOPPER_META_VARLEN
 };
 }
 
@@ -138,5 +146,6 @@ extern "C" __global__ void __launch_bounds__(HOPPER_TRAITS_::kThreads, 1)
 #undef HOPPER_SCHED
 #undef HOPPER_RESCALE_LOG2
 #undef HOPPER_EXP_EMU
+#undef HOPPER_VARLEN
 #undef HOPPER_KERNEL_NAME
 #undef HOPPER_META_NAME

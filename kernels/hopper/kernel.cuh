@@ -24,6 +24,10 @@ namespace hopper {
 
 template <class T>
 __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
+    if constexpr (!T::kPersistent) {
+        // Packed batches: a CTA whose tile lies past its sequence's end has nothing to do.
+        if (T::kVarlen && tile_info<T>(p, blockIdx.x).empty()) return;
+    }
     extern __shared__ __align__(1024) uint8_t smem_raw[];
     const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
     Smem<T> sm;
@@ -69,11 +73,18 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
                 mbar_wait(sm.q_full(), local & 1);
                 tile = static_cast<int>(ld_shared_u32(sm.tile_slot()));
                 if (tile < 0) break;
+            } else if constexpr (T::kPersistent) {
+                // The producer's walk: packed batches skip tiles past their sequence's end.
+                for (; tile < num_tiles; tile += gridDim.x) {
+                    c.t = tile_info<T>(p, tile);
+                    if (!T::kVarlen || !c.t.empty()) break;
+                }
+                if (tile >= num_tiles) break;
+                mbar_wait(sm.q_full(), local & 1);
             } else {
-                if (T::kPersistent && tile >= num_tiles) break;
                 mbar_wait(sm.q_full(), local & 1);
             }
-            c.t = tile_info<T>(p, tile);
+            if (T::kDynamic || !T::kPersistent) c.t = tile_info<T>(p, tile);
             c.run_tile();
             if constexpr (!T::kPersistent) break;
             if constexpr (!T::kDynamic) tile += gridDim.x;

@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include <cuda.h>  // CUtensorMap (alignas(128), 128 bytes); no driver call is made from device code
 
-#define HOPPER_ABI_VERSION 2
+#define HOPPER_ABI_VERSION 3
 
 namespace hopper {
 
@@ -46,6 +46,18 @@ struct alignas(128) Params {
     // SCHED 2 only: a device int32 that is 0 at launch (the host zeroes it on the
     // launch stream before each launch); the kernel counts handed-out tiles in it.
     int32_t* tile_counter;
+    // Packed variable-length batches (kernels built with HOPPER_VARLEN=1 only; ignored else). Sequence b's query rows are
+    // cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of the packed Q/O, its keys cu_seqlens_k[b] ..
+    // of K/V; the maps then have B = 1 and S = the packed rows; batch, seqlen_q and seqlen_k
+    // are the number of sequences and the longest query / key lengths (the grid's extent).
+    // Tiles past a sequence's end do nothing. The rows of O's last 64-row slab of a
+    // sequence are stored through o_ptr (strides in elements), clipped at its end; the
+    // LSE is then [heads, total_q].
+    const int32_t* cu_seqlens_q;
+    const int32_t* cu_seqlens_k;
+    void* o_ptr;
+    int64_t o_row_stride, o_head_stride;
+    int32_t total_q;
 };
 
 static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap must be 128 bytes");
@@ -72,4 +84,5 @@ static_assert(alignof(Params) == 128, "Params must be 128-byte aligned (CUtensor
 #define HOPPER_META_SCHED 15 /* 0: grid (ceil(Sq/BLOCK_M), H, B); 1, 2: grid (min(#SMs, tiles), 1, 1); 2: zeroed tile_counter */
 #define HOPPER_META_RESCALE_LOG2 16
 #define HOPPER_META_EXP_EMU 17
-#define HOPPER_META_LEN 18
+#define HOPPER_META_VARLEN 18 /* 1: packed variable-length batches (Params::cu_seqlens_q/k) */
+#define HOPPER_META_LEN 19

@@ -20,6 +20,18 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
     for (int local = 0;; ++local) {
         // Q of the previous tile must be released by every consumer WG.
         if (local > 0) mbar_wait(sm.q_empty(), (local - 1) & 1);
+        TileInfo t;
+        if constexpr (T::kPersistent) {
+            // Packed batches: tiles past their sequence's end are skipped here and by
+            // the consumers alike (static: the same walk; dynamic: never published).
+            for (; tile < num_tiles; tile = T::kDynamic ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
+                                                        : tile + int(gridDim.x)) {
+                t = tile_info<T>(p, tile);
+                if (p.cu_seqlens_q == nullptr || !t.empty()) break;
+            }
+        } else {
+            t = tile_info<T>(p, tile);   // SCHED 0: an empty tile's CTA returned at its start
+        }
         if constexpr (T::kDynamic) {
             // Publish the tile (or -1 = done) to the consumers; the q_full arrival
             // (release) orders this store before their wait (acquire).
@@ -31,9 +43,8 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
         } else {
             if (tile >= num_tiles) break;
         }
-        const TileInfo t = tile_info<T>(p, tile);
         mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
-        tma_load_5d(sm.q, &p.tm_q, sm.q_full(), 0, t.m0, 0, t.head, t.batch);
+        tma_load_5d(sm.q, &p.tm_q, sm.q_full(), 0, t.q_row + t.m0, 0, t.head, t.tb);
         const int kv_head = t.head / p.kv_group;  // GQA/MQA: the K/V head this query head reads
         // Next tile: fetched now so the atomic's latency hides behind this tile.
         const int next = T::kDynamic ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : tile + int(gridDim.x);
@@ -43,10 +54,10 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
             const uint32_t ph = phase_of<T>(kv) ^ 1;  // first round passes on a fresh barrier
             mbar_wait(sm.k_empty(s), ph);
             mbar_arrive_expect_tx(sm.k_full(s), T::kKVBytes);
-            tma_load_5d(sm.k_tile(s), &p.tm_k, sm.k_full(s), 0, n * T::kBlockN, 0, kv_head, t.batch);
+            tma_load_5d(sm.k_tile(s), &p.tm_k, sm.k_full(s), 0, t.k_row + n * T::kBlockN, 0, kv_head, t.tb);
             mbar_wait(sm.v_empty(s), ph);
             mbar_arrive_expect_tx(sm.v_full(s), T::kKVBytes);
-            tma_load_5d(sm.v_tile(s), &p.tm_v, sm.v_full(s), 0, n * T::kBlockN, 0, kv_head, t.batch);
+            tma_load_5d(sm.v_tile(s), &p.tm_v, sm.v_full(s), 0, t.k_row + n * T::kBlockN, 0, kv_head, t.tb);
         }
         if constexpr (!T::kPersistent) break;
         tile = next;

@@ -13,12 +13,13 @@ template <bool kMasked>
 __device__ __forceinline__ bool Consumer<T>::softmax(float (&s)[T::kSRegs], int n, float (&corr)[2]) {
     if constexpr (kMasked) {
         const int col0 = n * BN + 2 * (lane & 3);
+        const int seqlen_k = kv_len();
         const int row0 = t.m0 + g * 64 + warp * 16 + (lane >> 2);
 #pragma unroll
         for (int i = 0; i < T::kSRegs; ++i) {
             const int col = col0 + 8 * (i >> 2) + (i & 1);
             const int row = row0 + 8 * ((i >> 1) & 1);
-            bool masked = col >= p.seqlen_k;
+            bool masked = col >= seqlen_k;
             if constexpr (T::kIsCausal) masked = masked || col > row;
             if (masked) s[i] = -INFINITY;
         }

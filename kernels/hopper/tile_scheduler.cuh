@@ -8,10 +8,15 @@
 
 namespace hopper {
 
-// Per-tile work: which key blocks, which of them need the mask.
+// Per-tile work: which key blocks, which of them need the mask, and where its sequence
+// lies (packed variable-length batches: its own lengths and first rows; dense: the
+// problem's lengths, rows from 0 and the map's batch coordinate).
 struct TileInfo {
     int m0, n_blocks, n_unmasked;  // blocks n < n_unmasked need no mask
     int head, batch;
+    int seqlen_q, seqlen_k;        // this tile's sequence
+    int q_row, k_row, tb;          // its first Q/O and K/V row in the maps, the maps' batch coordinate
+    __device__ __forceinline__ bool empty() const { return m0 >= seqlen_q; }
 };
 
 // Tile `tile` (0 .. num_tiles-1) -> coordinates. SCHED 0: tile = blockIdx.x of a
@@ -46,12 +51,26 @@ __device__ __forceinline__ TileInfo tile_info(const Params& p, int tile) {
         t.head = blockIdx.y;
         t.batch = blockIdx.z;
     }
-    if constexpr (T::kIsCausal) m_block = num_m - 1 - m_block;
+    t.seqlen_q = p.seqlen_q;
+    t.seqlen_k = p.seqlen_k;
+    t.q_row = t.k_row = 0;
+    t.tb = t.batch;
+    int seq_m = num_m;
+    if constexpr (T::kVarlen) {  // packed: this sequence's rows; the grid spans the longest
+        t.q_row = p.cu_seqlens_q[t.batch];
+        t.seqlen_q = p.cu_seqlens_q[t.batch + 1] - t.q_row;
+        t.k_row = p.cu_seqlens_k[t.batch];
+        t.seqlen_k = p.cu_seqlens_k[t.batch + 1] - t.k_row;
+        t.tb = 0;
+        seq_m = (t.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+    }
+    // Causal: longest m block first (of this sequence; blocks past its end stay empty).
+    if constexpr (T::kIsCausal) m_block = m_block < seq_m ? seq_m - 1 - m_block : m_block;
     t.m0 = m_block * T::kBlockM;
-    int nb = (p.seqlen_k + T::kBlockN - 1) / T::kBlockN;
-    int unmasked = p.seqlen_k / T::kBlockN;  // whole blocks inside Sk
+    int nb = (t.seqlen_k + T::kBlockN - 1) / T::kBlockN;
+    int unmasked = t.seqlen_k / T::kBlockN;  // whole blocks inside Sk
     if constexpr (T::kIsCausal) {
-        const int last_row = min(t.m0 + T::kBlockM, p.seqlen_q) - 1;  // top-left: row i sees keys 0..i
+        const int last_row = min(t.m0 + T::kBlockM, t.seqlen_q) - 1;  // top-left: row i sees keys 0..i
         nb = min(nb, last_row / T::kBlockN + 1);
         unmasked = min(unmasked, (t.m0 + 1) / T::kBlockN);              // every key <= the tile's first row
     }

@@ -13,7 +13,8 @@ template <> struct ElementInfo<__half> { static constexpr int kDtype = 0; };    
 template <> struct ElementInfo<__nv_bfloat16> { static constexpr int kDtype = 1; };  // HOPPER_DTYPE 1
 
 template <int HEAD_DIM_, int BLOCK_N_, int STAGES_, int CONSUMER_WGS_, int REG_PROD_, int REG_CONS_, int OVERLAP_,
-          int PINGPONG_, int SCHED_, bool IS_CAUSAL_, typename Element_, int RESCALE_LOG2_ = 0, int EXP_EMU_ = 0>
+          int PINGPONG_, int SCHED_, bool IS_CAUSAL_, typename Element_, int RESCALE_LOG2_ = 0, int EXP_EMU_ = 0,
+          bool VARLEN_ = false>
 struct Traits {
     using Element = Element_;
     static constexpr int kDtype = ElementInfo<Element>::kDtype;
@@ -27,6 +28,9 @@ struct Traits {
     static constexpr bool kOverlap = OVERLAP_ != 0;
     static constexpr bool kPingpong = PINGPONG_ != 0;
     static constexpr bool kIsCausal = IS_CAUSAL_;
+    // Packed variable-length batches (Params::cu_seqlens_q/k; params.h): a build of its own,
+    // so the dense kernels carry none of its code (the producer has 24-32 registers).
+    static constexpr bool kVarlen = VARLEN_;
     // 0: one CTA per (m block, head, batch) tile, grid (ceil(Sq/BLOCK_M), H, B);
     // 1: persistent, grid (min(#SMs, tiles)), tiles strided by gridDim.x; the
     //    epilogue stages O in its own buffer so the next tile's Q/K/V loads
