@@ -224,7 +224,6 @@ TOO_LONG_YET = {
     "evotuner/guided.py",
     "evotuner/cli.py",
     "evotuner/space.py",
-    "storage/store.py",
 }
 
 
