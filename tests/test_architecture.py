@@ -223,7 +223,6 @@ TOO_LONG_YET = {
     "evotuner/runtime/attention.py",
     "evotuner/guided.py",
     "evotuner/cli.py",
-    "evotuner/space.py",
 }
 
 
