@@ -222,7 +222,6 @@ TOO_LONG_YET = {
     "evotuner/measure/replay.py",       # likewise (evotuner/measure/)
     "evotuner/runtime/attention.py",
     "evotuner/guided.py",
-    "evotuner/cli.py",
 }
 
 
