@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
@@ -30,12 +30,15 @@ from evotuner.storage.readonly import readonly_url
 from evotuner.version import evotuner_version
 
 
-def first_line(exc: BaseException) -> str:
+def _first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def utcnow() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc).replace(tzinfo=None)
+
+
+_Opened = TypeVar("_Opened", bound="StoreOpening")
 
 
 class StoreOpening:
@@ -161,7 +164,7 @@ class StoreOpening:
             self._engine.dispose()
             self._engine = None
 
-    def __enter__(self) -> "StoreOpening":
+    def __enter__(self: _Opened) -> _Opened:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -199,7 +202,7 @@ class StoreOpening:
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, SQLAlchemyError):
                 raise _connect.translate(cause, self._url, doing) from None
-            raise StorageError(f"database {self.display_url}: {first_line(exc)} while {doing}",
+            raise StorageError(f"database {self.display_url}: {_first_line(exc)} while {doing}",
                                "check the database (and the disk it is on); nothing was lost") from None
 
     @contextmanager
@@ -239,4 +242,4 @@ class StoreOpening:
             return Problem.from_dict(data)
         except (EvotunerError, *_damage.DECODE_ERRORS) as exc:
             raise _damage.damaged(self._where, schema.studies.name, row.id, "problem_json", row.problem_json,
-                                  getattr(exc, "message", None) or first_line(exc)) from None
+                                  getattr(exc, "message", None) or _first_line(exc)) from None
