@@ -30,7 +30,7 @@ from pathlib import Path
 from evotuner.errors import SpaceError
 from evotuner.family import get_family
 from evotuner.spaceexpr import Expr, compile_expr
-from evotuner.spacefile import BASE_MARK, STACK_FORMAT, SpaceLoader, narrow, parse_toml, stack_text, stored
+from evotuner.spacefile import BASE_MARK, STACK_FORMAT, SpaceLoader, narrow, parse_toml, stack_text, stored_subgrid
 from evotuner.spacemodel import (
     PROBLEM_NAMES,
     Constraint,
@@ -81,7 +81,7 @@ def parse_space(text: str, where: str = "<string>") -> SearchSpace:
     """Parse space-file ``text``, or the text a study stored for a sub-grid space (every file
     of the stack, :data:`STACK_FORMAT`, or the older :data:`BASE_MARK` form: :func:`load_space`);
     ``where`` names it in error messages."""
-    merged = stored(text, where)          # a sub-grid's text as a study stores it, with its base's
+    merged = stored_subgrid(text, where)   # a sub-grid's text as a study stores it, with its base's
     if merged is not None:
         return SpaceLoader(where).load(merged, text)
     data = parse_toml(text, where)

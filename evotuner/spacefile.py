@@ -141,7 +141,7 @@ def _is_subgrid(data: dict[str, Any]) -> bool:
     return isinstance(data.get("space"), dict) and "base" in data["space"]
 
 
-def stored(text: str, where: str) -> dict[str, Any] | None:
+def stored_subgrid(text: str, where: str) -> dict[str, Any] | None:
     """The merged tables of a sub-grid's stored text (:data:`STACK_FORMAT`, or the older
     :data:`BASE_MARK` form); None if ``text`` is neither (a plain space file's text)."""
     if text.lstrip().startswith("{"):
