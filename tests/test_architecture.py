@@ -222,9 +222,6 @@ TOO_LONG_YET = {
     "evotuner/measure/replay.py",       # likewise (evotuner/measure/)
     "evotuner/runtime/attention.py",
     "evotuner/guided.py",
-    "evotuner/cli.py",
-    "evotuner/space.py",
-    "storage/store.py",
 }
 
 

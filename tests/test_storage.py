@@ -213,7 +213,7 @@ def test_an_unwritable_location_fails_and_leaves_no_file(tmp_path: Path) -> None
 
 
 def test_a_failure_after_creating_the_file_removes_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import evotuner.storage.store as store_mod
+    import evotuner.storage.opening as store_mod
 
     def broken(*a, **k):
         raise RuntimeError("The runtime optuna version is no longer compatible with the table schema")

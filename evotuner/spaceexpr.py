@@ -1,0 +1,205 @@
+"""The space files' expression language: integer expressions checked when the file is loaded
+(:func:`compile_expr`), evaluated per config (:meth:`Expr.evaluate`), and their canonical form
+(:func:`canonical_expr`, what a space's fingerprint hashes).
+
+Expressions are evaluated by a small interpreter over Python's AST that
+accepts integers, names, ``+ - * // % **``, comparisons, ``and or not`` and
+calls to ``min``, ``max`` and ``abs`` -- nothing else (no attributes, no
+subscripts, no lambdas, no ``/``).
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from evotuner.errors import SpaceError
+from evotuner.spacelimits import check_bits, check_depth, check_pow
+
+_MAX_EXPR_CHARS = 400
+_MAX_POW_EXPONENT = 64
+
+
+@dataclass(frozen=True)
+class Expr:
+    """An integer expression checked at load time; ``source`` is what the file says."""
+
+    source: str
+    names: frozenset[str] = field(compare=False)
+    _tree: ast.Expression = field(compare=False, repr=False)
+    _where: str = field(compare=False, repr=False)
+
+    def evaluate(self, env: Mapping[str, int]) -> int:
+        value = _Evaluator(env, self._where).visit(self._tree.body)
+        return int(value)
+
+
+def canonical_expr(expr: Expr) -> str:
+    """A prefix form of the checked tree, independent of spacing, redundant
+    parentheses and the Python version's ``ast.dump`` format."""
+    return _canonical(expr._tree.body)
+
+
+def _canonical(node: ast.AST) -> str:
+    if isinstance(node, ast.Constant):
+        return str(node.value)
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.BinOp):
+        return f"({type(node.op).__name__} {_canonical(node.left)} {_canonical(node.right)})"
+    if isinstance(node, ast.UnaryOp):
+        return f"({type(node.op).__name__} {_canonical(node.operand)})"
+    if isinstance(node, ast.BoolOp):
+        return f"({type(node.op).__name__} {' '.join(_canonical(v) for v in node.values)})"
+    if isinstance(node, ast.Compare):
+        parts = [_canonical(node.left)]
+        for op, right in zip(node.ops, node.comparators):
+            parts += [type(op).__name__, _canonical(right)]
+        return f"(Compare {' '.join(parts)})"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return f"({node.func.id} {' '.join(_canonical(a) for a in node.args)})"
+    raise AssertionError(f"unchecked node {type(node).__name__}")  # compile_expr admits nothing else
+
+
+_BINOPS: dict[type, Callable[[int, int], int]] = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.FloorDiv: lambda a, b: a // b,
+    ast.Mod: lambda a, b: a % b,
+    ast.Pow: lambda a, b: a ** b,
+}
+_CMPOPS: dict[type, Callable[[int, int], bool]] = {
+    ast.Lt: lambda a, b: a < b,
+    ast.LtE: lambda a, b: a <= b,
+    ast.Gt: lambda a, b: a > b,
+    ast.GtE: lambda a, b: a >= b,
+    ast.Eq: lambda a, b: a == b,
+    ast.NotEq: lambda a, b: a != b,
+}
+_FUNCS: dict[str, Callable[..., int]] = {"min": min, "max": max, "abs": abs}
+#: How many arguments each function takes (min and max of one integer would iterate it).
+_ARITY = {"min": (2, 1 << 16), "max": (2, 1 << 16), "abs": (1, 1)}
+_ARITY_EXAMPLE = {"min": "min(x, 128)", "max": "max(1, x // 2)", "abs": "abs(x - y)"}
+_ALLOWED = "integers, names, + - * // % **, comparisons, and/or/not, min() max() abs()"
+
+
+def compile_expr(source: str, where: str, known: Mapping[str, Any]) -> Expr:
+    """Parse ``source`` and check that it uses only allowed syntax and ``known`` names.
+
+    ``where`` ("file: key") prefixes every error message.
+    """
+    if len(source) > _MAX_EXPR_CHARS:
+        raise SpaceError(f"{where}: expression longer than {_MAX_EXPR_CHARS} characters",
+                         "split it into [derived] names")
+    try:
+        tree = ast.parse(source.strip(), mode="eval")
+    except SyntaxError as exc:
+        raise SpaceError(f"{where}: cannot parse {source!r}: {exc.msg}", f"expressions may use {_ALLOWED}") from None
+    names: set[str] = set()
+    check_depth(tree.body, where)
+    _check_node(tree.body, where, known, names)
+    return Expr(source.strip(), frozenset(names), tree, where)
+
+
+def _check_node(node: ast.AST, where: str, known: Mapping[str, Any], names: set[str]) -> None:
+    """Recursively accept only the syntax ``_Evaluator`` knows; collect the names used."""
+
+    def bad(what: str) -> SpaceError:
+        return SpaceError(f"{where}: {what} is not allowed", f"expressions may use {_ALLOWED}")
+
+    def check(child: ast.AST) -> None:
+        _check_node(child, where, known, names)
+
+    if isinstance(node, ast.BinOp):
+        if type(node.op) not in _BINOPS:
+            hint = " (use // for integer division)" if isinstance(node.op, ast.Div) else ""
+            raise bad(f"operator {type(node.op).__name__}{hint}")
+        check(node.left)
+        check(node.right)
+    elif isinstance(node, ast.UnaryOp):
+        if not isinstance(node.op, (ast.USub, ast.UAdd, ast.Not)):
+            raise bad(f"operator {type(node.op).__name__}")
+        check(node.operand)
+    elif isinstance(node, ast.BoolOp):
+        for v in node.values:
+            check(v)
+    elif isinstance(node, ast.Compare):
+        for op in node.ops:
+            if type(op) not in _CMPOPS:
+                raise bad(f"comparison {type(op).__name__}")
+        check(node.left)
+        for c in node.comparators:
+            check(c)
+    elif isinstance(node, ast.Constant):
+        if isinstance(node.value, bool) or not isinstance(node.value, int):
+            raise bad(f"the constant {node.value!r}")
+    elif isinstance(node, ast.Name):
+        if node.id not in known:
+            raise SpaceError(f"{where}: unknown name {node.id!r}", f"known names: {', '.join(known)}")
+        names.add(node.id)
+    elif isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in _FUNCS:
+            callee = node.func.id if isinstance(node.func, ast.Name) else ast.unparse(node.func)
+            raise bad(f"calling {callee}()")
+        if node.keywords or not node.args or any(isinstance(a, ast.Starred) for a in node.args):
+            raise bad(f"{node.func.id}() with keyword, starred or no arguments")
+        lo, hi = _ARITY[node.func.id]
+        if not lo <= len(node.args) <= hi:
+            wants = f"exactly {lo}" if lo == hi else f"at least {lo}"
+            raise SpaceError(f"{where}: {node.func.id}() takes {wants} argument{'s' if lo > 1 else ''}, "
+                             f"got {len(node.args)}", f"e.g. {_ARITY_EXAMPLE[node.func.id]}")
+        for a in node.args:
+            check(a)
+    elif isinstance(node, ast.Attribute):
+        raise bad("attribute access")
+    else:
+        raise bad(type(node).__name__)
+
+
+class _Evaluator:
+    """Evaluates a checked expression tree; every value is an int (or bool)."""
+
+    def __init__(self, env: Mapping[str, int], where: str) -> None:
+        self.env = env
+        self.where = where
+
+    def visit(self, node: ast.AST) -> int:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            try:
+                return self.env[node.id]
+            except KeyError:
+                raise SpaceError(f"{self.where}: name {node.id!r} has no value here") from None
+        if isinstance(node, ast.BinOp):
+            a, b = self.visit(node.left), self.visit(node.right)
+            if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and b == 0:
+                raise SpaceError(f"{self.where}: division by zero", "guard the divisor, e.g. max(1, ...)")
+            if isinstance(node.op, ast.Pow):
+                if not 0 <= b <= _MAX_POW_EXPONENT:
+                    raise SpaceError(f"{self.where}: exponent {b} outside 0..{_MAX_POW_EXPONENT}")
+                check_pow(a, b, self.where)
+            return check_bits(_BINOPS[type(node.op)](a, b), self.where)
+        if isinstance(node, ast.UnaryOp):
+            v = self.visit(node.operand)
+            if isinstance(node.op, ast.Not):
+                return not v
+            return -v if isinstance(node.op, ast.USub) else +v
+        if isinstance(node, ast.BoolOp):
+            if isinstance(node.op, ast.And):
+                return all(self.visit(v) for v in node.values)
+            return any(self.visit(v) for v in node.values)
+        if isinstance(node, ast.Compare):
+            left = self.visit(node.left)
+            for op, right_node in zip(node.ops, node.comparators):
+                right = self.visit(right_node)
+                if not _CMPOPS[type(op)](left, right):
+                    return False
+                left = right
+            return True
+        if isinstance(node, ast.Call):
+            assert isinstance(node.func, ast.Name)
+            return _FUNCS[node.func.id](*(self.visit(a) for a in node.args))
+        raise SpaceError(f"{self.where}: cannot evaluate {type(node).__name__}")  # unreachable after the check
