@@ -5,8 +5,11 @@ compute-sanitizer to watch (memcheck, racecheck, synccheck, initcheck):
     compute-sanitizer --tool memcheck --error-exitcode 9 python scripts/sanitize_paths.py
 
 GQA (group 4) and MQA on both families, hopper at D=192 and 256 (their recommended configs,
-causal and not, Sq != Sk with ragged tails), each call checked against the fp32 reference
-so a silent wrong result fails too. Exit status 0 when every output is right.
+causal and not, Sq != Sk with ragged tails), and packed variable-length batches
+(``flash_attention_varlen``: empty sequences, one without keys, every scheduler, and offsets
+that overrun the packed tensors, which must write nothing outside them), each call checked
+against the fp32 reference so a silent wrong result fails too. Exit status 0 when every
+output is right.
 """
 
 from __future__ import annotations
@@ -28,6 +31,47 @@ CASES = (
 )
 
 
+#: (D, causal, q lengths, k lengths, config or None): packed batches.
+VARLEN = (
+    (128, True, [0, 1, 77, 200, 3], [0, 5, 77, 150, 0], None),
+    (64, False, [33, 0, 129], [64, 9, 129], None),
+    (128, False, [70, 1, 130], [70, 200, 1], "BLOCK_N=128,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,OVERLAP=1,"
+                                             "PINGPONG=1,RESCALE_LOG2=8,EXP_EMU=0,SCHED=2"),
+    (64, True, [70, 1, 130], [70, 200, 1], "BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,OVERLAP=1,"
+                                           "PINGPONG=1,RESCALE_LOG2=0,EXP_EMU=0,SCHED=1"),
+)
+
+
+def _varlen(D: int, causal: bool, lq: list[int], lk: list[int], config: str | None) -> bool:
+    cq = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lq), 4, D, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(sum(lk), 2, D, device="cuda", dtype=torch.float16) for _ in range(2))
+    out, lse = evotuner.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=causal, config=config,
+                                               return_lse=True)
+    torch.cuda.synchronize()
+    ok = True
+    for b in range(len(lq)):
+        if lq[b] == 0:
+            continue
+        rows = slice(int(cq[b]), int(cq[b + 1]))
+        o_b = out[rows].transpose(0, 1).unsqueeze(0)
+        if lk[b] == 0:
+            ok = ok and bool((o_b == 0).all())
+            continue
+        qb = q[rows].transpose(0, 1).unsqueeze(0)
+        kb, vb = (t[int(ck[b]):int(ck[b + 1])].transpose(0, 1).unsqueeze(0) for t in (k, v))
+        ref, _ = C.reference(qb, kb, vb, causal, 1 / math.sqrt(D))
+        tol = C.tolerance(C.torch_low_precision(qb, kb, vb, causal, 1 / math.sqrt(D)), ref)
+        ok = ok and C.compare(o_b, ref, tol)[0]
+    # offsets past the packed tensors' end (a caller's bug): nothing may be written outside them
+    over = cq.clone()
+    over[-1] += 64
+    evotuner.flash_attention_varlen(q, k, v, over, ck, max(lq) + 64, max(lk), causal=causal, config=config)
+    torch.cuda.synchronize()
+    return ok
+
+
 def main() -> int:
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
@@ -45,6 +89,11 @@ def main() -> int:
         bad += not ok
         print(f"{family:9s} B={B} H={H} HKV={Hkv} Sq={Sq} Sk={Sk} D={D} causal={int(causal)}: "
               f"{'ok' if ok else 'WRONG ' + reason}")
+    for D, causal, lq, lk, config in VARLEN:
+        ok = _varlen(D, causal, lq, lk, config)
+        bad += not ok
+        print(f"varlen    D={D} causal={int(causal)} q lengths {lq} k lengths {lk} {config or 'recommended'}: "
+              f"{'ok' if ok else 'WRONG'}")
     return 1 if bad else 0
 
 
