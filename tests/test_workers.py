@@ -238,6 +238,21 @@ def test_sigkill_of_one_worker_still_ends_exact(dbs: Databases) -> None:
 
 
 @pytest.mark.slow
+def _wait_for_live_workers(url: str, n: int, timeout_s: float) -> None:
+    """Until ``n`` workers of the study have joined (their rows exist), or ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with StudyStore(url, create=False) as store, store.session() as s:
+                live = s.execute(text("SELECT COUNT(*) FROM evotuner_workers WHERE state = 'live'")).scalar()
+            if live is not None and live >= n:
+                return
+        except Exception:  # noqa: BLE001 -- the database may not exist yet, or be busy: poll again
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{n} workers did not join within {timeout_s:.0f} s")
+
+
 def test_a_stalled_worker_is_reaped_and_carries_on(tmp_path: Path) -> None:
     """SIGSTOP one worker past its heartbeat window: the other reaps it (by database time)
     and takes its trials over; continued, the reaped worker goes on under a new identity
@@ -254,10 +269,11 @@ def test_a_stalled_worker_is_reaped_and_carries_on(tmp_path: Path) -> None:
         a = _start(url, trials, *slow)
         time.sleep(2.5)
         b = _start(url, trials, *slow)
-        time.sleep(2.0)
+        _wait_for_live_workers(url, 2, timeout_s=60.0)   # a loaded machine starts b slowly: freeze only then
+        time.sleep(1.0)
         assert a.poll() is None and b.poll() is None, "the workers ended before the stall"
         a.send_signal(signal.SIGSTOP)
-        time.sleep(3.0)
+        time.sleep(5.0)     # 5x the heartbeat window: time for b to notice, even on a loaded machine
         a.send_signal(signal.SIGCONT)
         _, err_b = b.communicate(timeout=240)
         _, err_a = a.communicate(timeout=240)
