@@ -365,6 +365,12 @@ def _immediate_transactions(engine: Engine) -> None:
     @event.listens_for(engine, "connect")
     def _autocommit_driver(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None
+        # WAL (set_wal) with synchronous=NORMAL: a commit appends to the WAL without an fsync
+        # (checkpoints still sync). The database stays consistent through any crash; only a
+        # power loss or OS crash can drop the last commits, and a study resumes from what
+        # remains. With FULL, each of a trial's ~30 commits (Optuna writes every param and
+        # attribute in its own transaction) waited on an fsync: 40 ms a trial on an idle disk.
+        dbapi_conn.execute("PRAGMA synchronous=NORMAL")
 
     @event.listens_for(engine, "begin")
     def _begin_immediate(conn: Connection) -> None:
