@@ -367,10 +367,14 @@ class GuidedSampler(BaseSampler):
         """GP posterior mean and standard deviation of the residual here at the scaled configs ``x``."""
         var = self.settings.signal_sd ** 2
         chol = self._cholesky(points, scales)
-        alpha = np.linalg.solve(chol.T, np.linalg.solve(chol, points.y))
+        # L^-1 once (n^3, n <= GP_POINTS), then one product for every candidate: a general solve
+        # against the candidates' (n, m) block factorised L again and ran two triangular sweeps
+        # over m = thousands of columns, half this proposal's cost on hopper.toml's 5064 configs.
+        chol_inv = np.linalg.inv(chol)
+        alpha = chol_inv.T @ (chol_inv @ points.y)
         k_cross = self._kernel(x, points.x, scales) * points.weight[None, :]
         mean = k_cross @ alpha
-        v = np.linalg.solve(chol, k_cross.T)
+        v = chol_inv @ k_cross.T
         sd = np.sqrt(np.clip(var - (v * v).sum(axis=0), 1e-12, None))
         return mean, sd
 
