@@ -92,7 +92,7 @@ def run_multi(
 
     if not measures:
         raise EvotunerError("--gpus: no GPU to measure on", "e.g. --gpus 0")
-    check_same_model(_fingerprints(measures), allow_mixed)
+    check_same_model(_models(measures), allow_mixed)
     lock = threading.Lock()
     ask_lock = threading.Lock()   # the one sampler: one ask and suggest at a time
 
@@ -148,14 +148,17 @@ def run_multi(
                    measured=sum(r.measured for r in done), stopped_early=sum(r.stopped_early for r in done))
 
 
-def _fingerprints(measures: Sequence[MeasureStage]) -> list[dict[str, Any] | None]:
-    """Every stage's device fingerprint, asked of all at once: each starts its GPU worker
-    (a process importing torch and creating a CUDA context, seconds), so one after the other
-    the start-up would grow with the number of GPUs."""
+def _models(measures: Sequence[MeasureStage]) -> list[dict[str, Any] | None]:
+    """Every stage's GPU model, for :func:`check_same_model`, without waiting for the GPU
+    workers' start (``model_name``: nvidia-smi for a GPU stage), so the first builds are
+    not held back by it; stages that can only tell from their fingerprint are asked at
+    once, each starting its worker in parallel."""
     if len(measures) == 1:
-        return [measures[0].device()]
-    with ThreadPoolExecutor(max_workers=len(measures), thread_name_prefix="evotuner-gpu-start") as pool:
-        return list(pool.map(lambda m: m.device(), measures))
+        names = [measures[0].model_name()]
+    else:
+        with ThreadPoolExecutor(max_workers=len(measures), thread_name_prefix="evotuner-gpu-model") as pool:
+            names = list(pool.map(lambda m: m.model_name(), measures))
+    return [None if name is None else {"name": name} for name in names]
 
 
 def _label(measure: MeasureStage, index: int) -> dict[str, Any]:

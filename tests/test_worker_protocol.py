@@ -379,3 +379,24 @@ def test_unstartable_worker_command_is_a_crash_failure(tmp_path: Path) -> None:
     assert out.kind == "crash" and "could not be started" in out.reason
     assert gm.spawns == 0
     assert_clean(gm)
+
+
+def test_gpu_model_name_comes_from_nvidia_smi_without_starting_the_worker(monkeypatch) -> None:
+    """--gpus checks the GPUs are one model before any build: the name from nvidia-smi, no
+    worker start (a torch import and a CUDA context); renumbered GPUs ask the worker."""
+    from evotuner.errors import NoGpuError
+    from evotuner.measure import fingerprint as F
+    from evotuner.measure.gpu import GpuMeasure
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(F, "nvidia_smi_query", lambda index: ({"name": f"GPU model {index}"}, None))
+    stage = GpuMeasure(device_index=3, worker_cmd=[sys.executable, "-c", "import sys; sys.exit(3)"],
+                       start_timeout_s=10.0)
+    try:
+        assert stage.model_name() == "GPU model 3" and stage.spawns == 0
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")    # nvidia-smi's index 3 is not torch's 3
+        with pytest.raises(NoGpuError):
+            stage.model_name()
+        assert stage.spawns >= 1
+    finally:
+        stage.close()

@@ -81,6 +81,9 @@ class MeasureStage(ABC):
       (None for a backend that cannot run the shape).
     * ``device`` returns the device fingerprint (GPU name, SM count, clocks,
       driver, torch, CUDA, nvcc) or None when there is no device (replay).
+    * ``model_name`` is the fingerprint's ``name`` (None without a device), where a stage can
+      tell it cheaply without waiting for its slow start (``--gpus`` checks the GPUs are one
+      model before any build).
     * ``close`` releases the worker; the stage is a context manager.
     """
 
@@ -98,6 +101,11 @@ class MeasureStage(ABC):
 
     @abstractmethod
     def device(self) -> dict[str, object] | None: ...
+
+    def model_name(self) -> str | None:
+        """The device's model name (default: from ``device``, which may wait for the start)."""
+        fingerprint = self.device()
+        return None if fingerprint is None or fingerprint.get("name") is None else str(fingerprint["name"])
 
     def close(self) -> None:
         pass

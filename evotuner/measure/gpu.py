@@ -199,6 +199,18 @@ class GpuMeasure(MeasureStage):
             self._fingerprint = dict(reply.value)
         return dict(self._fingerprint)
 
+    def model_name(self) -> str | None:
+        """The GPU's model from ``nvidia-smi`` (milliseconds, no CUDA), while the worker still
+        starts; from the worker's fingerprint when ``CUDA_VISIBLE_DEVICES`` renumbers the GPUs
+        (nvidia-smi's indices are then not torch's) or nvidia-smi cannot answer."""
+        if self._fingerprint is None and os.environ.get("CUDA_VISIBLE_DEVICES") is None:
+            from evotuner.measure.fingerprint import nvidia_smi_query
+
+            smi, why = nvidia_smi_query(self.device_index)
+            if why is None and smi.get("name"):
+                return str(smi["name"])
+        return super().model_name()
+
     def call(self, op: str, args: dict[str, Any] | None = None, timeout_s: float | None = None) -> Reply:
         """Send one request (``sanitize``, ``profile``, ...) and return the worker's reply; a
         timeout or a crash comes back as a failure Reply (the worker is killed and reaped)."""
