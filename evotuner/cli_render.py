@@ -23,7 +23,7 @@ from evotuner.errors import EvotunerError
 from evotuner.numbers import json_safe
 from evotuner.problem import Problem
 from evotuner.textsafe import for_terminal
-from evotuner.vocabulary import config_of
+from evotuner.vocabulary import STOPPED_ATTR, config_of
 
 # -- the search run's live view --------------------------------------------------------------
 
@@ -214,11 +214,17 @@ def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space
     fastest = min((v for v in baselines.values() if v), default=None)
     cols = [columns.Col("#", right=True), *(columns.Col(for_terminal(short[n]), right=True, group=1) for n in names),
             *(columns.Col(h, right=True, group=2) for h in ("µs", "TFLOPS", "vs SDPA"))]
-    rows = [[str(t.number), *columns.cells(config, names), f"{t.value:.1f}", f"{t.tflops:.1f}" if t.tflops else "-",
-             f"{fastest / t.value:.2f}x" if fastest else "-"] for t, config in zip(done, configs)]
+    stopped = [bool((t.attrs or {}).get(STOPPED_ATTR)) for t in done]
+    rows = [[str(t.number), *columns.cells(config, names), f"{t.value:.1f}" + ("*" if cut else ""),
+             f"{t.tflops:.1f}" if t.tflops else "-", f"{fastest / t.value:.2f}x" if fastest else "-"]
+            for t, config, cut in zip(done, configs, stopped)]
     width = consoles.out.width
     lines = columns.table_lines(cols, rows, width, title=f"best {len(done)} of {len(summary.trials)} trials")
-    return lines + [Text(line) for line in columns.legend_lines(short, width)]
+    lines += [Text(line) for line in columns.legend_lines(short, width)]
+    if any(stopped):   # racing stopped these early: their median is of fewer repetitions
+        lines += [Text(line) for line in columns.wrap(
+            "* timing stopped early (racing): clearly slower than the best, median of fewer repetitions", width, 2)]
+    return lines
 
 
 def _config_values(record: Any, space: Any) -> dict[str, int]:

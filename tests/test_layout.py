@@ -232,3 +232,24 @@ def test_profiles_in_show_and_report_read_whole_at_80_columns(db, cli80, capsys)
     code, out, err = run(capsys, "report", "--study", "hop", "--output", cli80 / "rep", "--storage", url)
     assert code == 0, err
     assert_whole(out)
+
+
+def test_the_best_table_marks_timings_racing_stopped_early() -> None:
+    """A stopped trial's median is of fewer repetitions: the table says so, with a legend line."""
+    from types import SimpleNamespace
+
+    from evotuner import cli_render
+    from evotuner.storage.records import TrialRecord
+
+    def rec(number: int, value: float, stopped: bool) -> TrialRecord:
+        attrs = {"stopped_early": {"repetitions": 32}} if stopped else {}
+        return TrialRecord(number=number, state="COMPLETE", value=value, params={"BLOCK_M": 64, "BLOCK_N": 64},
+                           tflops=100.0, attrs=attrs)
+
+    summary = SimpleNamespace(trials=(rec(0, 100.0, False), rec(1, 120.0, True)))
+    text = "\n".join(line.plain for line in cli_render._top_table(summary, 10, {"sdpa_default": 110.0}))
+    assert "120.0*" in text and "100.0*" not in text
+    assert "stopped early (racing)" in text
+    plain = "\n".join(line.plain for line in cli_render._top_table(
+        SimpleNamespace(trials=(rec(0, 100.0, False),)), 10, {}))
+    assert "*" not in plain and "racing" not in plain
