@@ -334,15 +334,28 @@ def _run(store, study, problem, space, sampler_name, seed, trials, builder, meas
 
 
 def _interrupted(store: Any, study: str, trials: int) -> InterruptedByUser:
-    try:
-        kept = f"study {study!r} keeps its {store.count_finished(study)} finished trials"
-    except (EvotunerError, Exception):  # noqa: BLE001 -- the message must come out whatever the database says
-        kept = f"study {study!r} keeps every trial that finished"
+    kept = f"study {study!r} keeps every trial that finished"
+    # The interrupt may have landed inside one of this store's transactions: count through a
+    # fresh connection to the same database when the store itself cannot answer.
+    for count in (lambda: store.count_finished(study), lambda: _count_fresh(store.url, study)):
+        try:
+            kept = f"study {study!r} keeps its {count()} finished trials"
+            break
+        except (EvotunerError, Exception):  # noqa: BLE001 -- the message must come out whatever the database says
+            continue
     what = "terminated (SIGTERM)" if _signalled["term"] else "interrupted"
     return InterruptedByUser(
         f"{what}: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
         f"continue with `evotuner resume --study {study} --trials {trials}`",
     )
+
+
+def _count_fresh(url: str, study: str) -> int:
+    store = session.open_store(url, must_exist=True)
+    try:
+        return store.count_finished(study)
+    finally:
+        store.close()
 
 
 # -- wiring --------------------------------------------------------------------------------
