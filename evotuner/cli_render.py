@@ -138,7 +138,7 @@ class SearchView:
         self._refresh()
         self._log(self.status.plain)
         self._log(outcome)
-        if getattr(result, "stopped_early", 0):
+        if result.stopped_early:
             self._log(f"racing: {result.stopped_early} of {result.measured} timings stopped early, clearly slower "
                       "than the study's best so far (--full-timing times every config in full)")
         if result.new_trials and result.timings:
@@ -156,7 +156,7 @@ _TIME_PARTS = (("baselines", "baselines"), ("ask", "sampler"), ("build_wait", "w
 
 def _time_split(result: Any) -> str:
     """Where this run's search loop spent its time (per GPU thread on average with --gpus)."""
-    n = max(1, int(getattr(result, "threads", 1)))
+    n = max(1, result.threads)
     parts = ", ".join(f"{label} {result.timings.get(key, 0.0) / n:.1f} s" for key, label in _TIME_PARTS)
     per = f" (average of {n} GPU threads)" if n > 1 else ""
     return f"time split{per}: {parts}"

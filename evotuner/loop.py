@@ -596,17 +596,17 @@ class _Search:
     def _ask_one(self, slot: str) -> None:
         started = time.perf_counter()
         config: KernelConfig | None = None
+        failed: Exception | None = None
         with self.ask_lock:
             trial = self.current = self.study.ask()
             try:
                 config = self._suggest(trial)
-            except KeyboardInterrupt:
-                raise
             except Exception as exc:  # noqa: BLE001 -- a proposal error fails this trial only
-                self.worker.bind(slot, trial.number)
-                self._finish(trial, config, "FAIL", None, _describe(exc), {})
-                return
+                failed = exc
         self.worker.bind(slot, trial.number)
+        if failed is not None:
+            self._finish(trial, config, "FAIL", None, _describe(failed), {})
+            return
         try:
             self._tally("ask", started)
             self.emit(ev.TrialStarted(trial.number, config))

@@ -18,6 +18,7 @@ import torch
 
 from evotuner.config import KernelConfig
 from evotuner.errors import ShapeError
+from evotuner.family import get_family
 from evotuner.problem import Problem, Shape
 from evotuner.runtime.attention import Choice, forward_only_error, choose, kernel_module
 
@@ -110,8 +111,6 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Ten
     for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
         if isinstance(m, bool) or not isinstance(m, int) or m < 0 or m >= 2**31:
             raise ShapeError(f"{name}: {m!r} is not a length", "the longest sequence's length, an int >= 0")
-    from evotuner.family import get_family
-
     why = get_family(FAMILY).unsupported(Problem(Shape(1, q.shape[1], 1, 1, q.shape[2], k.shape[1]),
                                                  _DTYPES[q.dtype]))
     if why:

@@ -169,14 +169,12 @@ class Hopper(KernelFamily):
             data = encode_tensor_map(view.ptr, view.shape, view.strides, args.dtype, rows, pan, name=field[3:])
             getattr(p, field).opaque[:] = memoryview(data).cast("Q").tolist()
         p.lse = lse.ptr if lse is not None else None
-        p.batch, p.heads, p.seqlen_q, p.seqlen_k = B, H, Sq, Sk
-        if packed is not None:   # the grid spans the longest sequence; the maps the packed rows
-            total_q = Sq
-            B, Sq, Sk = packed.batch, packed.max_seqlen_q, packed.max_seqlen_k
-            p.batch, p.seqlen_q, p.seqlen_k = B, Sq, Sk
+        if packed is not None:   # the maps hold the packed rows; the grid spans the longest sequence
             p.cu_seqlens_q, p.cu_seqlens_k = packed.cu_seqlens_q, packed.cu_seqlens_k
             p.o_ptr, p.o_row_stride, p.o_head_stride = o.ptr, o.strides[2], o.strides[1]
-            p.total_q = total_q
+            p.total_q = Sq
+            B, Sq, Sk = packed.batch, packed.max_seqlen_q, packed.max_seqlen_k
+        p.batch, p.heads, p.seqlen_q, p.seqlen_k = B, H, Sq, Sk
         p.scale_log2 = float(args.scale) * math.log2(math.e)
         p.kv_group = _kv_group(q, k)
         sched = int(meta["sched"])
