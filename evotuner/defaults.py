@@ -215,9 +215,10 @@ def fastest_recommended(problem: Problem, exclude: Mapping[str, str] | None = No
 
 @lru_cache(maxsize=None)
 def family_parameters(name: str) -> frozenset[str]:
-    """The kernel parameter names of family ``name`` (the keys of its recommended configs)."""
+    """The kernel parameter names of family ``name`` (the keys of its recommended configs and
+    its optional parameters)."""
     fam = get_family(name)
-    names: set[str] = set()
+    names: set[str] = set(fam.optional_params)
     for d in fam.head_dims:
         for causal in (False, True):
             try:

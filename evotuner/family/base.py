@@ -48,6 +48,7 @@ import abc
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Mapping
 
 from evotuner.abi import decode_meta
@@ -104,6 +105,10 @@ class AttentionArgs:
     #: Device pointer to :meth:`KernelFamily.workspace_bytes` bytes that the runtime zeroed
     #: on the launch stream just before this launch (0 when the family asks for none).
     workspace: int = 0
+    #: Device pointer to :meth:`KernelFamily.scratch_bytes` bytes for this launch's shapes,
+    #: zeroed once when the runtime allocated them (the kernel leaves what it relies on as
+    #: it found it); 0 when the family asks for none.
+    scratch: int = 0
     #: A packed variable-length batch (then q/o are [1, H, total_q, D] views of the packed
     #: [total_q, H, D] tensors, k/v likewise, lse [H, total_q]); None: dense.
     varlen: "VarlenArgs | None" = None
@@ -158,6 +163,11 @@ class KernelFamily(abc.ABC):
     #: The sampler ``evotuner search`` uses for this family's spaces when --sampler is not
     #: given (a name of :data:`evotuner.propose.SAMPLERS`; the study records it).
     default_sampler: str = "tpe"
+    #: Kernel parameters a config may set beyond those of the recommended configs, with the
+    #: value the kernel takes when a config leaves one out (e.g. a knob only some spaces
+    #: search): ``config=`` accepts them and :func:`evotuner.defaults.family_parameters`
+    #: names them.
+    optional_params: Mapping[str, int] = MappingProxyType({})
     #: C++ namespace and macro prefix of the family's rows in an exported header.
     export_namespace: str = ""
     export_macro_prefix: str = ""
@@ -243,6 +253,13 @@ class KernelFamily(abc.ABC):
     def workspace_bytes(self, meta: Mapping[str, int]) -> int:
         """Device bytes one launch needs zeroed on its stream before it starts (e.g. a
         dynamic scheduler's tile counter); the runtime passes them as ``AttentionArgs.workspace``."""
+        return 0
+
+    def scratch_bytes(self, meta: Mapping[str, int], batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> int:
+        """Device bytes one launch of these sizes uses as scratch (e.g. split-KV partial
+        results). The runtime allocates them zeroed, once per stream, and reuses them for
+        every later launch on that stream (stream order keeps launches apart), so a kernel
+        must leave any part it needs zero at its start zero again at its end."""
         return 0
 
     @abc.abstractmethod

@@ -129,14 +129,14 @@ def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_d
                          f"e.g. config={dict(list(base.as_dict().items())[:2])}")
     known = base.as_dict()
     for name in given:
-        if name not in known:
+        if name not in known and name not in fam.optional_params:
             try:
                 other = config_family(given).name      # the family these parameters are of, if one
             except SpaceError:
                 other = None
             hint = f"; they are the {other} family's: pass family={other!r}" if other and other != fam.name else ""
             raise SpaceError(f"config: unknown kernel parameter {name} for the {fam.name} family",
-                             f"{fam.title or fam.name} takes {', '.join(sorted(known))}{hint}")
+                             f"{fam.title or fam.name} takes {', '.join(sorted({*known, *fam.optional_params}))}{hint}")
     return KernelConfig.of({**known, **given})
 
 
@@ -342,7 +342,7 @@ class _Plan:
 
     __slots__ = ("choice", "module", "device", "torch_device", "dtype", "out_shape", "lse_shape", "layout", "scale",
                  "binder", "args", "params", "geometry", "workspace", "workspaces", "lock", "launch", "memset",
-                 "function", "config", "config_ref", "stream", "like_q")
+                 "function", "config", "config_ref", "stream", "like_q", "sizes", "scratch", "scratches")
 
     def __init__(self, choice: Choice, module: KernelModule, q: torch.Tensor, layout: str, scale: float,
                  return_lse: bool, views: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
@@ -360,6 +360,9 @@ class _Plan:
         cuda.ensure_context(self.device)
         self.workspace = module.family.workspace_bytes(module.meta)   # bytes zeroed before each launch
         self.workspaces: dict[int, int] = {}                          # stream -> its workspace pointer
+        self.sizes = (B, H, Sq, views[1].shape[2])
+        self.scratch = module.family.scratch_bytes(module.meta, *self.sizes)   # zeroed once, reused
+        self.scratches: dict[int, int] = {}                           # stream -> its scratch pointer
         self.memset = cuda.driver().cuMemsetD8Async
         self.function = ctypes.c_void_p(module.function)
         # q contiguous: empty_like(q) is the output (contiguous in q's layout), and the cheapest allocation
@@ -373,7 +376,7 @@ class _Plan:
         def make(ptrs: Mapping[str, int]) -> bytes:
             spec = module.launch_spec(_at(qv, ptrs["q"]), _at(kv, ptrs["k"]), _at(vv, ptrs["v"]), _at(ov, ptrs["o"]),
                                       _at(lse, ptrs["lse"]) if lse is not None else None, scale,
-                                      ptrs.get("workspace", 0))
+                                      ptrs.get("workspace", 0), ptrs.get("scratch", 0))
             if len(spec.args) != 1:
                 raise _NoBinder()
             return spec.args[0]
@@ -383,7 +386,9 @@ class _Plan:
             ptrs["lse"] = lse.data_ptr()
         if self.workspace:
             ptrs["workspace"] = 1 << 40
-        spec = module.launch_spec(qv, kv, vv, ov, lse, scale, ptrs.get("workspace", 0))
+        if self.scratch:
+            ptrs["scratch"] = 1 << 41
+        spec = module.launch_spec(qv, kv, vv, ov, lse, scale, ptrs.get("workspace", 0), ptrs.get("scratch", 0))
         self.geometry = (*spec.grid, *spec.block, spec.smem_bytes)
         # cuLaunchKernelEx with a prebuilt CUlaunchConfig: 4 arguments for ctypes to pass, not 11
         self.config = cuda.LaunchConfig(*self.geometry, None, None, 0)
@@ -416,6 +421,11 @@ class _Plan:
                 if self.memset(ws, 0, self.workspace, stream):
                     return self._run_slow(q, k, v, out, lse)
                 ptrs = (*ptrs, ws)
+            if self.scratch:
+                sc = self.scratches.get(stream)
+                if sc is None:
+                    sc = self.scratches[stream] = self.module.scratch(stream, *self.sizes)
+                ptrs = (*ptrs, sc)
             self.binder.bind_into(self.args, ptrs)
             if stream != self.stream:
                 self.config.hStream = self.stream = stream

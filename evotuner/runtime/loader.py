@@ -56,6 +56,8 @@ class KernelModule:
         self._sm_count: int | None = None
         # stream handle -> the family's workspace buffer (zeroed on that stream before each launch)
         self._workspace: dict[int, torch.Tensor] = {}
+        # stream handle -> the family's scratch buffer (zeroed once, when allocated or grown)
+        self._scratch: dict[int, torch.Tensor] = {}
 
     # -- loading -----------------------------------------------------------------
 
@@ -157,11 +159,12 @@ class KernelModule:
     # -- launching -------------------------------------------------------------------
 
     def launch_spec(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
-                    lse: torch.Tensor | None, scale: float, workspace: int = 0) -> LaunchSpec:
+                    lse: torch.Tensor | None, scale: float, workspace: int = 0, scratch: int = 0) -> LaunchSpec:
         """The family's argument bytes and geometry for tensors in the [B, H, S, D] view."""
         args = AttentionArgs(q=_view(q), k=_view(k), v=_view(v), o=_view(o),
                              lse=_view(lse) if lse is not None else None,
-                             dtype=DTYPE_NAMES[self.meta["dtype"]], scale=float(scale), workspace=workspace)
+                             dtype=DTYPE_NAMES[self.meta["dtype"]], scale=float(scale), workspace=workspace,
+                             scratch=scratch)
         return self.family.launch(self.meta, args, DeviceInfo(self.device, self.sm_count))
 
     def launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
@@ -180,7 +183,9 @@ class KernelModule:
         else:
             handle = int(stream)
         cuda.ensure_context(self.device)
-        spec = self.launch_spec(q, k, v, o, lse, scale, self.zeroed_workspace(handle))
+        B, H, Sq, _ = q.shape
+        spec = self.launch_spec(q, k, v, o, lse, scale, self.zeroed_workspace(handle),
+                                self.scratch(handle, B, H, Sq, k.shape[2]))
         cuda.launch_kernel(self.function, spec.grid, spec.block, spec.smem_bytes,
                            handle, spec.args, what=f"cuLaunchKernel({self.entry} from {self.source})")
 
@@ -255,6 +260,19 @@ class KernelModule:
         if buf is None or buf.numel() < nbytes:
             buf = self._workspace[stream] = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self.device}")
         cuda.memset_d8_async(buf.data_ptr(), 0, nbytes, stream)
+        return buf.data_ptr()
+
+    def scratch(self, stream: int, batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> int:
+        """The family's scratch for a launch of these sizes on ``stream`` (zeroed on that
+        stream when allocated or grown, then reused as the kernel leaves it); 0 when the
+        family needs none."""
+        nbytes = self.family.scratch_bytes(self.meta, batch, heads, seqlen_q, seqlen_k)
+        if nbytes <= 0:
+            return 0
+        buf = self._scratch.get(stream)
+        if buf is None or buf.numel() < nbytes:
+            buf = self._scratch[stream] = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self.device}")
+            cuda.memset_d8_async(buf.data_ptr(), 0, nbytes, stream)
         return buf.data_ptr()
 
     def _check_launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,

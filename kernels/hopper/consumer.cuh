@@ -120,7 +120,7 @@ struct Consumer {
     template <bool kMasked>
     __device__ __forceinline__ void overlap_step(float (&s)[T::kSRegs], uint32_t (&pr)[T::kPRegs], float (&corr)[2],
                                                  int it) {
-        const int n = t.n_blocks - 1 - it;
+        const int n = t.n_top - 1 - it;
         const int st = stage_of<T>(kv + it);
         const uint32_t ph = phase_of<T>(kv + it);
         const int sp = stage_of<T>(kv + it - 1);
@@ -146,7 +146,7 @@ struct Consumer {
     template <bool kMasked>
     __device__ __forceinline__ void plain_step(float (&s)[T::kSRegs], uint32_t (&pr)[T::kPRegs], float (&corr)[2],
                                                int it) {
-        const int n = t.n_blocks - 1 - it;
+        const int n = t.n_top - 1 - it;
         const int st = stage_of<T>(kv + it);
         const uint32_t ph = phase_of<T>(kv + it);
         mbar_wait(sm.k_full(st), ph);
@@ -202,11 +202,13 @@ struct Consumer {
     // fewer. Blocks run from the last down, so the ones no row of this warpgroup sees
     // are the first `causal_skip()` iterations: with 64-row warpgroups and BLOCK_N=128
     // the first warpgroup of a 192-row tile skips one block, the second one every other tile.
+    // (A split-KV share may lie wholly past this warpgroup's last row: all skipped.)
     __device__ __forceinline__ int causal_skip() const {
         if constexpr (T::kIsCausal) {
             const int last_row = min(t.m0 + g * 64 + 63, t.seqlen_q - 1);
             const int mine = min((t.seqlen_k + BN - 1) / BN, last_row / BN + 1);
-            return t.n_blocks - mine;   // >= 0, < n_blocks (every row sees key 0)
+            if constexpr (!T::kSplit) return t.n_blocks - mine;   // >= 0, < n_blocks (every row sees key 0)
+            return min(t.n_blocks, max(0, t.n_top - mine));
         } else {
             return 0;
         }
@@ -228,12 +230,22 @@ struct Consumer {
             epilogue();
             return;
         }
+        if constexpr (T::kSplit) {
+            // A share with no block this warpgroup sees: an empty partial (LSE -inf).
+            if (t.n_blocks == 0 || causal_skip() >= t.n_blocks) {
+                skip_tile();
+                epilogue();
+                return;
+            }
+        }
 
         float s[T::kSRegs];
         uint32_t pr[T::kPRegs];
         float corr[2];
         const int nb = t.n_blocks;
-        const int n_masked_iters = nb - max(t.n_unmasked, 0);
+        // Iterations on blocks n >= n_unmasked (the first ones: blocks run downwards).
+        const int n_masked_iters = T::kSplit ? min(nb, max(0, t.n_top - max(t.n_unmasked, t.n_top - nb)))
+                                             : nb - max(t.n_unmasked, 0);
         const int first = causal_skip();   // iterations before it: masked for every row here
         for (int it = 0; it < first; ++it) pass_block(it);
         if constexpr (!T::kOverlap) {
@@ -250,7 +262,7 @@ struct Consumer {
             wgmma_wait<0>();
             pin(s);
             release(sm.k_empty(stage_of<T>(kv + first)));
-            softmax_any(s, nb - 1 - first, corr);
+            softmax_any(s, t.n_top - 1 - first, corr);
             to_p(s, pr);
             // Steady state: S of block it overlaps P V of block it-1. The masked
             // blocks (the first ones, descending order) get their own loop: no
@@ -274,11 +286,17 @@ struct Consumer {
         epilogue();
     }
 
-    // O / l -> this WG's staging slab -> TMA store; LSE (epilogue.cuh).
+    // O / l -> this WG's staging slab -> TMA store; LSE (epilogue.cuh). Split-KV: the
+    // fp32 partial O and LSE to the scratch (split.cuh).
     __device__ __forceinline__ void epilogue();
+    __device__ __forceinline__ void store_partial();
+    // Split-KV, after run_tile by every consumer thread of the CTA: count this CTA's share
+    // done; the tile's last one combines the partials into O and the LSE (split.cuh).
+    __device__ __forceinline__ void finish_split();
 };
 
 }  // namespace hopper
 
 #include "hopper/softmax.cuh"
 #include "hopper/epilogue.cuh"
+#include "hopper/split.cuh"

@@ -21,6 +21,9 @@ file), in clocks:
 * the kernel: the tiles' makespan over the SMs in the order the kernel hands them out
   (kernel.cuh ``tile_info``: SCHED 0 the hardware's dispatch, 1 static striding, 2 a
   dynamic counter; causal tiles longest first);
+* split-KV (SPLITS > 1): a tile's key blocks shared by SPLITS CTAs, each adding its fp32
+  partial's store, the last one the combine; the chip's HBM bandwidth floors the kernel
+  (every K/V byte read once), which decides decoding;
 * registers: a consumer thread holds O (D/2 fp32), S (BLOCK_N/2 fp32), with OVERLAP the
   previous P (BLOCK_N/4 packed halves) beside the next S, plus about 28 for addresses,
   row statistics and loop state. More than REG_CONS spills, which the gate rejects: the
@@ -72,6 +75,9 @@ HANDOVER = 200.0
 #: loop state): the one figure read off the gate's spill reports (the recorded sweeps'
 #: spill boundaries at D=64 and D=128 bracket it to 25..32).
 REGISTER_OVERHEAD = 28
+#: HBM -> L2 bytes per clock, the whole chip (3.35 TB/s at 1.83 GHz): the floor of a
+#: problem whose K/V are read once (decoding), which the per-SM L2 figure cannot see.
+HBM_BYTES_PER_CLK = 1830.0
 #: Tiles above which the makespan is computed in closed form instead of tile by tile.
 EXACT_TILES = 20000
 
@@ -160,6 +166,7 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
     block_m = 64 * wgs
     num_m = -(-s.seqlen_q // block_m)
     persistent = config["SCHED"] >= 1
+    splits = int(config.get("SPLITS", 1))   # split-KV: each tile's key blocks shared by this many CTAs
     per_m = np.empty(num_m)
     clocks_of: dict[tuple[int, int], float] = {}     # (rows, kv blocks) -> tile clocks: one per
     for m in range(num_m):                            # distinct tile (two when non-causal)
@@ -168,7 +175,15 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
         if problem.causal:                            # top-left: row i sees keys 0..i
             blocks = min(blocks, (m * block_m + rows - 1) // n + 1)
         if (rows, blocks) not in clocks_of:
-            clocks_of[rows, blocks] = _tile_clocks(config, d, rows, blocks, persistent)
+            if splits > 1:   # the longest share, its fp32 partial out, and the last CTA's combine
+                partial = rows * d * 4 / L2_BYTES_PER_CLK
+                combine = L2_LATENCY + splits * partial + rows * d * 2 / L2_BYTES_PER_CLK
+                clocks_of[rows, blocks] = (_tile_clocks(config, d, rows, -(-blocks // splits), persistent)
+                                           + partial + combine)
+            else:
+                clocks_of[rows, blocks] = _tile_clocks(config, d, rows, blocks, persistent)
         per_m[m] = clocks_of[rows, blocks]
-    clocks = _makespan(tuple(per_m.tolist()), s.batch * s.heads, problem.causal, sms, config["SCHED"] == 1)
-    return clocks / (clock_ghz * 1e3)
+    clocks = _makespan(tuple(per_m.tolist()), s.batch * s.heads * splits, problem.causal, sms,
+                       config["SCHED"] == 1)
+    kv_bytes = 2 * s.batch * s.heads_kv * s.seqlen_k * d * 2    # K and V, read from HBM once at best
+    return max(clocks, kv_bytes / HBM_BYTES_PER_CLK) / (clock_ghz * 1e3)

@@ -9,6 +9,10 @@ namespace hopper {
 // O / l -> this WG's staging slab (swizzled like TMA's layout) -> TMA store; LSE.
 template <class T>
 __device__ __forceinline__ void Consumer<T>::epilogue() {
+    if constexpr (T::kSplit) {   // a share's partial; finish_split writes O
+        store_partial();
+        return;
+    }
     float inv[2];
     const int q_row = q_first_row();      // the sequence's first row in the maps (packed; else 0)
     const int seqlen_q = q_len(q_row);

@@ -31,6 +31,12 @@ WGMMA_SERIALIZED = re.compile(r"^.*\(C751\d\).*$", re.M)
 WIDE_HEAD_DIMS = (192, 256)
 #: Bytes of the SCHED=2 tile counter (one int32, zero at launch).
 TILE_COUNTER_BYTES = 4
+#: Problems of at most this many query rows (B*H*Sq: one wave of 64-row tiles on the
+#: H100's 132 SMs) are searched in search_spaces/hopper_split.toml (split-KV).
+SPLIT_SPACE_ROWS = 8448
+#: SPLITS values of hopper_split.toml, and the SMs the recommended split count fills.
+SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)
+SPLIT_SMS = 132
 
 
 def launch_registers(threads: int, regs_per_sm: int = 65536, unit: int = 8, cap: int = 255) -> int:
@@ -56,6 +62,7 @@ class Hopper(KernelFamily):
     head_dims = (64, 128, 192, 256)
     dtypes = ("fp16", "bf16")
     min_blocks_label = "blocks per SM (__launch_bounds__) "
+    optional_params = {"SPLITS": 1}   # split-KV (hopper_split.toml); the kernel's default: off
     export_namespace = "hopper::tuned"
     export_macro_prefix = "HOPPER_TUNED"
 
@@ -64,9 +71,12 @@ class Hopper(KernelFamily):
 
     def space_for(self, problem: Problem) -> Path:
         """hopper.toml for D=64 and 128, hopper_wide.toml for D=192 and 256 (its tiles stop
-        at BLOCK_N=128; hopper.toml's recorded sweeps pin that file's constraints)."""
+        at BLOCK_N=128; hopper.toml's recorded sweeps pin that file's constraints), and
+        hopper_split.toml (split-KV) for dense problems of under one wave of tiles."""
         if problem.shape.head_dim in WIDE_HEAD_DIMS:
             return packaged("evotuner.search_spaces", "hopper_wide.toml")
+        if uses_split_space(problem):
+            return packaged("evotuner.search_spaces", "hopper_split.toml")
         return self.default_space()
 
     def defaults_file(self) -> Path:
@@ -85,10 +95,15 @@ class Hopper(KernelFamily):
         if self.unsupported(problem):
             return ()
         try:
-            return (pick_config(_entries(), problem.shape.head_dim, problem.dtype, problem.causal, self.title,
-                                query_rows=problem.query_rows),)
+            config = pick_config(_entries(), problem.shape.head_dim, problem.dtype, problem.causal, self.title,
+                                 query_rows=problem.query_rows)
         except EvotunerError:
             return ()
+        if uses_split_space(problem):   # a config of hopper_split.toml: SCHED 0 and a split count
+            values = {**config.as_dict(), "SCHED": 0}
+            values["SPLITS"] = recommended_splits(problem, 64 * values["CONSUMER_WGS"], values["BLOCK_N"])
+            config = KernelConfig.of(values)
+        return (config,)
 
     def expected_speed(self, problem: Problem) -> float:
         """The measured TFLOP/s noted next to the recommended config (defaults.toml)."""
@@ -153,6 +168,13 @@ class Hopper(KernelFamily):
     def workspace_bytes(self, meta: Mapping[str, int]) -> int:
         return TILE_COUNTER_BYTES if int(meta["sched"]) == 2 else 0
 
+    def scratch_bytes(self, meta: Mapping[str, int], batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> int:
+        """Split-KV (SPLITS > 1): the per-tile counters and the fp32 partials (params.h)."""
+        splits = int(meta.get("splits", 1))
+        if splits <= 1:
+            return 0
+        return split_scratch_bytes(splits, batch, heads, seqlen_q, int(meta["block_m"]), int(meta["head_dim"]))
+
     def launch(self, meta: Mapping[str, int], args: AttentionArgs, device: DeviceInfo) -> LaunchSpec:
         q, k, v, o, lse = args.q, args.k, args.v, args.o, args.lse
         B, H, Sq, D = q.shape
@@ -164,8 +186,11 @@ class Hopper(KernelFamily):
                                 "build the kernel for the problem (Problem.varlen) it runs")
         panels = D // 64
         p = Params()
-        for field, view, rows, pan in (("tm_q", q, meta["block_m"], panels), ("tm_k", k, meta["block_n"], panels),
-                                       ("tm_v", v, meta["block_n"], panels), ("tm_o", o, meta["o_box_rows"], 1)):
+        maps = [("tm_q", q, meta["block_m"], panels), ("tm_k", k, meta["block_n"], panels),
+                ("tm_v", v, meta["block_n"], panels)]
+        if int(meta.get("splits", 1)) <= 1:   # split-KV writes O through o_ptr, never through the map
+            maps.append(("tm_o", o, meta["o_box_rows"], 1))
+        for field, view, rows, pan in maps:
             data = encode_tensor_map(view.ptr, view.shape, view.strides, args.dtype, rows, pan, name=field[3:])
             getattr(p, field).opaque[:] = memoryview(data).cast("Q").tolist()
         p.lse = lse.ptr if lse is not None else None
@@ -186,8 +211,54 @@ class Hopper(KernelFamily):
         else:
             p.tile_counter = None
         m_blocks = math.ceil(Sq / meta["block_m"])
-        grid = (m_blocks, H, B) if sched == 0 else (max(1, min(device.sm_count, m_blocks * H * B)), 1, 1)
+        splits = int(meta.get("splits", 1))
+        if splits > 1:
+            if not args.scratch:
+                raise EvotunerError(f"hopper SPLITS={splits}: no scratch for the partial results "
+                                    "(AttentionArgs.scratch is 0)",
+                                    "launch through evotuner.runtime.KernelModule, which allocates it")
+            p.scratch = args.scratch
+            p.o_ptr = o.ptr
+            p.o_batch_stride, p.o_head_stride, p.o_row_stride = o.strides[0], o.strides[1], o.strides[2]
+        grid = (m_blocks * splits, H, B) if sched == 0 else (max(1, min(device.sm_count, m_blocks * H * B)), 1, 1)
         return LaunchSpec(args=(bytes(p),), grid=grid, block=(meta["threads"], 1, 1), smem_bytes=meta["smem_bytes"])
+
+
+def uses_split_space(problem: Problem) -> bool:
+    """Whether ``problem`` is searched with split-KV (hopper_split.toml): dense, D 64 or 128,
+    at most :data:`SPLIT_SPACE_ROWS` query rows."""
+    return (not problem.varlen and problem.shape.head_dim not in WIDE_HEAD_DIMS
+            and problem.query_rows <= SPLIT_SPACE_ROWS)
+
+
+def recommended_splits(problem: Problem, block_m: int, block_n: int, sms: int = SPLIT_SMS) -> int:
+    """The split count a new study of ``problem`` tries first (the search then tunes it):
+    FlashAttention-3's rule (hopper/heuristics.h) over :data:`SPLIT_CHOICES`: none when the
+    tiles fill 80% of the SMs, else the fewest splits whose wave efficiency (CTAs over the
+    SM slots of the waves they take) is within 85% of the best, each split keeping at
+    least two key blocks."""
+    s = problem.shape
+    tiles = -(-s.seqlen_q // block_m) * s.heads * s.batch
+    blocks = -(-s.seqlen_k // block_n)
+    if tiles >= 0.8 * sms:
+        return 1
+    usable = [n for n in SPLIT_CHOICES if n == 1 or blocks >= 2 * n]
+    efficiency = {n: tiles * n / (-(-tiles * n // sms) * sms) for n in usable}
+    best = max(efficiency.values())
+    return min(n for n in usable if efficiency[n] >= 0.85 * best)
+
+
+def split_scratch_bytes(splits: int, batch: int, heads: int, seqlen_q: int, block_m: int, head_dim: int) -> int:
+    """Scratch bytes of a split-KV launch (params.h; split.cuh's layout): int32 counters
+    per tile, fp32 LSE partials [B, H, SPLITS, Sq], fp32 O partials [B, H, SPLITS, Sq, D],
+    each region 256-byte aligned."""
+    bh = batch * heads
+    m_blocks = -(-seqlen_q // block_m)
+    return _round256(bh * m_blocks * 4) + _round256(bh * splits * seqlen_q * 4) + bh * splits * seqlen_q * head_dim * 4
+
+
+def _round256(n: int) -> int:
+    return (n + 255) // 256 * 256
 
 
 def _kv_group(q: TensorView, k: TensorView) -> int:

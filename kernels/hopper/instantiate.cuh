@@ -16,6 +16,7 @@
 //   #define HOPPER_RESCALE_LOG2 0    // optional (default 0 = eager O rescale); 8 = lazy rescale
 //   #define HOPPER_EXP_EMU 0         // optional (default 0); k >= 2: 1 exp2 in k by FMA polynomial
 //   #define HOPPER_VARLEN 0          // optional (default 0); 1: packed variable-length batches (a problem property)
+//   #define HOPPER_SPLITS 1          // optional (default 1); k > 1: split-KV over k CTAs per tile (needs SCHED 0)
 //   #include "hopper/instantiate.cuh"
 //
 // Optional: HOPPER_BLOCK_M (if given it must equal 64*CONSUMER_WGS),
@@ -65,6 +66,9 @@
 #ifndef HOPPER_EXP_EMU
 #define HOPPER_EXP_EMU 0
 #endif
+#ifndef HOPPER_SPLITS
+#define HOPPER_SPLITS 1
+#endif
 #ifndef HOPPER_KERNEL_NAME
 #define HOPPER_KERNEL_NAME hopper_fwd
 #endif
@@ -96,7 +100,7 @@
 using HOPPER_TRAITS_ = hopper::Traits<HOPPER_HEAD_DIM, HOPPER_BLOCK_N, HOPPER_STAGES, HOPPER_CONSUMER_WGS,
                                       HOPPER_REG_PROD, HOPPER_REG_CONS, HOPPER_OVERLAP, HOPPER_PINGPONG,
                                       HOPPER_SCHED, HOPPER_IS_CAUSAL != 0, HOPPER_ELEMENT_, HOPPER_RESCALE_LOG2,
-                                      HOPPER_EXP_EMU, HOPPER_VARLEN != 0>;
+                                      HOPPER_EXP_EMU, HOPPER_VARLEN != 0, HOPPER_SPLITS>;
 
 // Braces: a definition on both the host and device side (see flashcore/instantiate.cuh).
 extern "C" {
@@ -120,6 +124,7 @@ __constant__ int32_t HOPPER_META_NAME[HOPPER_META_LEN] = {
     HOPPER_TRAITS_::kRescaleLog2,   // HOPPER_META_RESCALE_LOG2
     HOPPER_TRAITS_::kExpEmu,        // HOPPER_META_EXP_EMU
     HOPPER_TRAITS_::kVarlen,        // HOPPER_META_VARLEN
+    HOPPER_TRAITS_::kSplits,        // HOPPER_META_SPLITS
 };
 }
 
@@ -147,5 +152,6 @@ extern "C" __global__ void __launch_bounds__(HOPPER_TRAITS_::kThreads, 1)
 #undef HOPPER_RESCALE_LOG2
 #undef HOPPER_EXP_EMU
 #undef HOPPER_VARLEN
+#undef HOPPER_SPLITS
 #undef HOPPER_KERNEL_NAME
 #undef HOPPER_META_NAME

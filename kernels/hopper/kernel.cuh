@@ -10,7 +10,7 @@
 // mask (causal diagonal, ragged Sk tail) come first and the rest run unmasked.
 //
 // The roles live in their own files: smem.cuh (layout, ring), tile_scheduler.cuh,
-// producer.cuh (loads), consumer.cuh (math; softmax.cuh, epilogue.cuh). This file composes
+// producer.cuh (loads), consumer.cuh (math; softmax.cuh, epilogue.cuh, split.cuh). This file composes
 // them: hopper::fwd, the kernel body instantiate.cuh wraps.
 #pragma once
 
@@ -86,6 +86,7 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
             }
             if (T::kDynamic || !T::kPersistent) c.t = tile_info<T>(p, tile);
             c.run_tile();
+            if constexpr (T::kSplit) c.finish_split();   // split-KV: the tile's last share combines
             if constexpr (!T::kPersistent) break;
             if constexpr (!T::kDynamic) tile += gridDim.x;
         }

@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include <cuda.h>  // CUtensorMap (alignas(128), 128 bytes); no driver call is made from device code
 
-#define HOPPER_ABI_VERSION 3
+#define HOPPER_ABI_VERSION 4
 
 namespace hopper {
 
@@ -58,6 +58,14 @@ struct alignas(128) Params {
     void* o_ptr;
     int64_t o_row_stride, o_head_stride;
     int32_t total_q;
+    // Split-KV (SPLITS > 1, SCHED 0): grid x = ceil(seqlen_q / BLOCK_M) * SPLITS. `scratch`
+    // is device memory the host zeroed once when it allocated it (the kernel leaves its
+    // counters at zero again): int32 counters [B*H*m_blocks] (padded to 256 B), fp32 LSE
+    // partials [B, H, SPLITS, Sq] (padded to 256 B), fp32 O partials [B, H, SPLITS, Sq, D].
+    // The combining CTA writes O through o_ptr with element strides o_batch_stride,
+    // o_head_stride, o_row_stride (the dense [B, H, Sq, D] view), and the LSE.
+    void* scratch;
+    int64_t o_batch_stride;
 };
 
 static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap must be 128 bytes");
@@ -85,4 +93,5 @@ static_assert(alignof(Params) == 128, "Params must be 128-byte aligned (CUtensor
 #define HOPPER_META_RESCALE_LOG2 16
 #define HOPPER_META_EXP_EMU 17
 #define HOPPER_META_VARLEN 18 /* 1: packed variable-length batches (Params::cu_seqlens_q/k) */
-#define HOPPER_META_LEN 19
+#define HOPPER_META_SPLITS 19 /* 1: off; k > 1: split-KV, grid x = m blocks * k, Params::scratch */
+#define HOPPER_META_LEN 20

@@ -23,14 +23,14 @@ from evotuner.errors import ShapeError
 from evotuner.runtime import cuda  # torch-free; the driver is opened on first use
 
 #: HOPPER_ABI_VERSION (params.h): the kernel's own table version.
-HOPPER_ABI_VERSION = 3
+HOPPER_ABI_VERSION = 4
 #: ``hopper_meta`` entries in index order (HOPPER_META_* in params.h).
 HOPPER_META = ("abi", "threads", "smem_bytes", "block_m", "block_n", "head_dim", "is_causal", "dtype",
                "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong", "o_box_rows",
-               "sched", "rescale_log2", "exp_emu", "varlen")
+               "sched", "rescale_log2", "exp_emu", "varlen", "splits")
 #: The family's own fields as the generic stages see them (after evotuner.abi's common ones).
 META_FIELDS = ("block_m", "block_n", "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong",
-               "o_box_rows", "sched", "rescale_log2", "exp_emu", "varlen")
+               "o_box_rows", "sched", "rescale_log2", "exp_emu", "varlen", "splits")
 #: __launch_bounds__(THREADS, 1) in instantiate.cuh.
 LAUNCH_MIN_BLOCKS = 1
 
@@ -63,7 +63,8 @@ class Params(ctypes.Structure):
         ("cu_seqlens_q", c_void_p), ("cu_seqlens_k", c_void_p),
         ("o_ptr", c_void_p), ("o_row_stride", ctypes.c_int64), ("o_head_stride", ctypes.c_int64),
         ("total_q", c_int32),
-        ("_pad", ctypes.c_uint8 * 44),   # tail padding to alignas(128): 512 + 84 -> 640
+        ("scratch", c_void_p), ("o_batch_stride", ctypes.c_int64),
+        ("_pad", ctypes.c_uint8 * 24),   # tail padding to alignas(128): 512 + 104 -> 640
     ]
 
 

@@ -49,7 +49,7 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
         // Next tile: fetched now so the atomic's latency hides behind this tile.
         const int next = T::kDynamic ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : tile + int(gridDim.x);
         for (int it = 0; it < t.n_blocks; ++it, ++kv) {
-            const int n = t.n_blocks - 1 - it;
+            const int n = t.n_top - 1 - it;
             const int s = stage_of<T>(kv);
             const uint32_t ph = phase_of<T>(kv) ^ 1;  // first round passes on a fresh barrier
             mbar_wait(sm.k_empty(s), ph);

@@ -12,7 +12,10 @@ namespace hopper {
 // lies (packed variable-length batches: its own lengths and first rows; dense: the
 // problem's lengths, rows from 0 and the map's batch coordinate).
 struct TileInfo {
-    int m0, n_blocks, n_unmasked;  // blocks n < n_unmasked need no mask
+    // Key blocks n_top-1 down to n_top-n_blocks, in that order (n_blocks iterations; a
+    // split-KV CTA takes its share of the tile's blocks, else n_top == n_blocks).
+    int m0, n_blocks, n_top, n_unmasked;  // blocks n < n_unmasked need no mask
+    int split;                            // split-KV: this CTA's share (0 .. kSplits-1), else 0
     int head, batch;
     int seqlen_q, seqlen_k;        // this tile's sequence
     int q_row, k_row, tb;          // its first Q/O and K/V row in the maps, the maps' batch coordinate
@@ -47,10 +50,12 @@ __device__ __forceinline__ TileInfo tile_info(const Params& p, int tile) {
         t.head = bh % p.heads;
         t.batch = bh / p.heads;
     } else {
-        m_block = blockIdx.x;
+        // split-KV: grid x = m blocks * kSplits, the splits of one m block adjacent
+        m_block = T::kSplit ? int(blockIdx.x) / T::kSplits : int(blockIdx.x);
         t.head = blockIdx.y;
         t.batch = blockIdx.z;
     }
+    t.split = T::kSplit ? int(blockIdx.x) % T::kSplits : 0;
     t.seqlen_q = p.seqlen_q;
     t.seqlen_k = p.seqlen_k;
     t.q_row = t.k_row = 0;
@@ -74,8 +79,18 @@ __device__ __forceinline__ TileInfo tile_info(const Params& p, int tile) {
         nb = min(nb, last_row / T::kBlockN + 1);
         unmasked = min(unmasked, (t.m0 + 1) / T::kBlockN);              // every key <= the tile's first row
     }
-    t.n_blocks = nb;
     t.n_unmasked = unmasked;
+    if constexpr (T::kSplit) {
+        // Split s takes blocks [s*nb/S, (s+1)*nb/S): shares differ by at most one block,
+        // and a split past the tile's blocks gets none (it still reports an empty partial).
+        const int lo = static_cast<int>(static_cast<long long>(t.split) * nb / T::kSplits);
+        const int hi = static_cast<int>(static_cast<long long>(t.split + 1) * nb / T::kSplits);
+        t.n_top = hi;
+        t.n_blocks = hi - lo;
+    } else {
+        t.n_top = nb;
+        t.n_blocks = nb;
+    }
     return t;
 }
 

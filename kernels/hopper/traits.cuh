@@ -14,7 +14,7 @@ template <> struct ElementInfo<__nv_bfloat16> { static constexpr int kDtype = 1;
 
 template <int HEAD_DIM_, int BLOCK_N_, int STAGES_, int CONSUMER_WGS_, int REG_PROD_, int REG_CONS_, int OVERLAP_,
           int PINGPONG_, int SCHED_, bool IS_CAUSAL_, typename Element_, int RESCALE_LOG2_ = 0, int EXP_EMU_ = 0,
-          bool VARLEN_ = false>
+          bool VARLEN_ = false, int SPLITS_ = 1>
 struct Traits {
     using Element = Element_;
     static constexpr int kDtype = ElementInfo<Element>::kDtype;
@@ -31,6 +31,13 @@ struct Traits {
     // Packed variable-length batches (Params::cu_seqlens_q/k; params.h): a build of its own,
     // so the dense kernels carry none of its code (the producer has 24-32 registers).
     static constexpr bool kVarlen = VARLEN_;
+    // Split-KV: the key blocks of a tile are divided among kSplits CTAs (grid x = m blocks *
+    // kSplits); each writes its fp32 partial O and LSE to Params::scratch, and the last CTA
+    // of a tile to finish (a counter per tile) combines them and writes O and the LSE
+    // (split.cuh). 1: off. Fills the SMs when the query tiles alone cannot (decoding,
+    // few heads with long keys).
+    static constexpr int kSplits = SPLITS_;
+    static constexpr bool kSplit = SPLITS_ > 1;
     // 0: one CTA per (m block, head, batch) tile, grid (ceil(Sq/BLOCK_M), H, B);
     // 1: persistent, grid (min(#SMs, tiles)), tiles strided by gridDim.x; the
     //    epilogue stages O in its own buffer so the next tile's Q/K/V loads
@@ -94,6 +101,9 @@ struct Traits {
     static_assert(!kPingpong || (kOverlap && kWGs >= 2), "PINGPONG needs OVERLAP=1 and CONSUMER_WGS >= 2");
     static_assert(kRescaleLog2 >= 0 && kRescaleLog2 <= 10, "RESCALE_LOG2 must be 0 (eager) or 1..10 (P <= 2^k, fp16-safe)");
     static_assert(kExpEmu == 0 || (kExpEmu >= 2 && kExpEmu <= 16), "EXP_EMU must be 0 (off) or 2..16");
+    static_assert(kSplits >= 1 && kSplits <= 128, "SPLITS must be in 1..128 (1: no split)");
+    static_assert(!kSplit || kSched == 0, "SPLITS > 1 needs SCHED=0 (one CTA per (tile, split))");
+    static_assert(!kSplit || !kVarlen, "SPLITS > 1 is not built for packed variable-length batches");
     static_assert(kSched >= 0 && kSched <= 2, "SCHED must be 0 (one CTA per tile), 1 (persistent) or 2 (dynamic)");
     static_assert(kSmemBytes <= 232448,
                   "shared memory ((1+SCHED)*BLOCK_M*HEAD_DIM*2 + 2*STAGES*BLOCK_N*HEAD_DIM*2 + barriers + 1 KiB) exceeds 227 KiB");

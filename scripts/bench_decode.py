@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Decoding and split-KV on the GPU: evotuner.flash_attention against every SDPA backend,
+one process, same run (GPU needed).
+
+Per shape (a few query rows against a long key/value cache, MHA or GQA): each SDPA backend
+that takes the inputs (flash, efficient, cudnn; math only where the others fail), timed
+graph-captured (one call in a CUDA graph, replayed under a timer that clears L2); evotuner's
+own choice through the public call (graph and eager, as a user calls it); and a grid of
+hopper configs through the same public call (``config=``): consumer warpgroups, BLOCK_N,
+ring depth and SPLITS. Every evotuner output is checked against the fp32 reference
+(fresh random inputs) where the reference fits; a wrong one stops the run.
+
+    python3 scripts/bench_decode.py [--sq 1,4,16] [--sk 4096,32768,131072] [--batch 1,16]
+        [--heads 32] [--groups 1,8] [--rounds 3] [--output DIR]
+
+Prints one line per shape: the fastest SDPA backend, evotuner's choice (graph, eager),
+the grid's best config, and the ratios fastest-SDPA / ours (graph-timed, median of
+per-round ratios). Writes DIR/bench_decode.json with every timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import evotuner
+from evotuner.runtime import check as C
+from evotuner.runtime.timing import time_cuda
+
+BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+#: The grid's bases (D=128 register budgets: one warpgroup holds 256, two 240).
+BASES = {
+    "1wg-n128-s2": dict(BLOCK_N=128, CONSUMER_WGS=1, STAGES=2, REG_PROD=24, REG_CONS=256, OVERLAP=1, PINGPONG=0),
+    "1wg-n128-s3": dict(BLOCK_N=128, CONSUMER_WGS=1, STAGES=3, REG_PROD=24, REG_CONS=256, OVERLAP=1, PINGPONG=0),
+    "1wg-n64-s4": dict(BLOCK_N=64, CONSUMER_WGS=1, STAGES=4, REG_PROD=24, REG_CONS=256, OVERLAP=1, PINGPONG=0),
+    "2wg-n128-s2": dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1),
+}
+SPLITS = (1, 2, 4, 8, 16, 32)
+#: Largest K (bytes) whose fp32 reference the check computes (larger shapes are timed only;
+#: tests/gpu/test_split_kv.py covers Sk=131072 for correctness).
+CHECK_LIMIT = 2 << 30
+
+
+def ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def graph_us(fn: Callable[[], object], reps: int) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_cuda(graph.replay, reps=reps).median_us
+
+
+def eager_us(fn: Callable[[], object], calls: int = 100) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / calls
+
+
+def sdpa_callees(q, k, v, scale) -> dict[str, Callable[[], object]]:
+    gqa = {"enable_gqa": True} if k.shape[1] != q.shape[1] else {}
+    out: dict[str, Callable[[], object]] = {}
+    for name, backend in BACKENDS.items():
+        def call(backend=backend):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, scale=scale, **gqa)
+        try:
+            call()
+            torch.cuda.synchronize()
+        except RuntimeError:
+            continue
+        if name == "math" and out:
+            continue
+        out[f"sdpa-{name}"] = call
+    return out
+
+
+def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
+    torch.manual_seed(B * 7 + Sq * 13 + Sk)
+    q = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.float16)
+    k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.float16)
+    v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.float16)
+    scale = 1.0 / math.sqrt(D)
+    check = k.numel() * 2 <= CHECK_LIMIT
+    if check:
+        ref, _ = C.reference(q, k, v, False, scale)
+        tol = C.tolerance(C.torch_low_precision(q, k, v, False, scale), ref)
+    callees = sdpa_callees(q, k, v, scale)
+    _, choice = evotuner.flash_attention(q, k, v, return_choice=True)
+    ours: dict[str, Callable[[], object]] = {"evotuner": lambda: evotuner.flash_attention(q, k, v)}
+    configs = {"evotuner": str(choice.config)}
+    blocks = -(-Sk // 128)
+    for base_name, base in BASES.items():
+        for n in SPLITS:
+            if n > 1 and blocks < n:
+                continue
+            cfg = {**base, "SCHED": 0, "RESCALE_LOG2": 0, "EXP_EMU": 0, "SPLITS": n}
+            label = f"{base_name}-x{n}"
+            ours[label] = lambda cfg=cfg: evotuner.flash_attention(q, k, v, config=cfg)
+            configs[label] = ",".join(f"{a}={b}" for a, b in sorted(cfg.items()))
+    for name, fn in ours.items():
+        out = fn()
+        torch.cuda.synchronize()
+        if check:
+            ok, err, reason, _ = C.compare(out, ref, tol)
+            if not ok:
+                raise SystemExit(f"error: {name} ({configs[name]}) is wrong at B={B} H={H}/{Hkv} Sq={Sq} "
+                                 f"Sk={Sk}: {reason}")
+    if check:
+        del ref
+    everything = {**callees, **ours}
+    rounds: dict[str, list[float]] = {n: [] for n in everything}
+    eager = {"evotuner": [], **{n: [] for n in callees}}
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(args.rounds):
+            for name, fn in everything.items():
+                rounds[name].append(graph_us(fn, args.reps))
+            for name in eager:
+                eager[name].append(eager_us(everything[name]))
+    finally:
+        gc.enable()
+    sdpa_best = [min(rounds[n][r] for n in callees) for r in range(args.rounds)]
+    med = {n: statistics.median(t) for n, t in rounds.items()}
+    fastest_sdpa = min(callees, key=lambda n: med[n])
+    grid_best = min((n for n in ours if n != "evotuner"), key=lambda n: med[n])
+
+    def ratio(name: str) -> float:
+        return statistics.median(s / t for s, t in zip(sdpa_best, rounds[name]))
+
+    eager_sdpa_best = [min(eager[n][r] for n in callees) for r in range(args.rounds)]
+    row = {"shape": dict(B=B, H=H, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D), "checked": check, "choice": configs["evotuner"],
+           "why": choice.why, "graph_us": med, "rounds": rounds, "eager_rounds": eager,
+           "fastest_sdpa": fastest_sdpa, "grid_best": grid_best, "grid_best_config": configs[grid_best],
+           "choice_graph_x": ratio("evotuner"), "grid_best_graph_x": ratio(grid_best),
+           "choice_eager_x": statistics.median(s / t for s, t in zip(eager_sdpa_best, eager["evotuner"])),
+           "split1_best_graph_x": ratio(min((n for n in ours if n.endswith("-x1")), key=lambda n: med[n]))}
+    del q, k, v
+    torch.cuda.empty_cache()
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sq", type=ints, default=[1, 4, 16])
+    ap.add_argument("--sk", type=ints, default=[4096, 32768, 131072])
+    ap.add_argument("--batch", type=ints, default=[1, 16])
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--groups", type=ints, default=[1, 8], help="query heads per key/value head (1: MHA)")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--output", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("error: bench_decode needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
+        return 2
+    if any(args.heads % g for g in args.groups):
+        print(f"error: --groups {args.groups}: each must divide --heads {args.heads}", file=sys.stderr)
+        return 2
+    dev = torch.cuda.get_device_name()
+    print(f"{dev}, torch {torch.__version__}, fp16 D={args.head_dim}, {args.rounds} rounds; x = fastest SDPA "
+          f"backend / ours (graph-timed, median of per-round ratios)")
+    print(f"{'B':>3} {'H/Hkv':>6} {'Sq':>3} {'Sk':>7}  {'fastest SDPA':>18}  {'choice µs':>9} {'x':>6} {'eager x':>7}"
+          f"  {'grid best':>18} {'µs':>8} {'x':>6}  {'no split x':>10}")
+    rows = []
+    for B in args.batch:
+        for g in args.groups:
+            for Sk in args.sk:
+                for Sq in args.sq:
+                    row = bench_shape(B, args.heads, args.heads // g, Sq, Sk, args.head_dim, args)
+                    rows.append(row)
+                    m = row["graph_us"]
+                    print(f"{B:>3} {args.heads:>3}/{args.heads // g:<2} {Sq:>3} {Sk:>7}  "
+                          f"{row['fastest_sdpa']:>10} {m[row['fastest_sdpa']]:>7.1f}  {m['evotuner']:>9.1f} "
+                          f"{row['choice_graph_x']:>6.3f} {row['choice_eager_x']:>7.3f}  {row['grid_best']:>18} "
+                          f"{m[row['grid_best']]:>8.1f} {row['grid_best_graph_x']:>6.3f}  "
+                          f"{row['split1_best_graph_x']:>10.3f}", flush=True)
+    if args.output is not None:
+        args.output.mkdir(parents=True, exist_ok=True)
+        (args.output / "bench_decode.json").write_text(json.dumps({"device": dev, "torch": torch.__version__,
+                                                                  "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
