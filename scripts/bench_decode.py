@@ -7,7 +7,7 @@ that takes the inputs (flash, efficient, cudnn; math only where the others fail)
 graph-captured (one call in a CUDA graph, replayed under a timer that clears L2); evotuner's
 own choice through the public call (graph and eager, as a user calls it); and a grid of
 hopper configs through the same public call (``config=``): consumer warpgroups, BLOCK_N,
-ring depth and SPLITS. Every evotuner output is checked against the fp32 reference
+ring depth, SPLITS and (grouped heads) PACK_GQA. Every evotuner output is checked against the fp32 reference
 (fresh random inputs) where the reference fits; a wrong one stops the run.
 
     python3 scripts/bench_decode.py [--sq 1,4,16] [--sk 4096,32768,131072] [--batch 1,16]
@@ -26,6 +26,7 @@ import json
 import math
 import statistics
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -116,14 +117,16 @@ def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
     ours: dict[str, Callable[[], object]] = {"evotuner": lambda: evotuner.flash_attention(q, k, v)}
     configs = {"evotuner": str(choice.config)}
     blocks = -(-Sk // 128)
-    for base_name, base in BASES.items():
+    for base_name in args.bases:
+        base = BASES[base_name]
         for n in SPLITS:
-            if n > 1 and blocks < n:
-                continue
-            cfg = {**base, "SCHED": 0, "RESCALE_LOG2": 0, "EXP_EMU": 0, "SPLITS": n}
-            label = f"{base_name}-x{n}"
-            ours[label] = lambda cfg=cfg: evotuner.flash_attention(q, k, v, config=cfg)
-            configs[label] = ",".join(f"{a}={b}" for a, b in sorted(cfg.items()))
+            for pack in ((0, 1) if Hkv < H else (0,)):
+                if n > 1 and blocks < n:
+                    continue
+                cfg = {**base, "SCHED": 0, "RESCALE_LOG2": 0, "EXP_EMU": 0, "SPLITS": n, "PACK_GQA": pack}
+                label = f"{base_name}-x{n}" + ("-pack" if pack else "")
+                ours[label] = lambda cfg=cfg: evotuner.flash_attention(q, k, v, config=cfg)
+                configs[label] = ",".join(f"{a}={b}" for a, b in sorted(cfg.items()))
     for name, fn in ours.items():
         out = fn()
         torch.cuda.synchronize()
@@ -162,6 +165,7 @@ def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
            "choice_graph_x": ratio("evotuner"), "grid_best_graph_x": ratio(grid_best),
            "choice_eager_x": statistics.median(s / t for s, t in zip(eager_sdpa_best, eager["evotuner"])),
            "split1_best_graph_x": ratio(min((n for n in ours if n.endswith("-x1")), key=lambda n: med[n]))}
+    row["no_split_or_pack_note"] = "no split x: the grid's best with SPLITS=1 and PACK_GQA=0"
     del q, k, v
     torch.cuda.empty_cache()
     return row
@@ -177,8 +181,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--bases", default=",".join(BASES), help=f"grid bases, of {', '.join(BASES)}")
     ap.add_argument("--output", type=Path, default=None)
     args = ap.parse_args(argv)
+    bases = [b for b in args.bases.split(",") if b]
+    unknown = [b for b in bases if b not in BASES]
+    if unknown:
+        print(f"error: --bases {unknown[0]!r} is not one of {', '.join(BASES)}", file=sys.stderr)
+        return 2
+    args.bases = bases
+    warnings.filterwarnings("ignore", category=UserWarning)   # SDPA's notes on backends that decline
     if not torch.cuda.is_available():
         print("error: bench_decode needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
         return 2

@@ -42,7 +42,10 @@ def test_the_split_space_is_hopper_toml_but_for_sched_and_splits():
     assert split["space"]["kernel"] == base["space"]["kernel"] and split["space"]["arch"] == base["space"]["arch"]
     assert split["params"].pop("SPLITS")["values"] == list(HF.SPLIT_CHOICES)
     assert split["params"].pop("SCHED")["values"] == [0]
+    assert split["params"].pop("PACK_GQA")["values"] == [0, 1]
+    assert split["params"].pop("EXP_EMU")["values"] == [0]
     base["params"].pop("SCHED")
+    base["params"].pop("EXP_EMU")
     assert split["params"] == base["params"]
     assert [c for c in split["constraints"] if c["name"] != "split_sched"] == base["constraints"]
     for table in ("derived", "device", "gate"):
@@ -73,8 +76,12 @@ def test_recommended_splits_follow_the_wave_rule():
 def test_recommended_config_of_a_decode_problem_is_a_config_of_its_space():
     problem = _decode()
     (cfg,) = HOPPER.recommended_configs(problem)
-    assert cfg["SCHED"] == 0 and cfg["SPLITS"] == HF.recommended_splits(problem, 64 * cfg["CONSUMER_WGS"],
-                                                                         cfg["BLOCK_N"])
+    assert cfg["SCHED"] == 0 and cfg["PACK_GQA"] == 1 and cfg["EXP_EMU"] == 0
+    # packed: 8 K/V heads of one 4-row tile each -> 16 splits fill 128 of the 132 SMs
+    assert cfg["SPLITS"] == HF.recommended_splits(HF.packed_problem(problem), 64 * cfg["CONSUMER_WGS"],
+                                                  cfg["BLOCK_N"]) == 16
+    (mha,) = HOPPER.recommended_configs(_decode(Hkv=32))
+    assert mha["PACK_GQA"] == 0 and mha["SPLITS"] == 4
     SPLIT_SPACE.validate(cfg)
     assert SPLIT_SPACE.violated(cfg, problem) is None
     # a big problem's recommended config stays hopper.toml's (no SPLITS key)
@@ -147,3 +154,32 @@ def test_split_configs_compile_clean_and_pass_the_gate(build_cache_dir):
             assert result.artifact.meta["splits"] == cfg.as_dict().get("SPLITS", 1)
             assert apply_gate(result, SPLIT_SPACE.gate, family=HOPPER).passed, cfg
             assert result.artifact.meta["smem_bytes"] == SPLIT_SPACE.derive(cfg, problem)["smem_bytes"]
+
+
+def test_query_head_packing_views_a_kv_heads_query_heads_as_one_head(monkeypatch):
+    maps = {}
+
+    def encode(ptr, shape, strides, *a, name="", **k):
+        maps[name] = (tuple(shape), tuple(strides))
+        return bytes(128)
+    monkeypatch.setattr(HF, "encode_tensor_map", encode)
+    meta = {**META, "pack_gqa": 1, "splits": 1}
+    spec = HOPPER.launch(meta, _args(B=2, H=8, Hkv=2, Sq=5), DeviceInfo(index=0, sm_count=132))
+    p = HP.Params.from_buffer_copy(spec.args[0])
+    assert (p.heads, p.seqlen_q, p.kv_group) == (2, 4 * 5, 1)
+    assert spec.grid == (1, 2, 2)          # one 64-row tile of 20 packed rows per K/V head
+    assert maps["q"] == maps["o"] == ((2, 2, 20, 128), (8 * 5 * 128, 4 * 5 * 128, 128, 1))
+    # causal kernels and layouts no single row stride can walk are launched unpacked
+    causal = HOPPER.launch({**meta, "is_causal": 1}, _args(B=2, H=8, Hkv=2, Sq=5), DeviceInfo(0, 132))
+    assert HP.Params.from_buffer_copy(causal.args[0]).kv_group == 4
+    bshd = TensorView(ptr=0x7F1000000000, shape=(2, 8, 5, 128), strides=(5 * 8 * 128, 128, 8 * 128, 1))
+    assert HF._pack_heads(bshd, 4) is None
+    one_row = TensorView(ptr=0x7F1000000000, shape=(2, 8, 1, 128), strides=(8 * 128, 128, 8 * 128, 1))
+    assert HF._pack_heads(one_row, 4).strides == (8 * 128, 4 * 128, 128, 1)
+
+
+def test_cost_model_sees_packing_for_grouped_decode():
+    problem = _decode(H=32, Hkv=4, Sk=131072)
+    base = dict(BLOCK_N=128, CONSUMER_WGS=1, STAGES=2, REG_PROD=24, REG_CONS=256, OVERLAP=1, PINGPONG=0, SCHED=0,
+                RESCALE_LOG2=0, EXP_EMU=0, SPLITS=32)
+    assert estimate_us({**base, "PACK_GQA": 1}, problem) < estimate_us({**base, "PACK_GQA": 0}, problem)

@@ -362,7 +362,7 @@ class _Plan:
         self.workspaces: dict[int, int] = {}                          # stream -> its workspace pointer
         self.sizes = (B, H, Sq, views[1].shape[2])
         self.scratch = module.family.scratch_bytes(module.meta, *self.sizes)   # zeroed once, reused
-        self.scratches: dict[int, int] = {}                           # stream -> its scratch pointer
+        self.scratches: dict[int, Any] = {}                           # stream -> its scratch buffer
         self.memset = cuda.driver().cuMemsetD8Async
         self.function = ctypes.c_void_p(module.function)
         # q contiguous: empty_like(q) is the output (contiguous in q's layout), and the cheapest allocation
@@ -423,9 +423,9 @@ class _Plan:
                 ptrs = (*ptrs, ws)
             if self.scratch:
                 sc = self.scratches.get(stream)
-                if sc is None:
-                    sc = self.scratches[stream] = self.module.scratch(stream, *self.sizes)
-                ptrs = (*ptrs, sc)
+                if sc is None:   # the buffer itself is kept: the module may let its reference go
+                    sc = self.scratches[stream] = self.module.scratch_buffer(stream, *self.sizes)
+                ptrs = (*ptrs, sc.data_ptr())
             self.binder.bind_into(self.args, ptrs)
             if stream != self.stream:
                 self.config.hStream = self.stream = stream

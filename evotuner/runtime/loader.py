@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Mapping
 
@@ -36,6 +37,10 @@ class SharedMemoryError(EvotunerError):
     failure_kind = "smem"
 
 
+#: Scratch buffers a module keeps (one per stream and launch sizes; the oldest goes first).
+MAX_SCRATCHES = 16
+
+
 class KernelModule:
     """One loaded cubin: its entry function and its meta table, on one device."""
 
@@ -56,8 +61,9 @@ class KernelModule:
         self._sm_count: int | None = None
         # stream handle -> the family's workspace buffer (zeroed on that stream before each launch)
         self._workspace: dict[int, torch.Tensor] = {}
-        # stream handle -> the family's scratch buffer (zeroed once, when allocated or grown)
-        self._scratch: dict[int, torch.Tensor] = {}
+        # (stream handle, sizes) -> the family's scratch for launches of those sizes on that
+        # stream (zeroed once, when allocated; the oldest goes past MAX_SCRATCHES)
+        self._scratch: OrderedDict[tuple[int, int, int, int, int], torch.Tensor] = OrderedDict()
 
     # -- loading -----------------------------------------------------------------
 
@@ -263,17 +269,32 @@ class KernelModule:
         return buf.data_ptr()
 
     def scratch(self, stream: int, batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> int:
-        """The family's scratch for a launch of these sizes on ``stream`` (zeroed on that
-        stream when allocated or grown, then reused as the kernel leaves it); 0 when the
-        family needs none."""
+        """The device pointer of :meth:`scratch_buffer` (0 when the family needs none)."""
+        buf = self.scratch_buffer(stream, batch, heads, seqlen_q, seqlen_k)
+        return 0 if buf is None else buf.data_ptr()
+
+    def scratch_buffer(self, stream: int, batch: int, heads: int, seqlen_q: int,
+                       seqlen_k: int) -> torch.Tensor | None:
+        """The family's scratch for launches of these sizes on ``stream``: zeroed on that
+        stream when allocated, then reused as the kernel leaves it; None when the family needs
+        none. One buffer per (stream, sizes): the kernel lays its scratch out by the sizes,
+        so a buffer another shape used could hold that shape's data where this one keeps
+        counters that must start at zero. The module keeps the last MAX_SCRATCHES; a caller
+        that keeps launching with one (a plan) keeps a reference to it."""
         nbytes = self.family.scratch_bytes(self.meta, batch, heads, seqlen_q, seqlen_k)
         if nbytes <= 0:
-            return 0
-        buf = self._scratch.get(stream)
-        if buf is None or buf.numel() < nbytes:
-            buf = self._scratch[stream] = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self.device}")
+            return None
+        key = (stream, batch, heads, seqlen_q, seqlen_k)
+        buf = self._scratch.get(key)
+        if buf is None:
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self.device}")
             cuda.memset_d8_async(buf.data_ptr(), 0, nbytes, stream)
-        return buf.data_ptr()
+            self._scratch[key] = buf
+            while len(self._scratch) > MAX_SCRATCHES:   # freed in stream order by torch's allocator
+                self._scratch.popitem(last=False)
+        else:
+            self._scratch.move_to_end(key)
+        return buf
 
     def _check_launch(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                       lse: torch.Tensor | None) -> None:

@@ -160,6 +160,10 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
     """Predicted kernel time of ``config`` at ``problem`` in µs; ``math.inf`` where the
     consumer's registers are predicted to spill (the gate rejects a spill)."""
     s = problem.shape
+    if config.get("PACK_GQA", 0) and s.heads_kv < s.heads and not problem.causal:
+        # query-head packing: one head of G*Sq rows per K/V head (family.py _pack_heads)
+        group = s.heads // s.heads_kv
+        s = type(s)(s.batch, s.heads_kv, group * s.seqlen_q, s.seqlen_k, s.head_dim, s.heads_kv)
     d, n, wgs = s.head_dim, config["BLOCK_N"], config["CONSUMER_WGS"]
     if consumer_registers(d, n, config["OVERLAP"]) > config["REG_CONS"]:
         return math.inf

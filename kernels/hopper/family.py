@@ -23,7 +23,7 @@ from evotuner.family import BUILD_RESERVED, AttentionArgs, DeviceInfo, KernelFam
 from evotuner.kernels.hopper.cost import estimate_us
 from evotuner.kernels.hopper.params import (META_FIELDS, Params, TmaStrideError, check_tma_view, decode_hopper_meta,
                                             encode_tensor_map)
-from evotuner.problem import Problem
+from evotuner.problem import Problem, Shape
 
 #: ptxas notes that wgmma instructions were serialized (C7510-C7519): a slow kernel.
 WGMMA_SERIALIZED = re.compile(r"^.*\(C751\d\).*$", re.M)
@@ -62,7 +62,8 @@ class Hopper(KernelFamily):
     head_dims = (64, 128, 192, 256)
     dtypes = ("fp16", "bf16")
     min_blocks_label = "blocks per SM (__launch_bounds__) "
-    optional_params = {"SPLITS": 1}   # split-KV (hopper_split.toml); the kernel's default: off
+    # split-KV and GQA query-head packing (hopper_split.toml); the kernel's defaults: off
+    optional_params = {"SPLITS": 1, "PACK_GQA": 0}
     export_namespace = "hopper::tuned"
     export_macro_prefix = "HOPPER_TUNED"
 
@@ -99,9 +100,11 @@ class Hopper(KernelFamily):
                                  query_rows=problem.query_rows)
         except EvotunerError:
             return ()
-        if uses_split_space(problem):   # a config of hopper_split.toml: SCHED 0 and a split count
-            values = {**config.as_dict(), "SCHED": 0}
-            values["SPLITS"] = recommended_splits(problem, 64 * values["CONSUMER_WGS"], values["BLOCK_N"])
+        if uses_split_space(problem):   # a config of hopper_split.toml: SCHED 0, packing, a split count
+            values = {**config.as_dict(), "SCHED": 0, "EXP_EMU": 0}
+            values["PACK_GQA"] = int(packs_heads(problem))
+            values["SPLITS"] = recommended_splits(packed_problem(problem) if values["PACK_GQA"] else problem,
+                                                  64 * values["CONSUMER_WGS"], values["BLOCK_N"])
             config = KernelConfig.of(values)
         return (config,)
 
@@ -184,6 +187,14 @@ class Hopper(KernelFamily):
             raise EvotunerError(f"hopper: a {'packed' if meta.get('varlen') else 'dense'} kernel launched for a "
                                 f"{'packed' if packed is not None else 'dense'} batch",
                                 "build the kernel for the problem (Problem.varlen) it runs")
+        group = _kv_group(q, k)
+        if packed is None and meta.get("pack_gqa") and group > 1 and not meta["is_causal"]:
+            # GQA query-head packing: one K/V head's `group` query heads as one head of
+            # group*Sq rows (each K/V block then serves them all in one tile); same kernel.
+            pq, po = _pack_heads(q, group), _pack_heads(o, group)
+            if pq is not None and po is not None:
+                q, o, group = pq, po, 1
+                B, H, Sq, D = q.shape
         panels = D // 64
         p = Params()
         maps = [("tm_q", q, meta["block_m"], panels), ("tm_k", k, meta["block_n"], panels),
@@ -201,7 +212,7 @@ class Hopper(KernelFamily):
             B, Sq, Sk = packed.batch, packed.max_seqlen_q, packed.max_seqlen_k
         p.batch, p.heads, p.seqlen_q, p.seqlen_k = B, H, Sq, Sk
         p.scale_log2 = float(args.scale) * math.log2(math.e)
-        p.kv_group = _kv_group(q, k)
+        p.kv_group = group
         sched = int(meta["sched"])
         if sched == 2:
             if not args.workspace:
@@ -229,6 +240,19 @@ def uses_split_space(problem: Problem) -> bool:
     at most :data:`SPLIT_SPACE_ROWS` query rows."""
     return (not problem.varlen and problem.shape.head_dim not in WIDE_HEAD_DIMS
             and problem.query_rows <= SPLIT_SPACE_ROWS)
+
+
+def packs_heads(problem: Problem) -> bool:
+    """Whether PACK_GQA=1 changes ``problem``'s launch: grouped heads, non-causal, dense."""
+    return problem.shape.heads_kv < problem.shape.heads and not problem.causal and not problem.varlen
+
+
+def packed_problem(problem: Problem) -> Problem:
+    """``problem`` as PACK_GQA=1 launches it: one head of G*Sq rows per K/V head."""
+    s = problem.shape
+    group = s.heads // s.heads_kv
+    return Problem(Shape(s.batch, s.heads_kv, group * s.seqlen_q, s.seqlen_k, s.head_dim, s.heads_kv),
+                   problem.dtype, problem.causal)
 
 
 def recommended_splits(problem: Problem, block_m: int, block_n: int, sms: int = SPLIT_SMS) -> int:
@@ -259,6 +283,21 @@ def split_scratch_bytes(splits: int, batch: int, heads: int, seqlen_q: int, bloc
 
 def _round256(n: int) -> int:
     return (n + 255) // 256 * 256
+
+
+def _pack_heads(view: TensorView, group: int) -> TensorView | None:
+    """A [B, H, S, D] view as [B, H/group, group*S, D] (query head h = kv*group + g, row s at
+    packed row g*S + s), or None where no single row stride reaches every packed row (heads
+    not laid out one after the other's rows, with more than one row each)."""
+    B, H, S, D = view.shape
+    sb, sh, ss, sd = view.strides
+    if S == 1:
+        row = sh
+    elif sh == S * ss:
+        row = ss
+    else:
+        return None
+    return TensorView(ptr=view.ptr, shape=(B, H // group, group * S, D), strides=(sb, group * sh, row, sd))
 
 
 def _kv_group(q: TensorView, k: TensorView) -> int:

@@ -17,6 +17,7 @@
 //   #define HOPPER_EXP_EMU 0         // optional (default 0); k >= 2: 1 exp2 in k by FMA polynomial
 //   #define HOPPER_VARLEN 0          // optional (default 0); 1: packed variable-length batches (a problem property)
 //   #define HOPPER_SPLITS 1          // optional (default 1); k > 1: split-KV over k CTAs per tile (needs SCHED 0)
+//   #define HOPPER_PACK_GQA 0        // optional (default 0); 1: the host packs a K/V head's query heads into one
 //   #include "hopper/instantiate.cuh"
 //
 // Optional: HOPPER_BLOCK_M (if given it must equal 64*CONSUMER_WGS),
@@ -69,6 +70,9 @@
 #ifndef HOPPER_SPLITS
 #define HOPPER_SPLITS 1
 #endif
+#ifndef HOPPER_PACK_GQA
+#define HOPPER_PACK_GQA 0
+#endif
 #ifndef HOPPER_KERNEL_NAME
 #define HOPPER_KERNEL_NAME hopper_fwd
 #endif
@@ -100,7 +104,8 @@
 using HOPPER_TRAITS_ = hopper::Traits<HOPPER_HEAD_DIM, HOPPER_BLOCK_N, HOPPER_STAGES, HOPPER_CONSUMER_WGS,
                                       HOPPER_REG_PROD, HOPPER_REG_CONS, HOPPER_OVERLAP, HOPPER_PINGPONG,
                                       HOPPER_SCHED, HOPPER_IS_CAUSAL != 0, HOPPER_ELEMENT_, HOPPER_RESCALE_LOG2,
-                                      HOPPER_EXP_EMU, HOPPER_VARLEN != 0, HOPPER_SPLITS>;
+                                      HOPPER_EXP_EMU, HOPPER_VARLEN != 0, HOPPER_SPLITS,
+                                      HOPPER_PACK_GQA>;
 
 // Braces: a definition on both the host and device side (see flashcore/instantiate.cuh).
 extern "C" {
@@ -125,6 +130,7 @@ __constant__ int32_t HOPPER_META_NAME[HOPPER_META_LEN] = {
     HOPPER_TRAITS_::kExpEmu,        // HOPPER_META_EXP_EMU
     HOPPER_TRAITS_::kVarlen,        // HOPPER_META_VARLEN
     HOPPER_TRAITS_::kSplits,        // HOPPER_META_SPLITS
+    HOPPER_TRAITS_::kPackGqa,       // HOPPER_META_PACK_GQA
 };
 }
 
@@ -153,5 +159,6 @@ extern "C" __global__ void __launch_bounds__(HOPPER_TRAITS_::kThreads, 1)
 #undef HOPPER_EXP_EMU
 #undef HOPPER_VARLEN
 #undef HOPPER_SPLITS
+#undef HOPPER_PACK_GQA
 #undef HOPPER_KERNEL_NAME
 #undef HOPPER_META_NAME

@@ -94,4 +94,5 @@ static_assert(alignof(Params) == 128, "Params must be 128-byte aligned (CUtensor
 #define HOPPER_META_EXP_EMU 17
 #define HOPPER_META_VARLEN 18 /* 1: packed variable-length batches (Params::cu_seqlens_q/k) */
 #define HOPPER_META_SPLITS 19 /* 1: off; k > 1: split-KV, grid x = m blocks * k, Params::scratch */
-#define HOPPER_META_LEN 20
+#define HOPPER_META_PACK_GQA 20 /* 1: the host may launch a K/V head's G query heads as one head of G*Sq rows */
+#define HOPPER_META_LEN 21

@@ -27,10 +27,10 @@ HOPPER_ABI_VERSION = 4
 #: ``hopper_meta`` entries in index order (HOPPER_META_* in params.h).
 HOPPER_META = ("abi", "threads", "smem_bytes", "block_m", "block_n", "head_dim", "is_causal", "dtype",
                "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong", "o_box_rows",
-               "sched", "rescale_log2", "exp_emu", "varlen", "splits")
+               "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa")
 #: The family's own fields as the generic stages see them (after evotuner.abi's common ones).
 META_FIELDS = ("block_m", "block_n", "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong",
-               "o_box_rows", "sched", "rescale_log2", "exp_emu", "varlen", "splits")
+               "o_box_rows", "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa")
 #: __launch_bounds__(THREADS, 1) in instantiate.cuh.
 LAUNCH_MIN_BLOCKS = 1
 

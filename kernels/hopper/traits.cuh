@@ -14,7 +14,7 @@ template <> struct ElementInfo<__nv_bfloat16> { static constexpr int kDtype = 1;
 
 template <int HEAD_DIM_, int BLOCK_N_, int STAGES_, int CONSUMER_WGS_, int REG_PROD_, int REG_CONS_, int OVERLAP_,
           int PINGPONG_, int SCHED_, bool IS_CAUSAL_, typename Element_, int RESCALE_LOG2_ = 0, int EXP_EMU_ = 0,
-          bool VARLEN_ = false, int SPLITS_ = 1>
+          bool VARLEN_ = false, int SPLITS_ = 1, int PACK_GQA_ = 0>
 struct Traits {
     using Element = Element_;
     static constexpr int kDtype = ElementInfo<Element>::kDtype;
@@ -38,6 +38,11 @@ struct Traits {
     // few heads with long keys).
     static constexpr int kSplits = SPLITS_;
     static constexpr bool kSplit = SPLITS_ > 1;
+    // GQA query-head packing (host side only: family.py views the G query heads of one K/V
+    // head as one head of G*Sq rows where the layout allows, non-causal only, so each K/V
+    // block is loaded once per tile of G*Sq rows instead of once per query head). The
+    // kernel's code is the same; the knob is recorded in the meta table for the host.
+    static constexpr bool kPackGqa = PACK_GQA_ != 0;
     // 0: one CTA per (m block, head, batch) tile, grid (ceil(Sq/BLOCK_M), H, B);
     // 1: persistent, grid (min(#SMs, tiles)), tiles strided by gridDim.x; the
     //    epilogue stages O in its own buffer so the next tile's Q/K/V loads
@@ -104,6 +109,7 @@ struct Traits {
     static_assert(kSplits >= 1 && kSplits <= 128, "SPLITS must be in 1..128 (1: no split)");
     static_assert(!kSplit || kSched == 0, "SPLITS > 1 needs SCHED=0 (one CTA per (tile, split))");
     static_assert(!kSplit || !kVarlen, "SPLITS > 1 is not built for packed variable-length batches");
+    static_assert(PACK_GQA_ == 0 || PACK_GQA_ == 1, "PACK_GQA must be 0 or 1");
     static_assert(kSched >= 0 && kSched <= 2, "SCHED must be 0 (one CTA per tile), 1 (persistent) or 2 (dynamic)");
     static_assert(kSmemBytes <= 232448,
                   "shared memory ((1+SCHED)*BLOCK_M*HEAD_DIM*2 + 2*STAGES*BLOCK_N*HEAD_DIM*2 + barriers + 1 KiB) exceeds 227 KiB");

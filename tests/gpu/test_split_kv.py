@@ -4,7 +4,8 @@ FA2's tolerance rule, the LSE): decoding shapes (Sq 1..16 against long keys, MHA
 splits that do not divide the key blocks and more splits than key blocks (empty shares),
 causal with split, one and two consumer warpgroups, D 64/128, fp16 and bf16, repeated
 calls (the per-tile counters must be back at zero after every launch) and CUDA-graph
-replay. Skips without a GPU."""
+replay; GQA query-head packing (PACK_GQA) with and without split, both layouts (bshd with
+several rows cannot be packed and runs unpacked). Skips without a GPU."""
 
 from __future__ import annotations
 
@@ -28,12 +29,14 @@ TWO_WG = dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, 
               RESCALE_LOG2=0, EXP_EMU=0)
 
 
-def _check(B, H, Hkv, Sq, Sk, D, causal, config, dtype="fp16", seed=0, calls=1):
+def _check(B, H, Hkv, Sq, Sk, D, causal, config, dtype="fp16", seed=0, calls=1, layout="bhsd"):
     torch.manual_seed(seed)
     dt = _DT[dtype]
     q = torch.randn(B, H, Sq, D, device="cuda", dtype=dt)
     k = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt)
     v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=dt)
+    if layout == "bshd":   # the same values, laid out [B, S, H, D]: the call gets views in bhsd order back
+        q, k, v = (x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v))
     scale = 1 / math.sqrt(D)
     ref, ref_lse = C.reference(q, k, v, causal, scale)
     tol = C.tolerance(C.torch_low_precision(q, k, v, causal, scale), ref)
@@ -42,8 +45,14 @@ def _check(B, H, Hkv, Sq, Sk, D, causal, config, dtype="fp16", seed=0, calls=1):
     for call in range(calls):
         junk = torch.full((B, H, Sq, D), float("nan"), dtype=dt, device="cuda")
         del junk   # the output's block comes back NaN-filled from the caching allocator
-        out, lse, choice = evotuner.flash_attention(q, k, v, causal=causal, config=config, return_lse=True,
-                                                    return_choice=True)
+        if layout == "bshd":
+            out, lse, choice = evotuner.flash_attention(*(x.transpose(1, 2) for x in (q, k, v)), causal=causal,
+                                                        config=config, return_lse=True, return_choice=True,
+                                                        layout="bshd")
+            out = out.transpose(1, 2)
+        else:
+            out, lse, choice = evotuner.flash_attention(q, k, v, causal=causal, config=config, return_lse=True,
+                                                        return_choice=True)
         assert choice.family == "hopper" and choice.config["SPLITS"] == config["SPLITS"]
         ok, _, reason, _ = C.compare(out, ref, tol)
         assert ok, f"{what} call {call}: {reason}"
@@ -97,3 +106,27 @@ def test_cuda_graph_replay_equals_eager():
         g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+@pytest.mark.parametrize("Sq", [1, 5, 16])
+@pytest.mark.parametrize("splits", [1, 8])
+def test_query_head_packing(Sq, splits, layout):
+    # 32 query heads on 4 K/V heads: 8 x Sq rows per packed head (128 at Sq=16: two 64-row tiles)
+    _check(2, 32, 4, Sq, 2000, 128, False, {**ONE_WG, "SPLITS": splits, "PACK_GQA": 1}, seed=Sq + splits,
+           layout=layout, calls=2)
+
+
+@pytest.mark.parametrize("D", [64, 128])
+def test_packing_with_two_warpgroups_and_causal_fallback(D):
+    _check(1, 16, 2, 9, 777, D, False, {**TWO_WG, "SPLITS": 4, "PACK_GQA": 1}, seed=D)
+    _check(1, 16, 2, 9, 777, D, True, {**TWO_WG, "SPLITS": 4, "PACK_GQA": 1}, seed=D + 1)   # unpacked: causal
+
+
+def test_one_config_across_shapes_keeps_its_counters_at_zero():
+    # The kernel lays its scratch out by the launch sizes: a buffer one shape used holds its
+    # partials where another shape keeps counters. Each shape must get its own zeroed
+    # scratch (a shared one made the B=16 decode bench's 2-split packed config wrong on the H100).
+    cfg = {**ONE_WG, "SPLITS": 2, "PACK_GQA": 1}
+    for Sq, Sk in ((16, 1000), (1, 1000), (16, 1100), (1, 1000)):
+        _check(16, 32, 4, Sq, Sk, 128, False, cfg, seed=Sq * 100 + Sk)
