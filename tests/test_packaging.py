@@ -26,7 +26,7 @@ def test_the_wheel_holds_one_import_name_and_its_data(tmp_path):
                    "evotuner/kernels/flashcore/kernel.cuh", "evotuner/kernels/flashcore/defaults.toml",
                    "evotuner/kernels/hopper/extension/hopper_launch_row.cu.in",
                    "evotuner/kernels/hopper/extension/hopper_ext.cpp",
-                   "evotuner/search_spaces/default.toml", "evotuner/storage/store.py"):
+                   "evotuner/search_spaces/flashcore.toml", "evotuner/storage/store.py"):
         assert needed in names, needed
 
 
