@@ -8,6 +8,8 @@
   ptxas wgmma-serialization note, and passes the gate; the space's smem formula equals
   the cubin's ``hopper_meta`` for those and a sample of other configs;
 * the family's gate rules (register pool, C751x notes, launch-cap registers) reject;
+* a knob added to a copy of the family (the space file and instantiate.cuh) is emitted, built
+  and gated;
 * launch(): Params bytes, grid per SCHED, the SCHED=2 tile counter, TMA stride errors;
 * a replayed search + export over the SYNTHETIC hopper fixture
   (tests/data/replay/hopper_synthetic_d64.csv: made-up timings, never measurements).
@@ -201,6 +203,80 @@ def test_recommended_configs_compile_clean_and_pass_the_gate(builder):
         gate = apply_gate(result, SPACE.gate, family=HOPPER)
         assert gate.passed, (cfg, problem, gate.reason)
         assert result.artifact.meta["smem_bytes"] == _smem_formula(cfg, problem), (cfg, problem)
+
+
+#: What adding the knob FAKE_KNOB (a knob that only sets a macro) to a copy of the family takes,
+#: besides the space file's [params.FAKE_KNOB]: instantiate.cuh checks the macro beside the
+#: others and #undefs it with them. No other file of kernels/hopper/ changes.
+FAKE_KNOB_EDITS = {
+    "hopper/instantiate.cuh": [
+        ("#if defined(HOPPER_BLOCK_M)",
+         "#ifndef HOPPER_FAKE_KNOB\n"
+         '#error "HOPPER_FAKE_KNOB is not defined: the space parameter FAKE_KNOB must be #defined (0 or 1)"\n'
+         "#endif\n"
+         "#if HOPPER_FAKE_KNOB != 0 && HOPPER_FAKE_KNOB != 1\n"
+         '#error "HOPPER_FAKE_KNOB must be 0 or 1"\n'
+         "#endif\n"
+         "#if defined(HOPPER_BLOCK_M)"),
+        ("#undef HOPPER_SCHED\n", "#undef HOPPER_SCHED\n#undef HOPPER_FAKE_KNOB\n"),
+    ],
+}
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_adding_a_parameter_to_the_hopper_family(builder, tmp_path):
+    """A knob is the space file's [params.NAME] plus, in kernels/hopper/, its macro's plumbing:
+    instantiate.cuh (check, #undef, the traits argument) and traits.cuh (the template parameter),
+    before the code that reads ``Traits::k<Name>``. The build stage emits ``#define HOPPER_<NAME>``
+    for every space parameter, and the space, the family, export and the production build take
+    the name from the space file. Shown on a copy of the family with FAKE_KNOB, which only sets a
+    macro and so needs instantiate.cuh alone (FAKE_KNOB_EDITS)."""
+    import hashlib
+
+    from evotuner.config import KernelConfig
+    from evotuner.header import row_instantiation
+
+    packaged = Path(str(resources.files("evotuner.kernels")))
+    root = tmp_path / "kernels"
+    shutil.copytree(packaged / "hopper", root / "hopper", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for rel, edits in FAKE_KNOB_EDITS.items():
+        text = (root / rel).read_text()
+        for old, new in edits:
+            assert text.count(old) == 1, (rel, old)
+            text = text.replace(old, new)
+        (root / rel).write_text(text)
+    changed = sorted(p.relative_to(root).as_posix() for p in (root / "hopper").rglob("*")
+                     if p.is_file() and p.read_bytes() != (packaged / p.relative_to(root)).read_bytes())
+    assert changed == ["hopper/instantiate.cuh"] and len(changed) <= 2
+    space_file = tmp_path / "hopper.toml"
+    space_file.write_text(HOPPER.default_space().read_text().replace(
+        "\n[derived]\n", '\n[params.FAKE_KNOB]\nvalues = [0, 1]\ndoc = "sets HOPPER_FAKE_KNOB, nothing else"\n\n[derived]\n', 1))
+
+    # the space and the family take it
+    space = load_space(space_file)
+    assert space.names == (*SPACE.names, "FAKE_KNOB") and space.fingerprint() != SPACE.fingerprint()
+    problem = _problem(64)
+    (base,) = HOPPER.recommended_configs(problem)
+    config = KernelConfig.of({**base.as_dict(), "FAKE_KNOB": 1})
+    space.validate(config)
+    assert space.violated(config, problem) is None
+    assert "FAKE_KNOB" not in HOPPER.reserved() and math.isfinite(HOPPER.estimate_us(config, problem))
+    assert "#define HOPPER_FAKE_KNOB HOPPER_TUNED_0_FAKE_KNOB" in row_instantiation(
+        "tuned.h", 0, ("HEAD_DIM", "IS_CAUSAL", "DTYPE", "MAX_SEQLEN", *space.names), HOPPER)
+
+    # the build stage emits its #define; the kernel compiles with it, and without it refuses
+    with Builder(HOPPER, arch=space.arch, kernels_root=root, cache_dir=tmp_path / "cache", jobs=1) as b:
+        assert re.search(r"^#define HOPPER_FAKE_KNOB\s+1$", b.source(config, problem), re.M)
+        result = b.build(config, problem)
+        missing = b.build(base, problem)
+    assert result.ok, result.error
+    assert apply_gate(result, space.gate, family=HOPPER).passed
+    assert not missing.ok and "HOPPER_FAKE_KNOB is not defined" in (missing.error or "")
+    # a knob that only sets a macro changes nothing in the kernel: the packaged family's cubin
+    plain = builder.build(base, problem)
+    assert plain.ok and result.artifact.meta == plain.artifact.meta
+    assert hashlib.sha256(result.artifact.cubin.read_bytes()).hexdigest() == plain.artifact.sha256
 
 
 SAMPLE = [  # (head dim, knobs): SCHED 0/1/2, stages 1..4, every WG count, BLOCK_N off 128
