@@ -173,15 +173,17 @@ class StageFactory:
 
 def packaged_spaces() -> dict[str, Path]:
     """The space files a command may name instead of a path: the packaged ones by file stem
-    (``hopper``, ``hopper_grid``, ``default``) and each family's default space by the
-    family's name (``flashcore``)."""
-    from evotuner.family import families
+    (``flashcore``, ``hopper``, ``hopper_grid``, ``hopper_wide``), each family's default space
+    by the family's name, and ``default``: the default family's space (FlashCore's
+    ``flashcore.toml``, named ``default.toml`` before space files were named after their family)."""
+    from evotuner.family import DEFAULT_FAMILY, families, get_family
     from evotuner.family.base import packaged
 
     folder = packaged("evotuner.search_spaces")
     names = {p.stem: p for p in sorted(folder.glob("*.toml"))} if folder.is_dir() else {}
     for fam in families():
         names.setdefault(fam.name, fam.default_space())
+    names.setdefault("default", get_family(DEFAULT_FAMILY).default_space())
     return names
 
 

@@ -1,6 +1,8 @@
 """The search space: a declarative TOML file read into a frozen SearchSpace.
 
-The file format is documented at the top of ``search_spaces/default.toml``.
+The file format is documented at the top of ``search_spaces/flashcore.toml`` (the default
+family's space; each space file is named after its family: ``<family>.toml``,
+``<family>_<variant>.toml``).
 In short: ``[space]`` names the kernel family and arch, ``[params.NAME]``
 lists each tunable integer's values, ``[derived]`` defines integer
 expressions, ``[[constraints]]`` are static checks made before anything is
@@ -24,11 +26,10 @@ not at trial 137.
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
 
 from evotuner.errors import SpaceError
-from evotuner.family import get_family
+from evotuner.family import DEFAULT_FAMILY, get_family
 from evotuner.spaceexpr import Expr, compile_expr
 from evotuner.spacefile import BASE_MARK, STACK_FORMAT, SpaceLoader, narrow, parse_toml, stack_text, stored_subgrid
 from evotuner.spacemodel import (
@@ -49,31 +50,22 @@ __all__ = [
 
 def load_space(path: str | Path | None = None, *, family: str | None = None) -> SearchSpace:
     """Read and check a space file; None reads ``family``'s default space file
-    (:meth:`KernelFamily.default_space`), or the packaged ``default.toml``."""
-    if path is None and family is not None:
-        path = get_family(family).default_space()
+    (:meth:`KernelFamily.default_space`), or the default family's (FlashCore's ``flashcore.toml``)."""
     if path is None:
-        resource = resources.files("evotuner.search_spaces") / "default.toml"
-        where = str(resource)
-        try:
-            text = resource.read_text(encoding="utf-8")
-        except OSError as exc:  # pragma: no cover - a broken install
-            raise SpaceError(f"{where}: cannot read the packaged default space: {exc.strerror}",
-                             "reinstall evotuner") from None
-    else:
-        where = str(path)
-        p = Path(path)
-        if not p.is_file():
-            raise SpaceError(f"{where}: space file not found",
-                             "pass an existing .toml file, or omit --space for the packaged default")
-        try:
-            text = p.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SpaceError(f"{where}: cannot read the space file: {exc}") from None
-        data = parse_toml(text, where)
-        if isinstance(data.get("space"), dict) and "base" in data["space"]:
-            data, files = narrow(data, text, p)
-            return SpaceLoader(where).load(data, stack_text(files))
+        path = get_family(family or DEFAULT_FAMILY).default_space()
+    where = str(path)
+    p = Path(path)
+    if not p.is_file():
+        raise SpaceError(f"{where}: space file not found",
+                         "pass an existing .toml file, or omit --space for the packaged default")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpaceError(f"{where}: cannot read the space file: {exc}") from None
+    data = parse_toml(text, where)
+    if isinstance(data.get("space"), dict) and "base" in data["space"]:
+        data, files = narrow(data, text, p)
+        return SpaceLoader(where).load(data, stack_text(files))
     return parse_space(text, where)
 
 

@@ -230,7 +230,7 @@ class SpaceLoader:
         value = data.get(key)
         if value is None:
             if required:
-                raise self.error(f"[{key}]", "missing table", f"add a [{key}] table (see the packaged default.toml)")
+                raise self.error(f"[{key}]", "missing table", f"add a [{key}] table (see the packaged flashcore.toml)")
             return {}
         if not isinstance(value, dict):
             raise self.error(key, f"must be a table, got {type(value).__name__}")
@@ -256,7 +256,7 @@ class SpaceLoader:
         for k in ("name", "kernel", "arch"):
             if not isinstance(space.get(k), str) or not space[k]:
                 raise self.error(f"[space] {k}", "missing or not a non-empty string",
-                                 'e.g. name = "default", kernel = "flashcore", arch = "sm_90a"')
+                                 'e.g. name = "flashcore", kernel = "flashcore", arch = "sm_90a"')
         if not space["name"].isprintable():
             raise self.error("[space] name", f"{space['name']!r} holds a newline or another control character",
                              "give the space a one-line name")

@@ -60,7 +60,7 @@ class Constraint:
 
 @dataclass(frozen=True)
 class DeviceLimits:
-    """Per-arch hardware limits (``[device]``); H100 values in default.toml."""
+    """Per-arch hardware limits (``[device]``); H100 values in the packaged space files."""
 
     max_smem_per_block: int        # opt-in dynamic + static shared memory per block
     max_smem_per_sm: int

@@ -369,7 +369,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", default=DEFAULT_SHAPE, help=f"problem shape (default {DEFAULT_SHAPE})")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     p.add_argument("--causal", action="store_true")
-    p.add_argument("--space", type=Path, default=None, help="search-space TOML (default: packaged default.toml)")
+    p.add_argument("--space", type=Path, default=None, help="search-space TOML (default: the packaged flashcore.toml)")
     p.add_argument("--sampler", default=None, help="default: the kernel family's, as evotuner search")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=None, help="parallel nvcc builds (default: all cores)")

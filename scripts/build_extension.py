@@ -13,15 +13,19 @@ What it does, once (minutes: the torch headers dominate):
 1. reads the family's rows from the header (``evotuner.header.read_header``) and copies
    the header to ``OUTPUT/include/<config header>`` (``flashcore_config.h`` /
    ``hopper_config.h``, the name the binding includes);
-2. writes one ``OUTPUT/src/row_<i>.cu`` per row from the family's row template in
-   ``scripts/extension/`` (``flashcore_launch_row.cu.in`` for FlashCore's ABI, ``hopper_launch_row.cu.in``
-   for the hopper family: TMA tensor maps): the row's macros come from the header's
-   ``<T>_<i>_*`` macros, the kernel and its meta table get per-row names, plus an
-   ``extern "C"`` launcher; compiles each with ``nvcc -c`` (parallel, each with a timeout)
-   — no torch header here;
-3. builds the family's binding (``flashcore_ext.cpp`` / ``hopper_ext.cpp``, no CUDA header)
-   with ``torch.utils.cpp_extension.load`` in a child process with a timeout, linking the
-   row objects and the static CUDA runtime; the module lands at ``OUTPUT/<module>.so``.
+2. writes one ``OUTPUT/src/row_<i>.cu`` per row from the row template in the family's
+   ``kernels/<family>/extension/`` (``flashcore_launch_row.cu.in`` for FlashCore's ABI,
+   ``hopper_launch_row.cu.in`` for the hopper family: TMA tensor maps): the row's macros come
+   from the header's ``<T>_<i>_*`` macros, the kernel and its meta table get per-row names,
+   plus an ``extern "C"`` launcher; compiles each with ``nvcc -c`` (parallel, each with a
+   timeout) — no torch header here;
+3. builds the family's binding (``flashcore_ext.cpp`` / ``hopper_ext.cpp``, beside the row
+   template; no CUDA header) with ``torch.utils.cpp_extension.load`` in a child process with a
+   timeout, linking the row objects and the static CUDA runtime; the module lands at
+   ``OUTPUT/<module>.so``.
+
+What every family's extension shares (``ext_common.cuh``: the row launchers' helpers;
+``ext_binding.h``: the bindings') is in ``scripts/extension/``, beside this script.
 
 The binding includes no CUDA headers, so the build also works with the CPU torch wheel
 (then only ``select()``/``configs()`` can run; ``attention`` needs a CUDA torch and a GPU).
@@ -44,20 +48,24 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
+from evotuner.compiler.cache import EXTENSION_DIR
 from evotuner.compiler.instantiate import check_family, gencode
 from evotuner.compiler.nvcc import find_nvcc, probe, run
 from evotuner.errors import BuildError, EvotunerError
 from evotuner.header import HeaderInfo, read_header, row_instantiation
 from evotuner.kernels.hopper.params import HOPPER_META
 
-HERE = Path(__file__).resolve().parent / "extension"
+#: The family-independent pieces every production extension shares (ext_common.cuh: the row
+#: launchers' helpers; ext_binding.h: the torch bindings'). A family's own pieces (binding, row
+#: template, launcher arguments) live in its folder: ``kernels/<family>/extension/``.
+COMMON = Path(__file__).resolve().parent / "extension"
 
 
 @dataclass(frozen=True)
 class ExtensionKind:
     """What differs between the families' production builds: the ABI the row launcher packs.
     Everything is named after ``prefix``: module ``<prefix>_ext`` from the binding
-    ``scripts/extension/<prefix>_ext.cpp``, rows from ``<prefix>_launch_row.cu.in``, the header
+    ``kernels/<prefix>/extension/<prefix>_ext.cpp``, rows from ``<prefix>_launch_row.cu.in`` beside it, the header
     (its ``<prefix>`` section) included as ``<prefix>_config.h``, kernels ``<prefix>_fwd_<i>``,
     meta tables ``<prefix>_meta_<i>``, launchers ``<prefix>_ext_launch_<i>``."""
 
@@ -81,6 +89,13 @@ class ExtensionKind:
     @property
     def config_header(self) -> str:
         return f"{self.prefix}_config.h"
+
+    def folder(self, kernels_root: Path | None = None) -> Path:
+        """``<kernels root>/<prefix>/extension``: the binding, the row template and what they share;
+        the packaged family's folder where ``kernels_root`` has none."""
+        if kernels_root is not None and (kernels_root / self.prefix / EXTENSION_DIR).is_dir():
+            return kernels_root / self.prefix / EXTENSION_DIR
+        return _kernels_root() / self.prefix / EXTENSION_DIR
 
 
 #: FlashCore's ABI (flashcore::Params); families that keep it (the test family "toy") build this way.
@@ -130,13 +145,15 @@ def cuda_library_dirs(nvcc: Path, scratch: Path) -> list[Path]:
     return dirs
 
 
-def generate_sources(info: HeaderInfo, header: Path, out: Path, family: str, kind: ExtensionKind) -> list[Path]:
-    """Write include/<config header>, src/row_<i>.cu and src/<prefix>_rows.h; return the row sources."""
+def generate_sources(info: HeaderInfo, header: Path, out: Path, family: str, kind: ExtensionKind,
+                     ext_dir: Path) -> list[Path]:
+    """Write include/<config header>, src/row_<i>.cu and src/<prefix>_rows.h from the row template
+    in ``ext_dir``; return the row sources."""
     include, src = out / "include", out / "src"
     include.mkdir(parents=True, exist_ok=True)
     src.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(header, include / kind.config_header)
-    template = (HERE / kind.row_template).read_text()
+    template = (ext_dir / kind.row_template).read_text()
     x = kind.prefix
     sources = []
     for i, names in enumerate(info.rows):
@@ -171,14 +188,15 @@ def _write_if_changed(path: Path, text: str) -> None:
 
 def compile_rows(nvcc: Path, arch: str, sources: list[Path], out: Path, includes: list[Path], jobs: int,
                  timeout_s: float) -> list[Path]:
-    """``nvcc -c`` every row source (in parallel); raise BuildError naming the first row that failed."""
+    """``nvcc -c`` every row source (in parallel), ``includes`` on the include path after the
+    output's own; raise BuildError naming the first row that failed."""
     objdir = out / "obj"
     objdir.mkdir(exist_ok=True)
 
     def one(source: Path) -> tuple[Path, Path, object]:
         obj = objdir / (source.stem + ".o")
         argv = [str(nvcc), "-c", "-std=c++17", "-O3", gencode(arch), "-Xcompiler", "-fPIC",
-                "-I", str(out / "include"), f"-I{HERE}", *[f"-I{p}" for p in includes], str(source), "-o", str(obj)]
+                "-I", str(out / "include"), *[f"-I{p}" for p in includes], str(source), "-o", str(obj)]
         return source, obj, run(argv, cwd=out, timeout_s=timeout_s)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -206,8 +224,10 @@ cpp_extension.load(name=a["name"], sources=a["sources"], extra_include_paths=a["
 
 
 def build_binding(objects: list[Path], out: Path, includes: list[Path], cuda_libs: list[Path], verbose: bool,
-                  timeout_s: float, kind: ExtensionKind = FLASHCORE) -> Path:
-    """Build the torch binding with cpp_extension.load in a child process (so it has a timeout)."""
+                  timeout_s: float, kind: ExtensionKind = FLASHCORE, ext_dir: Path | None = None) -> Path:
+    """Build the torch binding (``ext_dir``'s, default the packaged family's) with
+    cpp_extension.load in a child process (so it has a timeout)."""
+    ext_dir = ext_dir if ext_dir is not None else kind.folder()
     build_dir = out / "torch_build"
     build_dir.mkdir(exist_ok=True)
     ldflags = [str(o) for o in objects]
@@ -215,8 +235,8 @@ def build_binding(objects: list[Path], out: Path, includes: list[Path], cuda_lib
         ldflags += [f"-L{d}"]
     ldflags += ["-lcudart_static", "-ldl", "-lrt", "-lpthread"]
     args = {
-        "name": kind.module, "sources": [str(HERE / kind.binding)],
-        "includes": [str(out / "include"), str(out / "src"), str(HERE), *map(str, includes)],
+        "name": kind.module, "sources": [str(ext_dir / kind.binding)],
+        "includes": [str(out / "include"), str(out / "src"), str(COMMON), str(ext_dir), *map(str, includes)],
         "ldflags": ldflags, "build_dir": str(build_dir), "verbose": verbose,
     }
     env = dict(os.environ, MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)))
@@ -258,10 +278,12 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
     out.mkdir(parents=True, exist_ok=True)
     nvcc_path = find_nvcc(nvcc)
     toolchain = probe(nvcc_path)
-    sources = generate_sources(info, header, out, family, kind)
-    objects = compile_rows(nvcc_path, info.arch, sources, out, inc, jobs or os.cpu_count() or 1, row_timeout_s)
+    ext_dir = kind.folder(root)
+    sources = generate_sources(info, header, out, family, kind, ext_dir)
+    objects = compile_rows(nvcc_path, info.arch, sources, out, [COMMON, ext_dir, *inc], jobs or os.cpu_count() or 1,
+                           row_timeout_s)
     module = build_binding(objects, out, inc, cuda_library_dirs(nvcc_path, out / "obj"), verbose, torch_timeout_s,
-                           kind)
+                           kind, ext_dir)
     (out / "build_info.json").write_text(json.dumps({
         "module": module.name, "header": str(header),
         "header_sha256": hashlib.sha256(header.read_bytes()).hexdigest(),

@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", type=parse_job, action="append", default=[], metavar="SHAPE:DTYPE[:causal]:OUTPUT",
                     help="one sweep of several run in turn (repeatable; instead of --shape/--output): "
                          "every sweep's builds are queued at once, so nvcc never waits on the GPU")
-    ap.add_argument("--space", default=None, help="space TOML (default: the packaged default.toml)")
+    ap.add_argument("--space", default=None, help="space TOML (default: the packaged flashcore.toml)")
     ap.add_argument("--limit", type=int, default=None, help="sweep only the first N configs (smoke run)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc builds (default: CPU count)")
     ap.add_argument("--budget-s", type=float, default=0.4, help="GPU timing budget per config")

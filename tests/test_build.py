@@ -134,7 +134,7 @@ def test_key_depends_on_what_is_compiled_only(tmp_path):
         assert other_nvcc.nvcc_version() == "13.9, V13.9.9"
         others["nvcc"] = other_nvcc.cache_key(TOY, P64)
     assert key not in others.values() and len(set(others.values())) == len(others), others
-    # Editing any file of the family is a new key and a new source hash.
+    # Editing any kernel file of the family is a new key and a new source hash ...
     copy = tmp_path / "kernels"
     shutil.copytree(DATA_KERNELS, copy)
     with toy_builder(tmp_path, kernels_root=copy) as copied:
@@ -148,6 +148,13 @@ def test_key_depends_on_what_is_compiled_only(tmp_path):
     with toy_builder(tmp_path, kernels_root=copy) as edited:
         assert edited.source_hash() != before
         assert edited.cache_key(TOY, P64) != key
+        edited_hash, edited_key = edited.source_hash(), edited.cache_key(TOY, P64)
+    # ... but for its production-extension folder and its Python side, which no config's build reads.
+    (copy / "toy" / "extension").mkdir()
+    (copy / "toy" / "extension" / "toy_launch_row.cu.in").write_text("// a row launcher\n")
+    (copy / "toy" / "helper.py").write_text("X = 1\n")
+    with toy_builder(tmp_path, kernels_root=copy) as extended:
+        assert extended.source_hash() == edited_hash and extended.cache_key(TOY, P64) == edited_key
     b.close()
 
 

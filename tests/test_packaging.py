@@ -24,7 +24,9 @@ def test_the_wheel_holds_one_import_name_and_its_data(tmp_path):
     assert tops == {"evotuner"}, tops
     for needed in ("evotuner/kernels/flashcore/params.h", "evotuner/kernels/flashcore/instantiate.cuh",
                    "evotuner/kernels/flashcore/kernel.cuh", "evotuner/kernels/flashcore/defaults.toml",
-                   "evotuner/search_spaces/default.toml", "evotuner/storage/store.py"):
+                   "evotuner/kernels/hopper/extension/hopper_launch_row.cu.in",
+                   "evotuner/kernels/hopper/extension/hopper_ext.cpp",
+                   "evotuner/search_spaces/flashcore.toml", "evotuner/storage/store.py"):
         assert needed in names, needed
 
 

@@ -34,11 +34,11 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_default_space_is_packaged_and_sized_for_a_sweep():
     space = load_space()
-    assert (space.name, space.kernel, space.arch) == ("default", "flashcore", "sm_90a")
+    assert (space.name, space.kernel, space.arch) == ("flashcore", "flashcore", "sm_90a")
     assert space.names == ("BLOCK_M", "BLOCK_N", "NUM_WARPS", "STAGES", "MIN_BLOCKS")
     assert space.param("BLOCK_M").values == (64, 128, 192, 256)
     assert space.size == 144 == len(set(space.configs()))
-    assert space.path.endswith("default.toml")
+    assert space.path.endswith("flashcore.toml")
     assert space.gate.max_spill_bytes == 0 and space.gate.device.regs_per_sm == 65536
     assert space.device.max_smem_per_block == 232448 and space.device.max_smem_per_sm == 233472
 
@@ -63,7 +63,7 @@ def test_default_space_prunes_but_keeps_choices_for_every_head_dim():
 
 def test_packaged_default_equals_the_file_read_by_path():
     packaged = load_space()
-    by_path = load_space(Path(__file__).parents[1] / "search_spaces" / "default.toml")
+    by_path = load_space(Path(__file__).parents[1] / "search_spaces" / "flashcore.toml")
     assert packaged == by_path and packaged.fingerprint() == by_path.fingerprint()
 
 
@@ -284,7 +284,7 @@ def test_expression_runtime_errors_name_the_key():
 def test_a_parameter_named_like_a_build_stage_macro_is_refused():
     from evotuner.space import parse_space
     from evotuner.errors import SpaceError
-    text = (Path(__file__).parent.parent / "search_spaces" / "default.toml").read_text()
+    text = (Path(__file__).parent.parent / "search_spaces" / "flashcore.toml").read_text()
     bad = text.replace("MIN_BLOCKS", "KERNEL_NAME")
     with pytest.raises(SpaceError, match=r"\[params.KERNEL_NAME\].*reserved for the build stage"):
         parse_space(bad, "bad.toml")

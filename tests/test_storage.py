@@ -145,7 +145,7 @@ def test_space_mismatch_is_refused(store: StudyStore, tmp_path: Path) -> None:
     text = SPACE.text.replace("sm_90a", "sm_90a", 1) + "\n# a comment changes nothing\n"
     (tmp_path / "same.toml").write_text(text)
     assert store.load_study("s1", space=load_space(tmp_path / "same.toml")) is not None
-    with pytest.raises(StudyMismatchError, match="created with search space 'default'.*use another --study name"):
+    with pytest.raises(StudyMismatchError, match="created with search space 'flashcore'.*use another --study name"):
         store.load_study("s1", space="0" * 64)
 
 

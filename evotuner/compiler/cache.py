@@ -32,7 +32,11 @@ from pathlib import Path
 from evotuner.errors import BuildError
 
 CACHE_FORMAT = 1
-_IGNORED_DIRS = {"__pycache__", ".git"}
+#: A family's subfolder holding its production-extension pieces (binding, row template:
+#: scripts/build_extension.py). A config's build never includes them, so they are no part
+#: of its source hash.
+EXTENSION_DIR = "extension"
+_IGNORED_DIRS = {"__pycache__", ".git", EXTENSION_DIR}
 
 
 def default_cache_root() -> Path:
@@ -99,7 +103,8 @@ def check_cache_root(root: Path, *, from_env: bool = False) -> None:
 
 
 def source_files(kernels_root: Path, family: str, abi_h: Path) -> list[tuple[str, Path]]:
-    """(name, path) of every kernel source a family build depends on, sorted by name."""
+    """(name, path) of every kernel source a family build depends on, sorted by name (its
+    Python side and its :data:`EXTENSION_DIR` are not)."""
     family_dir = kernels_root / family
     files = [
         (p.relative_to(kernels_root).as_posix(), p)

@@ -411,8 +411,7 @@ class ReplayMeasure(MeasureStage):
         name = self.table.header.get("space_name")
         if not isinstance(name, str) or not name:
             return otherwise
-        return (f"this sweep was recorded with space {name}: pass --space {name} "
-                f"(search_spaces/{name}.toml), or sweep this space again")
+        return f"this sweep was recorded with space {name}: pass --space {name}, or sweep this space again"
         missing = [c for c in space.configs() if c not in self.table.rows]
         if missing:
             raise ReplayError(f"--replay {path}: no row for {len(missing)} config(s) of the space, e.g. {missing[0]}",

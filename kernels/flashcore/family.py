@@ -33,7 +33,7 @@ class FlashCore(KernelFamily):
     export_macro_prefix = "FLASHCORE_TUNED"
 
     def default_space(self) -> Path:
-        return packaged("evotuner.search_spaces", "default.toml")
+        return packaged("evotuner.search_spaces", "flashcore.toml")
 
     def defaults_file(self) -> Path:
         return packaged("evotuner.kernels", "flashcore", "defaults.toml")
