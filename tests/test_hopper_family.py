@@ -157,16 +157,17 @@ def test_params_layout_matches_params_h(tmp_path):
 
 
 def test_meta_table_decodes_onto_the_common_names_and_refuses_other_versions():
-    values = [HP.HOPPER_ABI_VERSION, 384, 197760, 128, 128, 128, 0, 1, 2, 2, 24, 240, 1, 1, 64, 1, 8, 0, 0, 4]
+    values = [HP.HOPPER_ABI_VERSION, 384, 197760, 128, 128, 128, 0, 1, 2, 2, 24, 240, 1, 1, 64, 1, 8, 0, 0, 4, 1]
     raw = b"".join(v.to_bytes(4, "little", signed=True) for v in values)
     meta = HOPPER.decode_meta(raw)
-    assert meta["threads"] == 384 and meta["min_blocks"] == 1 and meta["dtype"] == 1 and meta["sched"] == 1 and meta["splits"] == 4
+    assert meta["threads"] == 384 and meta["min_blocks"] == 1 and meta["dtype"] == 1 and meta["sched"] == 1
+    assert meta["splits"] == 4 and meta["pack_gqa"] == 1
     assert set(meta) == set(("abi", "threads", "smem_bytes", "head_dim", "is_causal", "dtype", "min_blocks")) | set(
         HOPPER.meta_fields)
     from evotuner.abi import MetaError
     with pytest.raises(MetaError, match="HOPPER_ABI_VERSION 7"):
         HOPPER.decode_meta(b"\x07\0\0\0" + raw[4:])
-    with pytest.raises(MetaError, match="expected 80"):
+    with pytest.raises(MetaError, match="expected 84"):
         HOPPER.decode_meta(raw[:-4])
 
 
