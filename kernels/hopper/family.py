@@ -101,7 +101,8 @@ class Hopper(KernelFamily):
         except EvotunerError:
             return ()
         if uses_split_space(problem):   # a config of hopper_split.toml: SCHED 0, packing, a split count
-            values = {**config.as_dict(), "SCHED": 0, "EXP_EMU": 0}
+            # eager rescale: the decode bench's grid (scripts/bench_decode.py) timed it
+            values = {**config.as_dict(), "SCHED": 0, "EXP_EMU": 0, "RESCALE_LOG2": 0}
             values["PACK_GQA"] = int(packs_heads(problem))
             values["SPLITS"] = recommended_splits(packed_problem(problem) if values["PACK_GQA"] else problem,
                                                   64 * values["CONSUMER_WGS"], values["BLOCK_N"])
