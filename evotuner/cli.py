@@ -39,7 +39,6 @@ from evotuner.atomicfile import write_text_atomic
 from evotuner import cli_diagnostics
 from evotuner import session
 from evotuner.config import KernelConfig
-from evotuner.defaults import config_family
 from evotuner.bench import bench_study
 from evotuner.errors import EvotunerError, InterruptedByUser, SpaceError
 from evotuner.export import export_header
@@ -249,8 +248,8 @@ def compile_cmd(
     kernel_config = KernelConfig.parse(config)
     problem = Problem(Shape.parse(shape, require=("D",)), dtype=dtype, causal=causal)
     # no --space: the packaged space of the family whose parameters the config names
-    search_space = session.pick_space(space, family=None if space is not None else config_family(kernel_config).name,
-                                      problem=problem)[0]
+    search_space = (session.pick_space(space)[0] if space is not None
+                    else session.space_for_config(kernel_config, problem))
     search_space.validate(kernel_config)
     constraint = search_space.violated(kernel_config, problem)
     if constraint is not None:

@@ -20,7 +20,7 @@ import evotuner.measure as measure_pkg
 from evotuner import events as ev
 from evotuner.compiler import Builder
 from evotuner.config import KernelConfig
-from evotuner.defaults import recommended
+from evotuner.defaults import config_family, recommended
 from evotuner.errors import EvotunerError, NoGpuError, StorageError, StudyMismatchError
 from evotuner.loop import SearchResult, run_search
 from evotuner.measure.base import MeasureStage
@@ -29,7 +29,7 @@ from evotuner.measure.replay import ReplayMeasure
 from evotuner.numbers import parse_real
 from evotuner.problem import Problem, Shape
 from evotuner.propose import MODEL_SAMPLERS, make_sampler
-from evotuner.space import SearchSpace, parse_space
+from evotuner.space import SearchSpace, load_space, parse_space
 from evotuner.storage import StudyStore
 from evotuner.storage.connect import resolve_url, sqlite_path
 from evotuner.storage.start import ensure_study, wait_for_study
@@ -227,6 +227,24 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
     chosen = load_space(fam.space_for(problem))
     return chosen, (f"tuning the {fam.name} family (space {Path(str(chosen.path)).stem}): the kernel "
                     f"evotuner.flash_attention runs for {problem}; --family or --space picks another")
+
+
+def space_for_config(config: KernelConfig, problem: Problem) -> SearchSpace:
+    """The packaged space of the family ``config`` names that takes exactly its parameters:
+    the family's space for ``problem`` when it does (hopper: hopper_split.toml for a small
+    problem), else another of the family's packaged spaces that does (a hopper.toml config
+    at a small problem), else the space for ``problem`` (whose validation then says what
+    is missing or unknown)."""
+    fam = config_family(config)
+    names = set(config.as_dict())
+    first = load_space(fam.space_for(problem))
+    if set(first.names) == names:
+        return first
+    for path in (fam.default_space(), *packaged_spaces().values()):
+        candidate = load_space(path)
+        if candidate.kernel == fam.name and set(candidate.names) == names:
+            return candidate
+    return first
 
 
 def _space_path(space: str | Path) -> Path:
