@@ -143,8 +143,8 @@ class SearchSpace:
         """The configs no static constraint rejects for ``problem``, in :meth:`configs` order:
         those for which :meth:`violated` is None. Each expression is evaluated once per
         combination of its own parameters' values (:mod:`evotuner.spaceplan`); where one
-        raises at some combination, every config is checked in turn by :meth:`violated`,
-        which raises that error after the configs before it."""
+        raises at some combination (or the tables would be too large), every config is
+        checked in turn by :meth:`violated`, which raises that error after the configs before it."""
         try:
             base: dict[str, int] | None = {**problem_env(problem), **self.device.as_dict()}
         except Exception:
@@ -152,7 +152,7 @@ class SearchSpace:
         configs = feasible_configs(self, base) if base is not None else None
         if configs is None:
             return (c for c in self.configs() if self.violated(c, problem) is None)
-        return iter(configs)
+        return configs
 
     def _other_family(self, config: KernelConfig) -> str | None:
         """The remedy for a config of another kernel family (its parameters, not this space's):

@@ -22,8 +22,9 @@ after the configs it always yielded.
 from __future__ import annotations
 
 import itertools
+import math
 from operator import itemgetter
-from typing import TYPE_CHECKING, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 from evotuner.config import KernelConfig
 from evotuner.spaceexpr import Expr
@@ -34,42 +35,41 @@ if TYPE_CHECKING:
 #: A table: the expression's value per combination of its parameters' values, keyed by
 #: the values in file order (one parameter: the value itself; none: ``()``).
 Table = dict
+#: Most table entries, all expressions together (about 150 bytes each): a space whose
+#: expressions each depend on most of its parameters would need up to its size per
+#: expression; such a space takes the per-config path, which needs no tables.
+MAX_TABLE_ENTRIES = 1 << 18
 
 
-def feasible_configs(space: "SearchSpace", base: Mapping[str, int]) -> list[KernelConfig] | None:
+def feasible_configs(space: "SearchSpace", base: Mapping[str, int]) -> Iterator[KernelConfig] | None:
     """The configs of ``space`` that no constraint rejects where the problem and device
-    names have the values ``base``, in :meth:`SearchSpace.configs` order; None when some
-    expression raises at some combination of its parameters' values."""
-    try:
-        checks = _checks(space, base)
-    except Exception:   # the per-config path says what and where
-        return None
-    if checks is None:
-        return []
-    return _configs(space, checks)
-
-
-def _checks(space: "SearchSpace", base: Mapping[str, int]) -> list[list[tuple[Callable, Table]]] | None:
-    """Per parameter level, the (key getter, truth table) of the constraints whose last
-    parameter it is; None when a constraint of no parameter is false (no config passes)."""
+    names have the values ``base``, in :meth:`SearchSpace.configs` order (the tables are
+    built now, the configs as they are read); None when some expression raises at some
+    combination of its parameters' values, or the tables would exceed
+    :data:`MAX_TABLE_ENTRIES`."""
     level = {p.name: i for i, p in enumerate(space.params)}
     deps: dict[str, tuple[int, ...]] = {}
-    tables: dict[str, Table] = {}
     for d in space.derived:
         deps[d.name] = _deps(d.expr, level, deps)
-        tables[d.name] = _table(space, d.expr, deps[d.name], base, deps, tables, int)
+    exprs = [d.expr for d in space.derived] + [c.expr for c in space.constraints]
+    if sum(math.prod(len(space.params[i].values) for i in _deps(e, level, deps)) for e in exprs) > MAX_TABLE_ENTRIES:
+        return None
     checks: list[list[tuple[Callable, Table]]] = [[] for _ in space.params]
-    for c in space.constraints:
-        idx = _deps(c.expr, level, deps)
-        table = _table(space, c.expr, idx, base, deps, tables, bool)
-        if not idx:
-            if not table[()]:
-                return None
-            continue
-        if all(table.values()):
-            continue       # holds everywhere: no check
-        checks[idx[-1]].append((itemgetter(*idx), table))
-    return checks
+    try:
+        tables: dict[str, Table] = {}
+        for d in space.derived:
+            tables[d.name] = _table(space, d.expr, deps[d.name], base, deps, tables, int)
+        for c in space.constraints:
+            idx = _deps(c.expr, level, deps)
+            table = _table(space, c.expr, idx, base, deps, tables, bool)
+            if all(table.values()):
+                continue       # holds everywhere: no check
+            if not idx:
+                return iter(())   # false for every config
+            checks[idx[-1]].append((itemgetter(*idx), table))   # checked with the last parameter it needs
+    except Exception:   # the per-config path says what and where
+        return None
+    return _configs(space, checks)
 
 
 def _deps(expr: Expr, level: Mapping[str, int], deps: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
@@ -114,16 +114,21 @@ def _key(positions: list[int]) -> Callable[[tuple[int, ...]], object]:
     return itemgetter(*positions)
 
 
-def _configs(space: "SearchSpace", checks: list[list[tuple[Callable, Table]]]) -> list[KernelConfig]:
-    """The configs, parameter by parameter: a prefix leaves when a check of its last level fails."""
-    prefixes: list[tuple[int, ...]] = [()]
-    for param, level_checks in zip(space.params, checks):
-        grown = [p + (v,) for p in prefixes for v in param.values]
+def _configs(space: "SearchSpace", checks: list[list[tuple[Callable, Table]]]) -> Iterator[KernelConfig]:
+    """The configs, parameter by parameter: a prefix leaves when a check of its last level
+    fails (the last parameter's combinations are made as they are read)."""
+    prefixes: Iterable[tuple[int, ...]] = [()]
+    for i, (param, level_checks) in enumerate(zip(space.params, checks)):
+        grown: Iterable[tuple[int, ...]] = (p + (v,) for p in prefixes for v in param.values)
         for key, table in level_checks:
-            grown = [c for c in grown if table[key(c)]]
-        prefixes = grown
+            grown = _passing(grown, key, table)
+        prefixes = grown if i == len(space.params) - 1 else list(grown)
     names = space.names
     order = sorted(range(len(names)), key=lambda i: names[i])   # KernelConfig keeps its pairs sorted by name
     sorted_names = [names[i] for i in order]
     pick = itemgetter(*order) if len(order) > 1 else (lambda combo: (combo[order[0]],))
-    return [KernelConfig(tuple(zip(sorted_names, pick(c)))) for c in prefixes]
+    return (KernelConfig(tuple(zip(sorted_names, pick(c)))) for c in prefixes)
+
+
+def _passing(combos: Iterable[tuple[int, ...]], key: Callable, table: Table) -> Iterator[tuple[int, ...]]:
+    return (c for c in combos if table[key(c)])

@@ -297,3 +297,17 @@ def test_the_translation_has_no_builtins_and_reads_names_only_from_env():
     assert set(fn.__code__.co_names) <= {"_min", "_max", "_abs", "_pow", "_bits", "_divzero"}
     assert fn.__code__.co_varnames[0] == "env"
     assert fn({"A": 5}) == 5
+
+
+def test_a_space_whose_tables_would_be_too_large_takes_the_per_config_path(tmp_path, monkeypatch):
+    from evotuner import spaceplan
+
+    space = variant(tmp_path, derived="every = BLOCK_M + BLOCK_N + NUM_WARPS + STAGES + MIN_BLOCKS",
+                    constraint="every % 3 != 0")
+    prob = problem(64)
+    want = list(reference_feasible(space, prob))
+    assert feasible_configs(space, base_env(space, prob)) is not None
+    assert list(space.feasible(prob)) == want
+    monkeypatch.setattr(spaceplan, "MAX_TABLE_ENTRIES", space.size)   # two tables of the whole space do not fit
+    assert feasible_configs(space, base_env(space, prob)) is None
+    assert list(space.feasible(prob)) == want
