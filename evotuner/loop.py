@@ -586,7 +586,7 @@ class _Search:
         if self.space.size > COVERAGE_LIMIT:
             return False
         if self._unseen is None:   # the configs that can run: static violations never will
-            self._unseen = {c for c in self.space.configs() if self.space.violated(c, self.problem) is None}
+            self._unseen = set(self.space.feasible(self.problem))
             self._feasible = len(self._unseen)
         self._unseen -= self.known.keys()
         self._unseen -= self.by_config.keys()

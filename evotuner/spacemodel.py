@@ -16,6 +16,7 @@ from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, SpaceError
 from evotuner.problem import Problem
 from evotuner.spaceexpr import Expr, canonical_expr
+from evotuner.spaceplan import feasible_configs
 
 #: Names the problem contributes to every expression.
 PROBLEM_NAMES = ("HEAD_DIM", "DTYPE_BYTES", "IS_CAUSAL")
@@ -139,8 +140,19 @@ class SearchSpace:
             yield KernelConfig.of(dict(zip(names, combo)))
 
     def feasible(self, problem: Problem) -> Iterator[KernelConfig]:
-        """The configs no static constraint rejects for ``problem``."""
-        return (c for c in self.configs() if self.violated(c, problem) is None)
+        """The configs no static constraint rejects for ``problem``, in :meth:`configs` order:
+        those for which :meth:`violated` is None. Each expression is evaluated once per
+        combination of its own parameters' values (:mod:`evotuner.spaceplan`); where one
+        raises at some combination (or the tables would be too large), every config is
+        checked in turn by :meth:`violated`, which raises that error after the configs before it."""
+        try:
+            base: dict[str, int] | None = {**problem_env(problem), **self.device.as_dict()}
+        except Exception:
+            base = None
+        configs = feasible_configs(self, base) if base is not None else None
+        if configs is None:
+            return (c for c in self.configs() if self.violated(c, problem) is None)
+        return configs
 
     def _other_family(self, config: KernelConfig) -> str | None:
         """The remedy for a config of another kernel family (its parameters, not this space's):
