@@ -49,7 +49,7 @@ def wide_variant(directory: Path) -> Path:
     """hopper.toml with SPLITS and split_sched added (6x the configs)."""
     text = (ROOT / "search_spaces" / "hopper.toml").read_text(encoding="utf-8")
     text = text.replace("\n[derived]\n", SPLITS + "\n[derived]\n", 1)
-    text = text.replace("\n# H100 SXM (sm_90): as default.toml.\n", SPLIT_SCHED + "\n# H100 SXM (sm_90): as default.toml.\n", 1)
+    text = text.replace("\n# H100 SXM (sm_90): as flashcore.toml.\n", SPLIT_SCHED + "\n# H100 SXM (sm_90): as flashcore.toml.\n", 1)
     assert "SPLITS" in text and "split_sched" in text, "hopper.toml changed shape: update the variant"
     path = directory / "hopper_splits.toml"
     path.write_text(text, encoding="utf-8")

@@ -21,7 +21,7 @@ from evotuner.spacemodel import _fill, problem_env
 from evotuner.spaceplan import feasible_configs
 
 SPACES = Path(__file__).parent.parent / "search_spaces"
-DEFAULT_TEXT = (SPACES / "default.toml").read_text()
+DEFAULT_TEXT = (SPACES / "flashcore.toml").read_text()
 
 
 def problem(d: int, dtype: str = "fp16", causal: bool = False) -> Problem:
@@ -75,7 +75,8 @@ def base_env(space, prob):
 @pytest.mark.parametrize("name,problems", [
     ("hopper.toml", [problem(64, "bf16"), problem(128, "fp16", True)]),
     ("hopper_wide.toml", [problem(192, "bf16", True), problem(128)]),
-    ("default.toml", [problem(d, dt, c) for d in (32, 64, 96, 128, 256) for dt in ("fp16", "bf16")
+    ("hopper_split.toml", [problem(128), problem(64, "bf16", True)]),
+    ("flashcore.toml", [problem(d, dt, c) for d in (32, 64, 96, 128, 256) for dt in ("fp16", "bf16")
                       for c in (False, True)]),
 ])
 def test_feasible_and_violated_equal_the_interpreter_on_every_config(name, problems):
@@ -97,7 +98,7 @@ def test_feasible_and_violated_equal_the_interpreter_on_every_config(name, probl
 
 def test_the_shipped_spaces_have_feasible_configs_and_prune_some():
     """The comparison above is not vacuous: each space keeps some configs and rejects others."""
-    for name, prob in (("hopper.toml", problem(128)), ("hopper_wide.toml", problem(256)), ("default.toml", problem(64))):
+    for name, prob in (("hopper.toml", problem(128)), ("hopper_wide.toml", problem(256)), ("flashcore.toml", problem(64))):
         space = load_space(SPACES / name)
         n = len(list(space.feasible(prob)))
         assert 0 < n < space.size, name
@@ -107,7 +108,7 @@ def test_the_shipped_spaces_have_feasible_configs_and_prune_some():
 
 
 def variant(tmp_path: Path, *, derived: str = "", constraint: str = "", first: str = "") -> object:
-    """default.toml with a derived line appended, and a constraint appended (or put first)."""
+    """flashcore.toml with a derived line appended, and a constraint appended (or put first)."""
     text = DEFAULT_TEXT
     if derived:
         name, _, source = derived.partition(" = ")
@@ -177,7 +178,7 @@ def test_a_lower_bit_limit_applies_to_the_translated_expressions(monkeypatch):
 
 
 def test_a_space_pickles_after_its_expressions_ran():
-    space = load_space(SPACES / "default.toml")
+    space = load_space(SPACES / "flashcore.toml")
     prob = problem(64)
     before = list(space.feasible(prob))
     copy = pickle.loads(pickle.dumps(space))
