@@ -7,13 +7,16 @@ compute-sanitizer to watch (memcheck, racecheck, synccheck, initcheck):
 GQA (group 4) and MQA on both families, hopper at D=192 and 256 (their recommended configs,
 causal and not, Sq != Sk with ragged tails), and packed variable-length batches
 (``flash_attention_varlen``: empty sequences, one without keys, every scheduler, and offsets
-that overrun the packed tensors, which must write nothing outside them), each call checked
-against the fp32 reference so a silent wrong result fails too. Exit status 0 when every
-output is right.
+that overrun the packed tensors, which must write nothing outside them), and split-KV with
+GQA query-head packing (SPLITS not dividing the key blocks, more splits than blocks, causal
+with split, packed heads with and without split), each call checked against the fp32
+reference so a silent wrong result fails too. Exit status 0 when every output is right.
+``--only split`` runs the split-KV cases alone.
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 
@@ -72,20 +75,50 @@ def _varlen(D: int, causal: bool, lq: list[int], lk: list[int], config: str | No
     return ok
 
 
-def main() -> int:
+_ONE_WG = "BLOCK_N=128,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,OVERLAP=1,PINGPONG=0,SCHED=0,RESCALE_LOG2=0," \
+          "EXP_EMU=0"
+_TWO_WG = "BLOCK_N=128,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,OVERLAP=1,PINGPONG=1,SCHED=0,RESCALE_LOG2=0," \
+          "EXP_EMU=0"
+#: (B, H, HKV, Sq, Sk, D, causal, config): split-KV and query-head packing.
+SPLIT = (
+    (1, 4, 4, 3, 1000, 128, False, _ONE_WG + ",SPLITS=3"),             # 8 key blocks over 3 splits
+    (1, 2, 2, 1, 300, 64, False, _ONE_WG + ",SPLITS=8"),               # 3 blocks, 8 splits: 5 empty
+    (1, 2, 1, 150, 150, 128, True, _TWO_WG + ",SPLITS=4"),             # causal with split
+    (2, 8, 2, 5, 700, 128, False, _ONE_WG + ",SPLITS=1,PACK_GQA=1"),   # packed heads
+    (1, 8, 1, 16, 900, 128, False, _ONE_WG + ",SPLITS=4,PACK_GQA=1"),  # packed heads (2 tiles) with split
+)
+
+
+def _dense(family: str | None, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool,
+           config: str | None) -> tuple[bool, str]:
+    q = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.float16)
+    k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.float16) for _ in range(2))
+    out, lse = evotuner.flash_attention(q, k, v, causal=causal, family=family, config=config, return_lse=True)
+    torch.cuda.synchronize()
+    ref, ref_lse = C.reference(q, k, v, causal, 1 / math.sqrt(D))
+    tol = C.tolerance(C.torch_low_precision(q, k, v, causal, 1 / math.sqrt(D)), ref)
+    ok, err, reason, _ = C.compare(out, ref, tol)
+    ok = ok and bool(torch.allclose(lse, ref_lse, atol=1e-3))
+    return ok, reason
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", choices=("all", "split"), default="all")
+    args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 1
     bad = 0
+    for B, H, Hkv, Sq, Sk, D, causal, config in SPLIT:
+        ok, reason = _dense("hopper", B, H, Hkv, Sq, Sk, D, causal, config)
+        bad += not ok
+        print(f"split     B={B} H={H} HKV={Hkv} Sq={Sq} Sk={Sk} D={D} causal={int(causal)} {config.rsplit('EXP_EMU=0,', 1)[1]}: "
+              f"{'ok' if ok else 'WRONG ' + reason}")
+    if args.only == "split":
+        return 1 if bad else 0
     for family, B, H, Hkv, Sq, Sk, D, causal in CASES:
-        q = torch.randn(B, H, Sq, D, device="cuda", dtype=torch.float16)
-        k, v = (torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.float16) for _ in range(2))
-        out, lse = evotuner.flash_attention(q, k, v, causal=causal, family=family, return_lse=True)
-        torch.cuda.synchronize()
-        ref, ref_lse = C.reference(q, k, v, causal, 1 / math.sqrt(D))
-        tol = C.tolerance(C.torch_low_precision(q, k, v, causal, 1 / math.sqrt(D)), ref)
-        ok, err, reason, _ = C.compare(out, ref, tol)
-        ok = ok and bool(torch.allclose(lse, ref_lse, atol=1e-3))
+        ok, reason = _dense(family, B, H, Hkv, Sq, Sk, D, causal, None)
         bad += not ok
         print(f"{family:9s} B={B} H={H} HKV={Hkv} Sq={Sq} Sk={Sk} D={D} causal={int(causal)}: "
               f"{'ok' if ok else 'WRONG ' + reason}")
