@@ -1,4 +1,4 @@
-"""The search loop: the one place that knows the stage order.
+"""The search loop: the pipeline, and the one place that knows the stage order.
 
     ask ─► suggest ─► duplicates ─► constraints ─► build (pool) ─► gate ─► measure (serial) ─► tell
 
@@ -33,16 +33,16 @@ and the one place where exceptions become trial states:
 study should hold in total: the loop runs until the study has that many, so a
 second run with the same number does nothing and ``resume`` extends a study.
 
-Several workers (processes, hosts, or ``--gpus`` threads) may run one study at
-once; a :class:`~evotuner.workers.StudyWorker` makes each of them claim in the
-database before it acts: a budget slot before each ask (the target is global),
-the config before it is built (a config another worker owns is copied as
-``duplicate_of`` once that worker is done with it), the start config and the
-baselines of a device once. A worker with nothing left to ask waits until every
-slot is done, taking over the slots and trials of workers that died.
+Several searches (processes, hosts, or ``--gpus`` threads) may run one study at once.
+Whatever they must agree on -- the budget (the target is the study's), which search builds
+a config (a config another search owns is copied as ``duplicate_of`` once it is done), the
+start configs and a device's baselines (once each), the trials of a search that died -- is
+the coordinator's (:mod:`evotuner.coordinator`, whose contract the pipeline relies on); the
+pipeline calls it at those points and nowhere else. A search with nothing left to ask waits
+until the study's budget is spent, taking over what dead searches left.
 
 Start-up: the first builds are submitted before the device is fingerprinted (the
-measure stage's worker starts in the background meanwhile, ``MeasureStage.start``), and
+measure stage starts in the background meanwhile, ``MeasureStage.start``), and
 the SDPA baselines are measured at the first moment the loop would otherwise wait for a
 build, or after the first measurement, whichever comes first: nothing the first
 measurement does not need waits in front of it.
@@ -62,14 +62,14 @@ import time
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import optuna
-from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from evotuner import events as ev
 from evotuner.config import KernelConfig
+from evotuner.coordinator import Coordinator, StudyCoordinator, baselines_key
 from evotuner.errors import EvotunerError, StudyMismatchError
 from evotuner.gate import apply_gate
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
@@ -79,7 +79,9 @@ from evotuner.propose import params_for, suggest
 from evotuner.vocabulary import (CONFIG_ATTR, DEVICE_ATTR, DUPLICATE_ATTR, MEASURED_ATTRS, REASON_ATTR,
                                  STOPPED_ATTR, TFLOPS_ATTR, measure_failure_reason)
 from evotuner.vocabulary import config_of  # noqa: F401 (re-exported)
-from evotuner.workers import POLL_S, StudyWorker
+
+if TYPE_CHECKING:
+    from evotuner.workers import StudyWorker
 
 #: How a search ended: ``done`` (the study has ``trials`` finished trials),
 #: ``already_done`` (it had them before this run started; nothing was asked),
@@ -156,8 +158,8 @@ class _InFlight:
 
 
 @dataclass
-class _Remote:
-    """A trial whose config another worker owns: finished with its result when done."""
+class _Followed:
+    """A trial whose config another search owns: finished with its result when done."""
 
     trial: optuna.trial.Trial
     config: KernelConfig
@@ -177,7 +179,7 @@ def run_search(
     on_event: Callable[[object], None] | None = None,
     batch: int | None = None,
     start: Sequence[KernelConfig] | Callable[[], Sequence[KernelConfig]] = (),
-    worker: StudyWorker | None = None,
+    worker: StudyWorker | Coordinator | None = None,
     stale_after: float | None = None,
     allow_mixed_gpus: bool = False,
     ask_lock: Any = None,
@@ -192,13 +194,16 @@ def run_search(
     configs a NEW study tries first (the CLI passes the kernel's recommended
     config: a warm start, as Triton's autotuner starts from its user configs);
     those outside the space or breaking a static constraint are skipped. It may be a
-    callable, called only when this worker enqueues a new study's start (the session's
+    callable, called only when this search enqueues a new study's start (the session's
     transfer plan reads the database and reports where its configs came from then).
 
     ``sampler`` may also be a callable ``seed -> sampler``: it is called with this
-    worker's seed (the study's ``seed`` for the first live worker, a derived one for
-    each other; see :mod:`evotuner.workers`). ``worker`` is this run's membership of
-    the study (joined and left here when None; ``stale_after`` is its heartbeat window).
+    search's seed (the study's ``seed`` for the first live search, a derived one for
+    each other: :meth:`~evotuner.coordinator.Coordinator.seed_for`). ``worker`` is this run's membership of
+    the study: a :class:`~evotuner.workers.StudyWorker` (``--gpus`` joins one per GPU) or any
+    :class:`~evotuner.coordinator.Coordinator`, joined and left by the caller; when None, a
+    :class:`~evotuner.coordinator.StudyCoordinator` joined and left here (``stale_after`` is
+    its heartbeat window).
     ``ask_lock``: a lock held around each ask and suggest, when several searches in one
     process share ``sampler`` (``--gpus``): a sampler is not thread-safe, and a config
     proposed by one search is known to the next ask only once its suggest stored it.
@@ -207,19 +212,24 @@ def run_search(
     """
     if trials < 1:
         raise EvotunerError(f"--trials: {trials} is not a positive number of trials", "e.g. --trials 64")
+    store.study_info(study_name, problem=problem, space=space)   # refuses a mismatch before joining
+    if isinstance(worker, Coordinator):
+        coordinator = worker
+    else:
+        coordinator = StudyCoordinator(store, study_name, worker=worker, stale_after=stale_after)
     search = _Search(
         store=store, study_name=study_name, problem=problem, space=space, sampler=sampler,
         trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch, start=start,
-        seed=seed, worker=worker, stale_after=stale_after, allow_mixed_gpus=allow_mixed_gpus, ask_lock=ask_lock,
+        seed=seed, coordinator=coordinator, allow_mixed_gpus=allow_mixed_gpus, ask_lock=ask_lock,
         racing=racing,
     )
-    return search.run()
+    with coordinator.joined() if worker is None else contextlib.nullcontext():
+        return search.run()
 
 
 class _Search:
     def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch,
-                 start=(), seed=None, worker=None, stale_after=None, allow_mixed_gpus=False, ask_lock=None,
-                 racing=DEFAULT_RULE):
+                 start, seed, coordinator, allow_mixed_gpus, ask_lock, racing):
         self.store = store
         self.ask_lock = ask_lock if ask_lock is not None else contextlib.nullcontext()
         self.start = start if callable(start) else tuple(start)
@@ -232,14 +242,12 @@ class _Search:
         self.on_event = on_event or (lambda event: None)
         jobs = getattr(builder, "jobs", None) or os.cpu_count() or 1
         self.batch = max(1, int(batch if batch is not None else jobs))
-        store.study_info(study_name, problem=problem, space=space)   # refuses a mismatch before joining
         self.sampler = sampler
         self.seed = seed
-        self.own_worker = worker is None
-        self.worker = worker if worker is not None else StudyWorker(store, study_name, stale_after=stale_after)
+        self.coordinator: Coordinator = coordinator
         self.study: optuna.Study | None = None
-        self.remote: list[_Remote] = []
-        self.lost = 0                        # trials reaped from under this worker (it stalled)
+        self.followed: list[_Followed] = []
+        self.lost = 0                        # trials taken from this search (it stalled)
         self.device_tag: dict[str, Any] = {}
         self.allow_mixed_gpus = bool(allow_mixed_gpus)
         self.pending: deque[_InFlight] = deque()
@@ -274,33 +282,18 @@ class _Search:
     # -- the run ---------------------------------------------------------------------
 
     def run(self) -> SearchResult:
-        if self.own_worker:
-            self.worker.join()
-        reason = "done"
-        try:
-            return self._run()
-        except KeyboardInterrupt:
-            reason = "interrupted by user"
-            raise
-        except BaseException as exc:
-            reason = f"ended by {type(exc).__name__}"
-            raise
-        finally:
-            if self.own_worker:
-                self.worker.leave(reason)
-
-    def _run(self) -> SearchResult:
         sampler = self.sampler
         if sampler is not None and not isinstance(sampler, optuna.samplers.BaseSampler) and callable(sampler):
-            sampler = sampler(self.worker.seed_for(self.seed))
+            sampler = sampler(self.coordinator.seed_for(self.seed))
         else:
-            self.worker.seed_for(self.seed)
+            self.coordinator.seed_for(self.seed)
         self.study = self.store.optuna_study(self.name, sampler=sampler)
-        zombies = tuple(self._take_over())
-        self._start_once()
+        zombies = tuple(self.coordinator.take_over(self.target))   # trials a dead search left RUNNING
+        self.coordinator.start(is_new=lambda: not self.study.get_trials(deepcopy=False),
+                               enqueue=self._enqueue_start, wait=self._wait)
         self._load_history()
         self.emit(ev.SearchStarted(self.name, self.target, self.finished, zombies, self.batch))
-        if self.worker.slots()[0] >= self.target:
+        if self.coordinator.spent() >= self.target:
             self.emit(ev.SearchFinished("already_done", self.finished, self.target))
             return self._result("already_done", zombies)
         stop = self._stop_reason()
@@ -311,18 +304,18 @@ class _Search:
         device_known = False
         try:
             while True:
-                if self.worker.reaped:
-                    self._rejoin()
-                self._take_over(every=self.worker.reap_every)   # dead or frozen workers' trials
+                if self.coordinator.reaped:
+                    self._start_over()
+                self.coordinator.take_over(self.target, lazily=True)
                 stop = self._fill()
-                if not device_known:      # the first builds compile while the worker starts
+                if not device_known:      # the first builds compile while the measure stage starts
                     try:
                         self._device()
                     except Exception as exc:   # no device, or refused on it: nothing asked was judged
                         self._interrupt(f"interrupted: the run stopped before measuring ({_describe(exc)})")
                         raise
                     device_known = True
-                self._poll_remote()
+                self._poll_followed()
                 if self.pending:
                     # the baselines go where the GPU would idle: while the oldest build compiles,
                     # else right after the first measurement
@@ -330,103 +323,71 @@ class _Search:
                     self._collect(self.pending.popleft())
                     continue
                 self._baselines_if_due(idle=True)
-                if self.remote:
+                if self.followed:
                     self._wait()
                     continue
                 if stop is not None:
                     outcome = stop
                     break
-                if self.worker.slots()[0] >= self.target:
+                if self.coordinator.spent() >= self.target:
                     break
-                self._wait()   # the rest of the budget is held by other workers: wait, take over the dead
+                self._wait()   # the rest of the budget is in other searches' hands: wait, take over the dead
             if self.baselines_pending:
                 self._baselines(wait=True)
         except KeyboardInterrupt:
             self._interrupt()
             raise
-        # A worker that died holding nothing was never waited for: mark it dead now (a killed
+        # A search that died holding nothing was never waited for: take it over now (a killed
         # process on this host at once, others once stale) so the study does not show it live.
-        self._take_over()
+        self.coordinator.take_over(self.target)
         self.finished = self.store.count_finished(self.name)
         if outcome in ("exhausted", "stalled") and self.finished >= self.target:
             outcome = "done"
         self.emit(ev.SearchFinished(outcome, self.finished, self.target))
         return self._result(outcome, zombies)
 
-    # -- several workers ---------------------------------------------------------------
-
-    def _take_over(self, every: float | None = None) -> list[int]:
-        """Reap dead workers (and trials nobody owns): the storage layer fails their trials
-        and queues their configs again, each with a budget slot the dead worker held or one
-        of this run's target (liveness.reap); returns the failed trials' numbers."""
-        return [zombie.number for zombie in self.worker.reap(every=every, target=self.target)]
+    # -- other searches ----------------------------------------------------------------
 
     def _wait(self) -> None:
-        time.sleep(POLL_S)
-        self._take_over(every=self.worker.reap_every)
-        self._poll_remote()
+        """Let the other searches work: pause, take over dead ones, look at followed configs."""
+        self.coordinator.pause()
+        self.coordinator.take_over(self.target, lazily=True)
+        self._poll_followed()
 
-    def _rejoin(self) -> None:
-        """This worker was reaped (it stalled past its heartbeat window): everything it had
-        in flight was failed and handed to others; drop it and go on as a new worker."""
+    def _start_over(self) -> None:
+        """This search's place was taken (it stalled past its heartbeat window): everything it
+        had in flight was failed and handed to others; drop it and go on as a new search."""
         for flight in self.pending:
             flight.future.cancel()
             self.lost += 1 + len(flight.followers)
-        self.lost += len(self.remote)
+        self.lost += len(self.followed)
         self.pending.clear()
         self.by_config.clear()
-        self.remote.clear()
-        self.worker.rejoin()
+        self.followed.clear()
+        self.coordinator.rejoin()
 
-    def _poll_remote(self) -> None:
-        """Finish trials whose config another worker has finished; build the config here
+    def _poll_followed(self) -> None:
+        """Finish trials whose config another search has finished; build the config here
         when its owner gave it up (died or was interrupted)."""
-        if not self.remote:
+        if not self.followed:
             return
         records = None
-        for r in list(self.remote):
-            claim = self.worker.config_owner(r.config)
-            if claim is None:
-                if self.worker.claim_config(r.config, r.trial.number) is None:
-                    self.remote.remove(r)
-                    self._build(r.trial, r.config)
+        for f in list(self.followed):
+            where = self.coordinator.follow(f.config, f.trial.number)
+            if where.build:
+                self.followed.remove(f)
+                self._build(f.trial, f.config)
                 continue
-            if claim.state != "done" or claim.trial_number is None:
+            if where.copy_of is None:
                 continue
             if records is None:
                 records = {rec.number: rec for rec in self.store.finished_trials(self.name)}
-            rec = records.get(claim.trial_number)
+            rec = records.get(where.copy_of)
             if rec is None:
                 continue
-            self.remote.remove(r)
+            self.followed.remove(f)
             attrs = {TFLOPS_ATTR: rec.tflops} if rec.tflops is not None else {}
-            self._finish(r.trial, r.config, rec.state, rec.value, rec.error, attrs, duplicate_of=rec.number)
-
-    def _start_once(self) -> None:
-        """One worker enqueues a new study's start configs; no worker asks before it is done.
-
-        The ``start`` claim is held while the configs are computed (the transfer plan reads
-        the database) and enqueued, and done after; the other workers wait while it is held.
-        Asking meanwhile, they could claim the whole budget first, and the start trials,
-        enqueued after, would stay WAITING (no worker asks past the budget). A holder that
-        dies is reaped (its claim goes): a waiter then enqueues the start if the study still
-        has no trial, and goes on without it if the holder had enqueued some."""
-        while True:
-            if not self.study.get_trials(deepcopy=False) and self.worker.once("start"):
-                try:
-                    self._enqueue_start()
-                except BaseException:
-                    self.worker.release_once("start")
-                    raise
-                self.worker.finish_once("start")
-                return
-            if self.worker.reaped:
-                self.worker.rejoin()
-                continue
-            state = self.worker.once_state("start")
-            if state == "done" or (state is None and self.study.get_trials(deepcopy=False)):
-                return      # started (or an older study, never given a start claim)
-            self._wait()
+            self._finish(f.trial, f.config, rec.state, rec.value, rec.error, attrs, duplicate_of=rec.number)
 
     def _enqueue_start(self) -> None:
         start = self.start() if callable(self.start) else self.start
@@ -477,7 +438,7 @@ class _Search:
                     self.history_best[name] = rec.value      # an incumbent for racing on this model
 
     def _device(self) -> None:
-        """Record this run's device (waits for the measure stage's worker to be up); the SDPA
+        """Record this run's device (waits for the measure stage to be up); the SDPA
         baselines are then due (:meth:`_baselines_if_due`)."""
         started = time.perf_counter()
         device = self.measure.device()
@@ -498,43 +459,36 @@ class _Search:
 
     def _baselines(self, *, wait: bool) -> None:
         """SDPA baselines once per study and device. Baselines belong to a device: a resume
-        on another GPU measures its own, and of several workers on one device only the one
-        that claims them measures them; the others read them (``wait``: until they are
-        there; else they try again later)."""
-        from evotuner.storage.claims import baselines_key
-
+        on another GPU measures its own, and of several searches on one device only one
+        measures them; the others read them (``wait``: until they are there; else they try
+        again later)."""
         started = time.perf_counter()
         device = self.device
-        key = baselines_key(device)
-        recorded = self.store.baselines(self.name, device)
-        while not recorded:
-            if self.worker.once(key):
-                try:
-                    recorded = dict(self.measure.baselines(self.problem))
-                    self.store.record_baselines(self.name, device, self.problem, recorded)
-                except BaseException:
-                    self.worker.release_once(key)
-                    raise
-                self.worker.finish_once(key)
-                break
-            if not wait:
-                self._tally("baselines", started)
-                return
-            self._wait()
-            if self.worker.reaped:
-                self.worker.rejoin()
+        recorded: dict[str, float | None] = {}
+
+        def ready() -> bool:
+            nonlocal recorded
             recorded = self.store.baselines(self.name, device)
+            return bool(recorded)
+
+        def run() -> None:
+            nonlocal recorded
+            recorded = dict(self.measure.baselines(self.problem))
+            self.store.record_baselines(self.name, device, self.problem, recorded)
+
+        if not self.coordinator.once(baselines_key(device), run, ready=ready, wait=self._wait if wait else None):
+            self._tally("baselines", started)
+            return
         self.baselines = recorded
         self.baselines_pending = False
         self._tally("baselines", started)
         self.emit(ev.BaselinesMeasured(dict(recorded)))
 
     def _refuse_mixed_models(self) -> None:
-        """Timings of one study must come from one GPU model: refuse to join workers that
+        """Timings of one study must come from one GPU model: refuse to join searches that
         measure on another (unless ``allow_mixed_gpus``)."""
-        self.worker.set_device(self.device_tag)
+        others = self.coordinator.measure_on(self.device_tag)
         name = self.device_tag.get("name")
-        others = {str(d["name"]) for d in self.worker.other_devices() if d.get("name")}
         if name and others - {name} and not self.allow_mixed_gpus:
             raise StudyMismatchError(
                 f"study {self.name!r} is being measured on {', '.join(sorted(others))} by other workers; "
@@ -554,7 +508,7 @@ class _Search:
 
     def _fill(self) -> str | None:
         """Ask trials until ``batch`` builds are in flight or the study's budget is all
-        claimed (each ask first claims a slot of the study's ``trials``), or until the
+        taken (each ask first takes a slot of the study's ``trials``), or until the
         oldest build is done: the GPU never waits on asks it does not need yet.
 
         Returns ``exhausted`` or ``stalled`` when it stopped asking for that reason.
@@ -565,7 +519,7 @@ class _Search:
             stop = self._stop_reason()
             if stop is not None:
                 return stop
-            slot = self.worker.claim_slot(self.target)
+            slot = self.coordinator.claim_slot(self.target)
             if slot is None:
                 return None
             self._ask_one(slot)
@@ -590,7 +544,7 @@ class _Search:
             self._feasible = len(self._unseen)
         self._unseen -= self.known.keys()
         self._unseen -= self.by_config.keys()
-        self._unseen -= {r.config for r in self.remote}
+        self._unseen -= {f.config for f in self.followed}
         return not self._unseen
 
     def _ask_one(self, slot: str) -> None:
@@ -600,10 +554,10 @@ class _Search:
         with self.ask_lock:
             trial = self.current = self.study.ask()
             try:
-                config = self._suggest(trial)
+                config = suggest(trial, self.space)
             except Exception as exc:  # noqa: BLE001 -- a proposal error fails this trial only
                 failed = exc
-        self.worker.bind(slot, trial.number)
+        self.coordinator.bind(slot, trial.number)
         if failed is not None:
             self._finish(trial, config, "FAIL", None, _describe(failed), {})
             return
@@ -622,9 +576,9 @@ class _Search:
                 running.followers.append(trial)
                 self.current = None
                 return
-            if self.worker.claim_config(config, trial.number) is not None:
-                self.dup_streak += 1        # another worker builds it: copy its result when done
-                self.remote.append(_Remote(trial, config))
+            if not self.coordinator.claim_config(config, trial.number):
+                self.dup_streak += 1        # another search builds it: copy its result when done
+                self.followed.append(_Followed(trial, config))
                 self.current = None
                 return
             self.dup_streak = 0
@@ -648,34 +602,30 @@ class _Search:
             self.current = None
         self.emit(ev.BuildStarted(trial.number, config, self._builds_in_flight()))
 
-    def _suggest(self, trial: optuna.trial.Trial) -> KernelConfig:
-
-        return suggest(trial, self.space)
-
     # -- collecting ----------------------------------------------------------------------
 
     def _collect(self, flight: _InFlight) -> None:
         """Wait for the oldest build, then gate, measure and tell it (and its followers)."""
         try:
-            state, value, reason, attrs = self._process(flight)
+            told = self._process(flight)
         except KeyboardInterrupt:
             self.pending.appendleft(flight)   # still in flight: _interrupt() fails it
             raise
-        except _Reaped:
-            self.worker.reaped = True       # certain: its claim is gone; the loop rejoins
-            self.by_config.pop(flight.config, None)
+        except Exception as exc:  # noqa: BLE001 -- any stage error fails this trial only
+            told = "FAIL", None, _describe(exc), {}
+        self.by_config.pop(flight.config, None)
+        if told is None:                      # taken from this search: its new owner tells it
             self.lost += 1 + len(flight.followers)
             return
-        except Exception as exc:  # noqa: BLE001 -- any stage error fails this trial only
-            state, value, reason, attrs = "FAIL", None, _describe(exc), {}
-        self.by_config.pop(flight.config, None)
+        state, value, reason, attrs = told
         self._finish(flight.trial, flight.config, state, value, reason, attrs)
         for follower in flight.followers:
             self._finish(follower, flight.config, state, value, reason, dict(attrs),
                          duplicate_of=flight.trial.number)
 
-    def _process(self, flight: _InFlight) -> tuple[str, float | None, str | None, dict[str, Any]]:
-
+    def _process(self, flight: _InFlight) -> tuple[str, float | None, str | None, dict[str, Any]] | None:
+        """Build, gate and measure one config: (state, value, reason, attrs) to tell, or None
+        when the config is no longer this search's (taken over while it was built or timed)."""
         number = flight.trial.number
         t = time.perf_counter()
         build = flight.future.result()   # the Builder never raises for a compile error
@@ -693,8 +643,8 @@ class _Search:
         t = self._tally("record", t)
         if not gate.passed:
             return "PRUNED", None, gate.reason, {}
-        if not self.worker.holds_config(flight.config):
-            raise _Reaped()             # reaped while building: the config is someone else's now
+        if self.coordinator.reaped:      # known taken over already: time nothing for the new owner
+            return None
         race = self._race()
         if race is not None:
             outcome = self.measure.measure(build.artifact, self.problem, race=race)
@@ -702,8 +652,8 @@ class _Search:
             outcome = self.measure.measure(build.artifact, self.problem)
         self.measured += 1
         t = self._tally("measure", t)
-        if not self.worker.holds_config(flight.config):
-            raise _Reaped()             # stalled mid-measurement and reaped: the new owner records it
+        if not self.coordinator.holds(flight.config):
+            return None                  # taken over while it was built or timed: its new owner records it
         self.store.record_measurement(self.name, number, flight.config, outcome)
         self._tally("record", t)
         if isinstance(outcome, MeasureFailure):
@@ -719,7 +669,7 @@ class _Search:
                                    "median_us": outcome.median_us, "incumbent_us": outcome.incumbent_us,
                                    "rule": race.rule.describe() if race is not None else None}
         if self.device_tag:
-            attrs[DEVICE_ATTR] = dict(self.device_tag)   # which GPU measured it (several workers, --gpus)
+            attrs[DEVICE_ATTR] = dict(self.device_tag)   # which GPU measured it (several searches, --gpus)
         return "COMPLETE", outcome.median_us, None, attrs
 
     def _race(self) -> Race | None:
@@ -743,24 +693,22 @@ class _Search:
         if duplicate_of is not None:
             attrs[DUPLICATE_ATTR] = duplicate_of
         started = time.perf_counter()
-        try:
+
+        def tell() -> None:
             for key, val in attrs.items():
                 trial.set_user_attr(key, val)
-            self._tell(trial, state, value)
-        except (UpdateFinishedTrialError, ValueError):
-            if self.current is trial:
-                self.current = None
-            if self._state_of(trial) == TrialState.RUNNING:
-                raise
-            self.lost += 1                  # reaped from under this worker: another takes it over
-            self.worker.drop_trial(trial.number, config if duplicate_of is None else None)
-            return
-        self.worker.finish_trial(trial.number)
-        if config is not None and duplicate_of is None:
-            self.worker.finish_config(config, trial.number)
-        self._tally("record", started)
+            if state == "COMPLETE":
+                self.study.tell(trial, value)
+            else:
+                self.study.tell(trial, state=_STATES[state])
+
+        told = self.coordinator.finish(trial, tell, built=config if duplicate_of is None else None)
         if self.current is trial:
             self.current = None
+        if not told:
+            self.lost += 1                  # taken from this search: another one finishes it
+            return
+        self._tally("record", started)
         self.finished += 1
         self.new_trials += 1
         self.counts[state] = self.counts.get(state, 0) + 1
@@ -776,16 +724,6 @@ class _Search:
         self.emit(ev.Progress(self.finished, self.target, dict(self.counts),
                               self._builds_in_flight(), self.best))
 
-    def _state_of(self, trial: optuna.trial.Trial) -> TrialState:
-        storage = self.store.optuna_storage
-        return storage.get_trial(trial._trial_id).state
-
-    def _tell(self, trial: optuna.trial.Trial, state: str, value: float | None) -> None:
-        if state == "COMPLETE":
-            self.study.tell(trial, value)
-        else:
-            self.study.tell(trial, state=_STATES[state])
-
     def _offer_best(self, number: int, config: KernelConfig, value: float, tflops: float | None) -> None:
         if self.best is None or value < self.best.median_us:
             self.best = ev.Best(number, config, value, tflops)
@@ -800,35 +738,32 @@ class _Search:
             flight.future.cancel()
             stranded.append((flight.trial, flight.config))
             stranded.extend((f, flight.config) for f in flight.followers)
-        stranded.extend((r.trial, r.config) for r in self.remote)
-        self.remote.clear()
+        stranded.extend((f.trial, f.config) for f in self.followed)
+        self.followed.clear()
         self.pending.clear()
         self.by_config.clear()
         for trial, _config in stranded:
             try:
                 trial.set_user_attr(REASON_ATTR, reason)
                 self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-            except Exception:  # noqa: BLE001 -- best effort; the next run's reap fails the rest
+            except Exception:  # noqa: BLE001 -- best effort; the next run takes over the rest
                 pass
         self.current = None
         # The interrupt may have struck inside Optuna's ask (the trial row made, not yet handed
         # back) or between a tell's writes: a trial no list above holds. Alone on the study,
         # every RUNNING trial is this process's, so none is left RUNNING for the next resume.
         try:
-            left = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if self.worker.alone() else []
-        except Exception:  # noqa: BLE001 -- best effort; the next run's reap fails the rest
+            alone = self.coordinator.alone()
+            left = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if alone else []
+        except Exception:  # noqa: BLE001 -- best effort; the next run takes over the rest
             left = []
         storage = self.store.optuna_storage
         for t in left:
             try:
                 storage.set_trial_user_attr(t._trial_id, REASON_ATTR, reason)
                 storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            except Exception:  # noqa: BLE001 -- finished meanwhile, or a busy database: the reap's
+            except Exception:  # noqa: BLE001 -- finished meanwhile, or a busy database: the next run's
                 pass
-
-
-class _Reaped(Exception):
-    """This worker no longer owns the trial's config (it was reaped)."""
 
 
 def _message(constraint: object) -> str:
