@@ -6,6 +6,8 @@
 * a kernel family's parameter names appear in no module outside that family's own
   code (kernels/<family>/), its space files and the tests;
 * ``storage/`` imports nothing of evotuner but the value types :data:`STORAGE_MAY_IMPORT`;
+* only the coordinator (and ``--gpus``) imports the several-workers machinery
+  (:data:`SEVERAL_WORKERS`): the loop reaches the other searches through it;
 * no module imports another module's private (``_name``) name;
 * no module is over :data:`MAX_MODULE_LINES` lines, but those named in :data:`TOO_LONG_YET`.
 """
@@ -186,6 +188,33 @@ def test_storage_imports_only_value_types():
 def test_the_storage_check_can_fail():
     graph = {"evotuner.storage.store": {"evotuner.config", "evotuner.space", "evotuner.storage.schema"}}
     assert _storage_offenders(graph) == ["evotuner.storage.store imports evotuner.space"]
+
+
+# -- the pipeline reaches the other searches through the coordinator only ------------------------
+
+#: The several-workers machinery (membership, claims, liveness) ...
+SEVERAL_WORKERS = frozenset({"evotuner.workers", "evotuner.storage.claims", "evotuner.storage.liveness"})
+#: ... and who may import it besides storage/: the coordinator (the loop's one way to the other
+#: searches of its study) and --gpus, which makes one StudyWorker per GPU.
+MAY_COORDINATE = frozenset({"evotuner.coordinator", "evotuner.workers", "evotuner.multigpu"})
+
+
+def _coordination_offenders(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{mod} imports {dep}" for mod, deps in graph.items()
+                  if not mod.startswith("evotuner.storage") and mod not in MAY_COORDINATE
+                  for dep in deps & SEVERAL_WORKERS)
+
+
+def test_only_the_coordinator_reaches_the_other_searches():
+    graph = _graph()
+    assert "evotuner.coordinator" in graph and "evotuner.loop" in graph
+    assert _coordination_offenders(graph) == []
+
+
+def test_the_coordination_check_can_fail():
+    graph = {"evotuner.loop": {"evotuner.coordinator", "evotuner.workers"},
+             "evotuner.coordinator": {"evotuner.workers", "evotuner.storage.claims"}}
+    assert _coordination_offenders(graph) == ["evotuner.loop imports evotuner.workers"]
 
 
 # -- no module reaches into another's private names ----------------------------------------------
