@@ -18,8 +18,9 @@ Two implementations:
   nothing is ever taken from it, it never waits. For a caller that knows nothing else opens
   the study (a benchmark on a fresh file, the tests): ``run_search(worker=LocalCoordinator(...))``.
 
-A lone :class:`StudyCoordinator` answers as a :class:`LocalCoordinator` does
-(tests/test_coordinator.py runs the same contract tests on both).
+A lone :class:`StudyCoordinator` answers as a :class:`LocalCoordinator` does, but that it
+queues the configs of a killed run's trials again (tests/test_coordinator.py runs the same
+contract tests on both).
 """
 
 from __future__ import annotations
@@ -110,9 +111,9 @@ class Coordinator(ABC):
     @abstractmethod
     def take_over(self, target: int, *, lazily: bool = False) -> list[int]:
         """Fail the RUNNING trials no live search will finish (their search died, or none
-        holds them), queueing their configs again where the budget ``target`` has room;
-        returns their numbers. ``lazily``: do it at most once per the coordinator's own
-        interval (else return []), so the caller may call it on every turn."""
+        holds them) -- their configs may be queued again where the budget ``target`` has
+        room -- and return their numbers. ``lazily``: do it at most once per the
+        coordinator's own interval (else return []), so the caller may call it every turn."""
 
     @abstractmethod
     def pause(self) -> None:

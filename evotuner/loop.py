@@ -76,8 +76,8 @@ from evotuner.measure.racing import DEFAULT_RULE, RaceRule
 from evotuner.problem import Problem
 from evotuner.propose import params_for, suggest
 from evotuner.startup import DeviceStart
-from evotuner.tally import (COVERAGE_LIMIT, DUPLICATE_STREAK, OUTCOMES, TIMING_KEYS,  # noqa: F401 (re-exported)
-                            SearchResult, Stopwatch, Tally)
+from evotuner.tally import COVERAGE_LIMIT, DUPLICATE_STREAK, OUTCOMES, TIMING_KEYS  # noqa: F401 (re-exported)
+from evotuner.tally import SearchResult, Stopwatch, Tally
 from evotuner.vocabulary import CONFIG_ATTR, DUPLICATE_ATTR, REASON_ATTR, STOPPED_ATTR, TFLOPS_ATTR
 from evotuner.vocabulary import config_of  # noqa: F401 (re-exported)
 
@@ -124,8 +124,8 @@ def run_search(
 
     ``sampler`` may also be a callable ``seed -> sampler``: it is called with this
     search's seed (the study's ``seed`` for the first live search, a derived one for
-    each other: :meth:`~evotuner.coordinator.Coordinator.seed_for`). ``worker`` is this run's membership of
-    the study: a :class:`~evotuner.workers.StudyWorker` (``--gpus`` joins one per GPU) or any
+    each other: :meth:`~evotuner.coordinator.Coordinator.seed_for`). ``worker`` is this run's
+    membership of the study: a :class:`~evotuner.workers.StudyWorker` (``--gpus`` joins one per GPU) or any
     :class:`~evotuner.coordinator.Coordinator`, joined and left by the caller; when None, a
     :class:`~evotuner.coordinator.StudyCoordinator` joined and left here (``stale_after`` is
     its heartbeat window).
@@ -461,7 +461,8 @@ class _Search:
     def _interrupt(self, reason: str = INTERRUPTED) -> None:
         """Fail everything in flight with ``reason`` (an "interrupted" one: such trials do not
         count and their configs run again), cancel queued builds; the caller re-raises."""
-        fail_stranded(self.study, self.store.optuna_storage, self.flights.strand(), reason, self.coordinator.alone)
+        stranded = self.flights.strand()
+        fail_stranded(self.study, self.store.optuna_storage, stranded, reason, self.coordinator.alone)
 
 
 def _message(constraint: object) -> str:
