@@ -1,4 +1,4 @@
-"""The search loop: the one place that knows the stage order.
+"""The search loop: the pipeline, and the one place that knows the stage order.
 
     ask ─► suggest ─► duplicates ─► constraints ─► build (pool) ─► gate ─► measure (serial) ─► tell
 
@@ -33,19 +33,19 @@ and the one place where exceptions become trial states:
 study should hold in total: the loop runs until the study has that many, so a
 second run with the same number does nothing and ``resume`` extends a study.
 
-Several workers (processes, hosts, or ``--gpus`` threads) may run one study at
-once; a :class:`~evotuner.workers.StudyWorker` makes each of them claim in the
-database before it acts: a budget slot before each ask (the target is global),
-the config before it is built (a config another worker owns is copied as
-``duplicate_of`` once that worker is done with it), the start config and the
-baselines of a device once. A worker with nothing left to ask waits until every
-slot is done, taking over the slots and trials of workers that died.
+Several searches (processes, hosts, or ``--gpus`` threads) may run one study at once.
+Whatever they must agree on -- the budget (the target is the study's), which search builds
+a config (a config another search owns is copied as ``duplicate_of`` once it is done), the
+start configs and a device's baselines (once each), the trials of a search that died -- is
+the coordinator's (:mod:`evotuner.coordinator`, whose contract the pipeline relies on); the
+pipeline calls it at those points and nowhere else. A search with nothing left to ask waits
+until the study's budget is spent, taking over what dead searches left.
 
 Start-up: the first builds are submitted before the device is fingerprinted (the
-measure stage's worker starts in the background meanwhile, ``MeasureStage.start``), and
+measure stage starts in the background meanwhile, ``MeasureStage.start``), and
 the SDPA baselines are measured at the first moment the loop would otherwise wait for a
 build, or after the first measurement, whichever comes first: nothing the first
-measurement does not need waits in front of it.
+measurement does not need waits in front of it (:mod:`evotuner.startup`).
 
 Reproducibility: builds run in parallel and complete in any order, but their
 results are told in proposal order and new trials are asked only at those
@@ -60,107 +60,34 @@ import contextlib
 import os
 import time
 import traceback
-from collections import deque
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import optuna
-from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
 from evotuner import events as ev
 from evotuner.config import KernelConfig
-from evotuner.errors import EvotunerError, StudyMismatchError
-from evotuner.gate import apply_gate
-from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
-from evotuner.measure.racing import DEFAULT_RULE, Race, RaceRule
+from evotuner.coordinator import Coordinator, StudyCoordinator
+from evotuner.errors import EvotunerError
+from evotuner.inflight import Flight, Followed, InFlight, fail_stranded
+from evotuner.judge import Judge
+from evotuner.measure.base import MeasureStage
+from evotuner.measure.racing import DEFAULT_RULE, RaceRule
 from evotuner.problem import Problem
 from evotuner.propose import params_for, suggest
-from evotuner.vocabulary import (CONFIG_ATTR, DEVICE_ATTR, DUPLICATE_ATTR, MEASURED_ATTRS, REASON_ATTR,
-                                 STOPPED_ATTR, TFLOPS_ATTR, measure_failure_reason)
+from evotuner.startup import DeviceStart
+from evotuner.tally import COVERAGE_LIMIT, DUPLICATE_STREAK, OUTCOMES, TIMING_KEYS  # noqa: F401 (re-exported)
+from evotuner.tally import SearchResult, Stopwatch, Tally
+from evotuner.vocabulary import CONFIG_ATTR, DUPLICATE_ATTR, REASON_ATTR, STOPPED_ATTR, TFLOPS_ATTR
 from evotuner.vocabulary import config_of  # noqa: F401 (re-exported)
-from evotuner.workers import POLL_S, StudyWorker
 
-#: How a search ended: ``done`` (the study has ``trials`` finished trials),
-#: ``already_done`` (it had them before this run started; nothing was asked),
-#: ``exhausted`` (every feasible config of the space is known: more trials would only
-#: repeat results), ``stalled`` (the study's last ``DUPLICATE_STREAK`` trials were all
-#: repeats of known configs: the sampler keeps proposing what was tried, though
-#: ``SearchResult.untried`` configs may remain).
-OUTCOMES = ("done", "already_done", "exhausted", "stalled")
-
-#: Consecutive proposals of already-known configs after which the loop stops
-#: with ``exhausted`` instead of spinning (a sampler stuck on a small space).
-DUPLICATE_STREAK = 64
-
-#: Spaces up to this many configs are checked for full coverage before each ask.
-COVERAGE_LIMIT = 100_000
+if TYPE_CHECKING:
+    from evotuner.workers import StudyWorker
 
 #: Reason recorded for trials in flight when the user interrupts the search.
 INTERRUPTED = "interrupted by user"
 
 _STATES = {"COMPLETE": TrialState.COMPLETE, "PRUNED": TrialState.PRUNED, "FAIL": TrialState.FAIL}
-
-
-@dataclass(frozen=True)
-class SearchResult:
-    study: str
-    outcome: str                        # one of OUTCOMES
-    target: int
-    finished: int                       # finished trials in the study at the end
-    new_trials: int                     # trials this run finished (zombies not counted)
-    counts: dict[str, int] = field(hash=False)
-    best: ev.Best | None = None
-    baselines: dict[str, float | None] | None = field(default=None, hash=False)
-    zombies: tuple[int, ...] = ()
-    #: Statically feasible configs of the space, and how many of them no trial has tried
-    #: (None when the space is larger than ``COVERAGE_LIMIT``).
-    feasible: int | None = None
-    untried: int | None = None
-    #: Repeats of known configs at the end of the study (the ``stalled`` rule's count).
-    duplicate_streak: int = 0
-    #: Wall seconds this run spent in each part of the loop's thread (see ``TIMING_KEYS``);
-    #: builds run in a pool, so ``build_wait`` is only the time the loop was blocked on one.
-    timings: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
-    #: Measurements this run made, and how many of them racing stopped early.
-    measured: int = 0
-    stopped_early: int = 0
-    #: Search threads whose ``timings`` are summed (one per GPU with ``--gpus``).
-    threads: int = 1
-
-
-#: Keys of ``SearchResult.timings``: ``baselines`` (device fingerprint + SDPA baselines,
-#: measured once the first builds are under way), ``ask`` (sampler ask + suggest), ``build_wait`` (blocked on the oldest build),
-#: ``gate`` (ptxas gate), ``measure`` (the measure stage's call), ``record`` (study writes:
-#: build/measurement rows and Optuna's tell).
-TIMING_KEYS = ("baselines", "ask", "build_wait", "gate", "measure", "record")
-
-
-@dataclass(frozen=True)
-class _Result:
-    """What a finished trial says; what a duplicate copies."""
-
-    number: int
-    state: str
-    value: float | None
-    reason: str | None
-    attrs: dict[str, Any] = field(default_factory=dict, hash=False)
-
-
-@dataclass
-class _InFlight:
-    trial: optuna.trial.Trial
-    config: KernelConfig
-    future: Any                         # concurrent.futures.Future[BuildResult]
-    followers: list[optuna.trial.Trial] = field(default_factory=list)
-
-
-@dataclass
-class _Remote:
-    """A trial whose config another worker owns: finished with its result when done."""
-
-    trial: optuna.trial.Trial
-    config: KernelConfig
 
 
 def run_search(
@@ -177,7 +104,7 @@ def run_search(
     on_event: Callable[[object], None] | None = None,
     batch: int | None = None,
     start: Sequence[KernelConfig] | Callable[[], Sequence[KernelConfig]] = (),
-    worker: StudyWorker | None = None,
+    worker: StudyWorker | Coordinator | None = None,
     stale_after: float | None = None,
     allow_mixed_gpus: bool = False,
     ask_lock: Any = None,
@@ -192,13 +119,16 @@ def run_search(
     configs a NEW study tries first (the CLI passes the kernel's recommended
     config: a warm start, as Triton's autotuner starts from its user configs);
     those outside the space or breaking a static constraint are skipped. It may be a
-    callable, called only when this worker enqueues a new study's start (the session's
+    callable, called only when this search enqueues a new study's start (the session's
     transfer plan reads the database and reports where its configs came from then).
 
     ``sampler`` may also be a callable ``seed -> sampler``: it is called with this
-    worker's seed (the study's ``seed`` for the first live worker, a derived one for
-    each other; see :mod:`evotuner.workers`). ``worker`` is this run's membership of
-    the study (joined and left here when None; ``stale_after`` is its heartbeat window).
+    search's seed (the study's ``seed`` for the first live search, a derived one for
+    each other: :meth:`~evotuner.coordinator.Coordinator.seed_for`). ``worker`` is this run's
+    membership of the study: a :class:`~evotuner.workers.StudyWorker` (``--gpus`` joins one per GPU) or any
+    :class:`~evotuner.coordinator.Coordinator`, joined and left by the caller; when None, a
+    :class:`~evotuner.coordinator.StudyCoordinator` joined and left here (``stale_after`` is
+    its heartbeat window).
     ``ask_lock``: a lock held around each ask and suggest, when several searches in one
     process share ``sampler`` (``--gpus``): a sampler is not thread-safe, and a config
     proposed by one search is known to the next ask only once its suggest stored it.
@@ -207,19 +137,24 @@ def run_search(
     """
     if trials < 1:
         raise EvotunerError(f"--trials: {trials} is not a positive number of trials", "e.g. --trials 64")
+    store.study_info(study_name, problem=problem, space=space)   # refuses a mismatch before joining
+    if isinstance(worker, Coordinator):
+        coordinator = worker
+    else:
+        coordinator = StudyCoordinator(store, study_name, worker=worker, stale_after=stale_after)
     search = _Search(
         store=store, study_name=study_name, problem=problem, space=space, sampler=sampler,
         trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch, start=start,
-        seed=seed, worker=worker, stale_after=stale_after, allow_mixed_gpus=allow_mixed_gpus, ask_lock=ask_lock,
+        seed=seed, coordinator=coordinator, allow_mixed_gpus=allow_mixed_gpus, ask_lock=ask_lock,
         racing=racing,
     )
-    return search.run()
+    with coordinator.joined() if worker is None else contextlib.nullcontext():
+        return search.run()
 
 
 class _Search:
     def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch,
-                 start=(), seed=None, worker=None, stale_after=None, allow_mixed_gpus=False, ask_lock=None,
-                 racing=DEFAULT_RULE):
+                 start, seed, coordinator, allow_mixed_gpus, ask_lock, racing):
         self.store = store
         self.ask_lock = ask_lock if ask_lock is not None else contextlib.nullcontext()
         self.start = start if callable(start) else tuple(start)
@@ -232,201 +167,145 @@ class _Search:
         self.on_event = on_event or (lambda event: None)
         jobs = getattr(builder, "jobs", None) or os.cpu_count() or 1
         self.batch = max(1, int(batch if batch is not None else jobs))
-        store.study_info(study_name, problem=problem, space=space)   # refuses a mismatch before joining
         self.sampler = sampler
         self.seed = seed
-        self.own_worker = worker is None
-        self.worker = worker if worker is not None else StudyWorker(store, study_name, stale_after=stale_after)
+        self.coordinator: Coordinator = coordinator
         self.study: optuna.Study | None = None
-        self.remote: list[_Remote] = []
-        self.lost = 0                        # trials reaped from under this worker (it stalled)
-        self.device_tag: dict[str, Any] = {}
-        self.allow_mixed_gpus = bool(allow_mixed_gpus)
-        self.pending: deque[_InFlight] = deque()
-        self.by_config: dict[KernelConfig, _InFlight] = {}
-        self.known: dict[KernelConfig, _Result] = {}
-        self.counts = {state: 0 for state in ev.STATES}
-        self.finished = 0
-        self.new_trials = 0
-        self.best: ev.Best | None = None
-        self.baselines: dict[str, float | None] | None = None
-        self.dup_streak = 0
-        self.current: optuna.trial.Trial | None = None   # asked, not yet placed anywhere
-        self._unseen: set[KernelConfig] | None = None
-        self._feasible: int | None = None
-        self.timings = {key: 0.0 for key in TIMING_KEYS}
-        # Racing: the rule (None: off), the best median measured by this run, and the best of
-        # the study's earlier trials per GPU model (the incumbent must come from this model).
-        self.racing: RaceRule | None = racing if not allow_mixed_gpus else None
-        self.race_best: float | None = None
-        self.history_best: dict[str, float] = {}
-        self.stopped = 0                     # trials this run's racing stopped early
-        self.baselines_pending = False       # device known, SDPA baselines not measured yet
-        self.device: dict[str, Any] | None = None
-        self.measured = 0                    # measure calls this run made
+        self.tally = Tally(space, problem)
+        self.flights = InFlight()
+        self.lost = 0                        # trials taken from this search (it stalled)
+        self.clock = Stopwatch()
+        self.device = DeviceStart(store, study_name, problem, measure, coordinator, self.emit,
+                                  allow_mixed_gpus=bool(allow_mixed_gpus))
+        # racing is off for a study whose timings come from several GPU models
+        self.judge = Judge(store=store, study=study_name, problem=problem, space=space, measure=measure,
+                           coordinator=coordinator, tally=self.tally, device=self.device,
+                           racing=racing if not allow_mixed_gpus else None, clock=self.clock, emit=self.emit,
+                           building=self._builds_in_flight)
 
-    def _tally(self, key: str, since: float) -> float:
-        """Add the wall seconds since ``since`` to ``timings[key]``; returns now."""
-        now = time.perf_counter()
-        self.timings[key] += now - since
-        return now
+    def emit(self, event: object) -> None:
+        self.on_event(event)
 
     # -- the run ---------------------------------------------------------------------
 
     def run(self) -> SearchResult:
-        if self.own_worker:
-            self.worker.join()
-        reason = "done"
-        try:
-            return self._run()
-        except KeyboardInterrupt:
-            reason = "interrupted by user"
-            raise
-        except BaseException as exc:
-            reason = f"ended by {type(exc).__name__}"
-            raise
-        finally:
-            if self.own_worker:
-                self.worker.leave(reason)
-
-    def _run(self) -> SearchResult:
         sampler = self.sampler
         if sampler is not None and not isinstance(sampler, optuna.samplers.BaseSampler) and callable(sampler):
-            sampler = sampler(self.worker.seed_for(self.seed))
+            sampler = sampler(self.coordinator.seed_for(self.seed))
         else:
-            self.worker.seed_for(self.seed)
+            self.coordinator.seed_for(self.seed)
         self.study = self.store.optuna_study(self.name, sampler=sampler)
-        zombies = tuple(self._take_over())
-        self._start_once()
-        self._load_history()
-        self.emit(ev.SearchStarted(self.name, self.target, self.finished, zombies, self.batch))
-        if self.worker.slots()[0] >= self.target:
-            self.emit(ev.SearchFinished("already_done", self.finished, self.target))
+        zombies = tuple(self.coordinator.take_over(self.target))   # trials a dead search left RUNNING
+        self.coordinator.start(is_new=lambda: not self.study.get_trials(deepcopy=False),
+                               enqueue=self._enqueue_start, wait=self._wait)
+        self.tally.load(self.store.finished_trials(self.name))
+        self.emit(ev.SearchStarted(self.name, self.target, self.tally.finished, zombies, self.batch))
+        if self.coordinator.spent() >= self.target:
+            self.emit(ev.SearchFinished("already_done", self.tally.finished, self.target))
             return self._result("already_done", zombies)
-        stop = self._stop_reason()
+        stop = self.tally.stop_reason(self.flights.configs())
         if stop is not None:       # nothing new can come of asking: say so before measuring anything
-            self.emit(ev.SearchFinished(stop, self.finished, self.target))
+            self.emit(ev.SearchFinished(stop, self.tally.finished, self.target))
             return self._result(stop, zombies)
         outcome = "done"
         device_known = False
         try:
             while True:
-                if self.worker.reaped:
-                    self._rejoin()
-                self._take_over(every=self.worker.reap_every)   # dead or frozen workers' trials
+                if self.coordinator.reaped:
+                    self._start_over()
+                self.coordinator.take_over(self.target, lazily=True)
                 stop = self._fill()
-                if not device_known:      # the first builds compile while the worker starts
+                if not device_known:      # the first builds compile while the measure stage starts
+                    started = time.perf_counter()
                     try:
-                        self._device()
+                        self.device.fingerprint()
                     except Exception as exc:   # no device, or refused on it: nothing asked was judged
                         self._interrupt(f"interrupted: the run stopped before measuring ({_describe(exc)})")
                         raise
                     device_known = True
-                self._poll_remote()
-                if self.pending:
+                    self.clock.lap("baselines", started)
+                self._poll_followed()
+                pending = self.flights.pending
+                if pending:
                     # the baselines go where the GPU would idle: while the oldest build compiles,
                     # else right after the first measurement
-                    self._baselines_if_due(idle=not self.pending[0].future.done())
-                    self._collect(self.pending.popleft())
+                    self._baselines_if_due(idle=not pending[0].future.done())
+                    self._collect(pending.popleft())
                     continue
                 self._baselines_if_due(idle=True)
-                if self.remote:
+                if self.flights.followed:
                     self._wait()
                     continue
                 if stop is not None:
                     outcome = stop
                     break
-                if self.worker.slots()[0] >= self.target:
+                if self.coordinator.spent() >= self.target:
                     break
-                self._wait()   # the rest of the budget is held by other workers: wait, take over the dead
-            if self.baselines_pending:
+                self._wait()   # the rest of the budget is in other searches' hands: wait, take over the dead
+            if self.device.pending:
                 self._baselines(wait=True)
         except KeyboardInterrupt:
             self._interrupt()
             raise
-        # A worker that died holding nothing was never waited for: mark it dead now (a killed
+        # A search that died holding nothing was never waited for: take it over now (a killed
         # process on this host at once, others once stale) so the study does not show it live.
-        self._take_over()
-        self.finished = self.store.count_finished(self.name)
-        if outcome in ("exhausted", "stalled") and self.finished >= self.target:
+        self.coordinator.take_over(self.target)
+        self.tally.finished = self.store.count_finished(self.name)
+        if outcome in ("exhausted", "stalled") and self.tally.finished >= self.target:
             outcome = "done"
-        self.emit(ev.SearchFinished(outcome, self.finished, self.target))
+        self.emit(ev.SearchFinished(outcome, self.tally.finished, self.target))
         return self._result(outcome, zombies)
 
-    # -- several workers ---------------------------------------------------------------
-
-    def _take_over(self, every: float | None = None) -> list[int]:
-        """Reap dead workers (and trials nobody owns): the storage layer fails their trials
-        and queues their configs again, each with a budget slot the dead worker held or one
-        of this run's target (liveness.reap); returns the failed trials' numbers."""
-        return [zombie.number for zombie in self.worker.reap(every=every, target=self.target)]
-
     def _wait(self) -> None:
-        time.sleep(POLL_S)
-        self._take_over(every=self.worker.reap_every)
-        self._poll_remote()
+        """Let the other searches work: pause, take over dead ones, look at followed configs."""
+        self.coordinator.pause()
+        self.coordinator.take_over(self.target, lazily=True)
+        self._poll_followed()
 
-    def _rejoin(self) -> None:
-        """This worker was reaped (it stalled past its heartbeat window): everything it had
-        in flight was failed and handed to others; drop it and go on as a new worker."""
-        for flight in self.pending:
-            flight.future.cancel()
-            self.lost += 1 + len(flight.followers)
-        self.lost += len(self.remote)
-        self.pending.clear()
-        self.by_config.clear()
-        self.remote.clear()
-        self.worker.rejoin()
+    def _baselines_if_due(self, *, idle: bool) -> None:
+        """Measure the baselines now if they are pending and the GPU would otherwise idle
+        (``idle``) or the first measurement is done."""
+        if self.device.due(idle=idle, measured=self.judge.measured):
+            self._baselines(wait=False)
 
-    def _poll_remote(self) -> None:
-        """Finish trials whose config another worker has finished; build the config here
+    def _baselines(self, *, wait: bool) -> None:
+        """The device's SDPA baselines (``wait``: until another search recorded them, when it
+        measures them; else try again later)."""
+        started = time.perf_counter()
+        recorded = self.device.measure_baselines(self._wait if wait else None)
+        self.clock.lap("baselines", started)
+        if recorded is not None:
+            self.emit(ev.BaselinesMeasured(dict(recorded)))
+
+    def _start_over(self) -> None:
+        """This search's place was taken (it stalled past its heartbeat window): everything it
+        had in flight was failed and handed to others; drop it and go on as a new search."""
+        self.lost += self.flights.drop()
+        self.coordinator.rejoin()
+
+    def _poll_followed(self) -> None:
+        """Finish trials whose config another search has finished; build the config here
         when its owner gave it up (died or was interrupted)."""
-        if not self.remote:
+        followed = self.flights.followed
+        if not followed:
             return
         records = None
-        for r in list(self.remote):
-            claim = self.worker.config_owner(r.config)
-            if claim is None:
-                if self.worker.claim_config(r.config, r.trial.number) is None:
-                    self.remote.remove(r)
-                    self._build(r.trial, r.config)
+        for f in list(followed):
+            where = self.coordinator.follow(f.config, f.trial.number)
+            if where.build:
+                followed.remove(f)
+                self._build(f.trial, f.config)
                 continue
-            if claim.state != "done" or claim.trial_number is None:
+            if where.copy_of is None:
                 continue
             if records is None:
                 records = {rec.number: rec for rec in self.store.finished_trials(self.name)}
-            rec = records.get(claim.trial_number)
+            rec = records.get(where.copy_of)
             if rec is None:
                 continue
-            self.remote.remove(r)
+            followed.remove(f)
             attrs = {TFLOPS_ATTR: rec.tflops} if rec.tflops is not None else {}
-            self._finish(r.trial, r.config, rec.state, rec.value, rec.error, attrs, duplicate_of=rec.number)
-
-    def _start_once(self) -> None:
-        """One worker enqueues a new study's start configs; no worker asks before it is done.
-
-        The ``start`` claim is held while the configs are computed (the transfer plan reads
-        the database) and enqueued, and done after; the other workers wait while it is held.
-        Asking meanwhile, they could claim the whole budget first, and the start trials,
-        enqueued after, would stay WAITING (no worker asks past the budget). A holder that
-        dies is reaped (its claim goes): a waiter then enqueues the start if the study still
-        has no trial, and goes on without it if the holder had enqueued some."""
-        while True:
-            if not self.study.get_trials(deepcopy=False) and self.worker.once("start"):
-                try:
-                    self._enqueue_start()
-                except BaseException:
-                    self.worker.release_once("start")
-                    raise
-                self.worker.finish_once("start")
-                return
-            if self.worker.reaped:
-                self.worker.rejoin()
-                continue
-            state = self.worker.once_state("start")
-            if state == "done" or (state is None and self.study.get_trials(deepcopy=False)):
-                return      # started (or an older study, never given a start claim)
-            self._wait()
+            self._finish(f.trial, f.config, rec.state, rec.value, rec.error, attrs, duplicate_of=rec.number)
 
     def _enqueue_start(self) -> None:
         start = self.start() if callable(self.start) else self.start
@@ -435,199 +314,78 @@ class _Search:
             self.study.enqueue_trial(params_for(config, self.space))
 
     def _result(self, outcome: str, zombies: tuple[int, ...]) -> SearchResult:
-        feasible = untried = None
-        if self.space.size <= COVERAGE_LIMIT:
-            self._space_exhausted()
-            assert self._unseen is not None and self._feasible is not None
-            feasible, untried = self._feasible, len(self._unseen)
+        feasible, untried = self.tally.coverage(self.flights.configs())
+        t = self.tally
         return SearchResult(
-            study=self.name, outcome=outcome, target=self.target, finished=self.finished,
-            new_trials=self.new_trials, counts=dict(self.counts), best=self.best,
-            baselines=self.baselines, zombies=zombies, timings=dict(self.timings),
-            feasible=feasible, untried=untried, duplicate_streak=self.dup_streak,
-            measured=self.measured, stopped_early=self.stopped,
+            study=self.name, outcome=outcome, target=self.target, finished=t.finished,
+            new_trials=t.new_trials, counts=dict(t.counts), best=t.best,
+            baselines=self.device.baselines, zombies=zombies, timings=dict(self.clock.timings),
+            feasible=feasible, untried=untried, duplicate_streak=t.dup_streak,
+            measured=self.judge.measured, stopped_early=self.judge.stopped,
         )
-
-    def emit(self, event: object) -> None:
-        self.on_event(event)
-
-    def _load_history(self) -> None:
-        """Finished trials so far: counts, best, and the configs a duplicate copies.
-
-        A trial failed because its run was interrupted (a killed process, or the
-        user) is not finished: it does not count towards ``trials`` and its
-        config may be proposed and built again.
-        """
-        for rec in sorted(self.store.finished_trials(self.name), key=lambda r: r.number):
-            self.finished += 1
-            self.counts[rec.state] = self.counts.get(rec.state, 0) + 1
-            # the stall rule's streak, as the loop counts it: repeats in a row, reset by a new config
-            self.dup_streak = self.dup_streak + 1 if rec.duplicate_of is not None else 0
-            config = config_of(rec.params, self.space)
-            if config is None:
-                continue
-            if rec.duplicate_of is None and config not in self.known:
-                attrs = {TFLOPS_ATTR: rec.tflops} if rec.tflops is not None else {}
-                self.known[config] = _Result(rec.number, rec.state, rec.value, rec.error, attrs)
-            if rec.state == "COMPLETE" and rec.value is not None:
-                self._offer_best(rec.number, config, rec.value, rec.tflops)
-                device = rec.attrs.get(DEVICE_ATTR)
-                name = device.get("name") if isinstance(device, dict) else None
-                if isinstance(name, str) and rec.value < self.history_best.get(name, float("inf")):
-                    self.history_best[name] = rec.value      # an incumbent for racing on this model
-
-    def _device(self) -> None:
-        """Record this run's device (waits for the measure stage's worker to be up); the SDPA
-        baselines are then due (:meth:`_baselines_if_due`)."""
-        started = time.perf_counter()
-        device = self.measure.device()
-        self.device = device
-        if device is not None:
-            self.device_tag = {k: device[k] for k in ("name", "device_index") if device.get(k) is not None}
-            self._refuse_mixed_models()
-        if device is not None and self.store.record_device(self.name, device):
-            self.emit(ev.DeviceChanged(str(device.get("name", "unknown device"))))
-        self.baselines_pending = True
-        self._tally("baselines", started)
-
-    def _baselines_if_due(self, *, idle: bool) -> None:
-        """Measure the baselines now if they are pending and the GPU would otherwise idle
-        (``idle``) or the first measurement is done."""
-        if self.baselines_pending and (idle or self.measured > 0):
-            self._baselines(wait=False)
-
-    def _baselines(self, *, wait: bool) -> None:
-        """SDPA baselines once per study and device. Baselines belong to a device: a resume
-        on another GPU measures its own, and of several workers on one device only the one
-        that claims them measures them; the others read them (``wait``: until they are
-        there; else they try again later)."""
-        from evotuner.storage.claims import baselines_key
-
-        started = time.perf_counter()
-        device = self.device
-        key = baselines_key(device)
-        recorded = self.store.baselines(self.name, device)
-        while not recorded:
-            if self.worker.once(key):
-                try:
-                    recorded = dict(self.measure.baselines(self.problem))
-                    self.store.record_baselines(self.name, device, self.problem, recorded)
-                except BaseException:
-                    self.worker.release_once(key)
-                    raise
-                self.worker.finish_once(key)
-                break
-            if not wait:
-                self._tally("baselines", started)
-                return
-            self._wait()
-            if self.worker.reaped:
-                self.worker.rejoin()
-            recorded = self.store.baselines(self.name, device)
-        self.baselines = recorded
-        self.baselines_pending = False
-        self._tally("baselines", started)
-        self.emit(ev.BaselinesMeasured(dict(recorded)))
-
-    def _refuse_mixed_models(self) -> None:
-        """Timings of one study must come from one GPU model: refuse to join workers that
-        measure on another (unless ``allow_mixed_gpus``)."""
-        self.worker.set_device(self.device_tag)
-        name = self.device_tag.get("name")
-        others = {str(d["name"]) for d in self.worker.other_devices() if d.get("name")}
-        if name and others - {name} and not self.allow_mixed_gpus:
-            raise StudyMismatchError(
-                f"study {self.name!r} is being measured on {', '.join(sorted(others))} by other workers; "
-                f"this one measures on {name}, and one study's timings must not mix GPU models",
-                "run this worker on a GPU of the same model, or pass --mixed-gpus to all workers",
-            )
 
     # -- asking --------------------------------------------------------------------------
 
     def _builds_in_flight(self) -> int:
         """nvcc builds queued or compiling now (the Builder's count when it keeps one)."""
         count = getattr(self.builder, "in_flight", None)
-        return count if isinstance(count, int) else sum(1 for p in self.pending if not p.future.done())
-
-    def _in_flight_trials(self) -> int:
-        return sum(1 + len(p.followers) for p in self.pending)
+        return count if isinstance(count, int) else self.flights.building()
 
     def _fill(self) -> str | None:
         """Ask trials until ``batch`` builds are in flight or the study's budget is all
-        claimed (each ask first claims a slot of the study's ``trials``), or until the
+        taken (each ask first takes a slot of the study's ``trials``), or until the
         oldest build is done: the GPU never waits on asks it does not need yet.
 
         Returns ``exhausted`` or ``stalled`` when it stopped asking for that reason.
         """
-        while len(self.pending) < self.batch:
-            if self.pending and self.pending[0].future.done():
+        pending = self.flights.pending
+        while len(pending) < self.batch:
+            if pending and pending[0].future.done():
                 return None     # the oldest build is ready: measure it first, ask the rest after
-            stop = self._stop_reason()
+            stop = self.tally.stop_reason(self.flights.configs())
             if stop is not None:
                 return stop
-            slot = self.worker.claim_slot(self.target)
+            slot = self.coordinator.claim_slot(self.target)
             if slot is None:
                 return None
             self._ask_one(slot)
         return None
-
-    def _stop_reason(self) -> str | None:
-        """``exhausted`` when every feasible config is known or in flight; ``stalled`` after
-        ``DUPLICATE_STREAK`` repeats in a row; else None."""
-        if self._space_exhausted():
-            return "exhausted"
-        if self.dup_streak >= DUPLICATE_STREAK:
-            return "stalled"
-        return None
-
-    def _space_exhausted(self) -> bool:
-        """True when every statically feasible config is finished or in flight (spaces up to
-        ``COVERAGE_LIMIT`` configs; larger ones rely on ``DUPLICATE_STREAK``)."""
-        if self.space.size > COVERAGE_LIMIT:
-            return False
-        if self._unseen is None:   # the configs that can run: static violations never will
-            self._unseen = set(self.space.feasible(self.problem))
-            self._feasible = len(self._unseen)
-        self._unseen -= self.known.keys()
-        self._unseen -= self.by_config.keys()
-        self._unseen -= {r.config for r in self.remote}
-        return not self._unseen
 
     def _ask_one(self, slot: str) -> None:
         started = time.perf_counter()
         config: KernelConfig | None = None
         failed: Exception | None = None
         with self.ask_lock:
-            trial = self.current = self.study.ask()
+            trial = self.flights.current = self.study.ask()
             try:
-                config = self._suggest(trial)
+                config = suggest(trial, self.space)
             except Exception as exc:  # noqa: BLE001 -- a proposal error fails this trial only
                 failed = exc
-        self.worker.bind(slot, trial.number)
+        self.coordinator.bind(slot, trial.number)
         if failed is not None:
             self._finish(trial, config, "FAIL", None, _describe(failed), {})
             return
         try:
-            self._tally("ask", started)
+            self.clock.lap("ask", started)
             self.emit(ev.TrialStarted(trial.number, config))
-            earlier = self.known.get(config)
+            earlier = self.tally.known.get(config)
             if earlier is not None:
-                self.dup_streak += 1
+                self.tally.dup_streak += 1
                 self._finish(trial, config, earlier.state, earlier.value, earlier.reason,
                              dict(earlier.attrs), duplicate_of=earlier.number)
                 return
-            running = self.by_config.get(config)
+            running = self.flights.by_config.get(config)
             if running is not None:
-                self.dup_streak += 1
+                self.tally.dup_streak += 1
                 running.followers.append(trial)
-                self.current = None
+                self.flights.placed(trial)
                 return
-            if self.worker.claim_config(config, trial.number) is not None:
-                self.dup_streak += 1        # another worker builds it: copy its result when done
-                self.remote.append(_Remote(trial, config))
-                self.current = None
+            if not self.coordinator.claim_config(config, trial.number):
+                self.tally.dup_streak += 1    # another search builds it: copy its result when done
+                self.flights.followed.append(Followed(trial, config))
+                self.flights.placed(trial)
                 return
-            self.dup_streak = 0
+            self.tally.dup_streak = 0
             constraint = self.space.violated(config, self.problem)
             if constraint is not None:
                 self._finish(trial, config, "PRUNED", None, _message(constraint), {})
@@ -636,101 +394,33 @@ class _Search:
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # noqa: BLE001 -- any stage error fails this trial only
-            if self.current is trial:
+            if self.flights.current is trial:
                 self._finish(trial, config, "FAIL", None, _describe(exc), {})
 
     def _build(self, trial: optuna.trial.Trial, config: KernelConfig) -> None:
-        future = self.builder.submit(config, self.problem)
-        flight = _InFlight(trial, config, future)
-        self.pending.append(flight)
-        self.by_config[config] = flight
-        if self.current is trial:
-            self.current = None
+        self.flights.build(trial, config, self.builder.submit(config, self.problem))
         self.emit(ev.BuildStarted(trial.number, config, self._builds_in_flight()))
-
-    def _suggest(self, trial: optuna.trial.Trial) -> KernelConfig:
-
-        return suggest(trial, self.space)
 
     # -- collecting ----------------------------------------------------------------------
 
-    def _collect(self, flight: _InFlight) -> None:
+    def _collect(self, flight: Flight) -> None:
         """Wait for the oldest build, then gate, measure and tell it (and its followers)."""
         try:
-            state, value, reason, attrs = self._process(flight)
+            told = self.judge(flight.trial.number, flight.config, flight.future)
         except KeyboardInterrupt:
-            self.pending.appendleft(flight)   # still in flight: _interrupt() fails it
+            self.flights.pending.appendleft(flight)   # still in flight: _interrupt() fails it
             raise
-        except _Reaped:
-            self.worker.reaped = True       # certain: its claim is gone; the loop rejoins
-            self.by_config.pop(flight.config, None)
+        except Exception as exc:  # noqa: BLE001 -- any stage error fails this trial only
+            told = "FAIL", None, _describe(exc), {}
+        self.flights.by_config.pop(flight.config, None)
+        if told is None:                      # taken from this search: its new owner tells it
             self.lost += 1 + len(flight.followers)
             return
-        except Exception as exc:  # noqa: BLE001 -- any stage error fails this trial only
-            state, value, reason, attrs = "FAIL", None, _describe(exc), {}
-        self.by_config.pop(flight.config, None)
+        state, value, reason, attrs = told
         self._finish(flight.trial, flight.config, state, value, reason, attrs)
         for follower in flight.followers:
             self._finish(follower, flight.config, state, value, reason, dict(attrs),
                          duplicate_of=flight.trial.number)
-
-    def _process(self, flight: _InFlight) -> tuple[str, float | None, str | None, dict[str, Any]]:
-
-        number = flight.trial.number
-        t = time.perf_counter()
-        build = flight.future.result()   # the Builder never raises for a compile error
-        t = self._tally("build_wait", t)
-        self.emit(ev.BuildFinished(number, flight.config, build.ok, build.cached, build.seconds,
-                                   self._builds_in_flight()))
-        if not build.ok or build.artifact is None:
-            self.store.record_build(self.name, number, build, None)
-            self._tally("record", t)
-            return "FAIL", None, f"build failed: {build.error or 'no artifact'}", {}
-        t = time.perf_counter()
-        gate = apply_gate(build, self.space.gate)
-        t = self._tally("gate", t)
-        self.store.record_build(self.name, number, build, gate)
-        t = self._tally("record", t)
-        if not gate.passed:
-            return "PRUNED", None, gate.reason, {}
-        if not self.worker.holds_config(flight.config):
-            raise _Reaped()             # reaped while building: the config is someone else's now
-        race = self._race()
-        if race is not None:
-            outcome = self.measure.measure(build.artifact, self.problem, race=race)
-        else:
-            outcome = self.measure.measure(build.artifact, self.problem)
-        self.measured += 1
-        t = self._tally("measure", t)
-        if not self.worker.holds_config(flight.config):
-            raise _Reaped()             # stalled mid-measurement and reaped: the new owner records it
-        self.store.record_measurement(self.name, number, flight.config, outcome)
-        self._tally("record", t)
-        if isinstance(outcome, MeasureFailure):
-            return "FAIL", None, measure_failure_reason(outcome.kind, outcome.reason), {}
-        if not isinstance(outcome, Measurement):
-            raise TypeError(f"measure stage returned {type(outcome).__name__}, not a Measurement")
-        attrs: dict[str, Any] = {k: getattr(outcome, k) for k in MEASURED_ATTRS}
-        if self.race_best is None or outcome.median_us < self.race_best:
-            self.race_best = outcome.median_us
-        if outcome.stopped_early:
-            self.stopped += 1
-            attrs[STOPPED_ATTR] = {"reps": outcome.repetitions, "planned_reps": outcome.planned_repetitions,
-                                   "median_us": outcome.median_us, "incumbent_us": outcome.incumbent_us,
-                                   "rule": race.rule.describe() if race is not None else None}
-        if self.device_tag:
-            attrs[DEVICE_ATTR] = dict(self.device_tag)   # which GPU measured it (several workers, --gpus)
-        return "COMPLETE", outcome.median_us, None, attrs
-
-    def _race(self) -> Race | None:
-        """What this measure request races against: the best median measured on this GPU model
-        (this run's, or the study's earlier trials'); None when racing is off, the stage does
-        not race, or nothing is known yet (the first config gets the whole budget)."""
-        if self.racing is None or not getattr(self.measure, "races", False):
-            return None
-        name = self.device_tag.get("name")
-        known = [v for v in (self.race_best, self.history_best.get(name) if name else None) if v is not None]
-        return Race(min(known), self.racing) if known else None
 
     # -- telling -------------------------------------------------------------------------
 
@@ -743,92 +433,36 @@ class _Search:
         if duplicate_of is not None:
             attrs[DUPLICATE_ATTR] = duplicate_of
         started = time.perf_counter()
-        try:
+
+        def tell() -> None:
             for key, val in attrs.items():
                 trial.set_user_attr(key, val)
-            self._tell(trial, state, value)
-        except (UpdateFinishedTrialError, ValueError):
-            if self.current is trial:
-                self.current = None
-            if self._state_of(trial) == TrialState.RUNNING:
-                raise
-            self.lost += 1                  # reaped from under this worker: another takes it over
-            self.worker.drop_trial(trial.number, config if duplicate_of is None else None)
+            if state == "COMPLETE":
+                self.study.tell(trial, value)
+            else:
+                self.study.tell(trial, state=_STATES[state])
+
+        told = self.coordinator.finish(trial, tell, built=config if duplicate_of is None else None)
+        self.flights.placed(trial)
+        if not told:
+            self.lost += 1                  # taken from this search: another one finishes it
             return
-        self.worker.finish_trial(trial.number)
-        if config is not None and duplicate_of is None:
-            self.worker.finish_config(config, trial.number)
-        self._tally("record", started)
-        if self.current is trial:
-            self.current = None
-        self.finished += 1
-        self.new_trials += 1
-        self.counts[state] = self.counts.get(state, 0) + 1
-        if config is not None and duplicate_of is None and config not in self.known:
-            copied = {TFLOPS_ATTR: attrs[TFLOPS_ATTR]} if TFLOPS_ATTR in attrs else {}
-            self.known[config] = _Result(trial.number, state, value, reason, copied)
+        self.clock.lap("record", started)
+        self.tally.told(trial.number, config, state, value, reason, attrs, duplicate_of)
         tflops = attrs.get(TFLOPS_ATTR)
         stopped = attrs.get(STOPPED_ATTR)
         early = (int(stopped["reps"]), int(stopped["planned_reps"])) if isinstance(stopped, dict) else None
         self.emit(ev.TrialFinished(trial.number, config, state, value, reason, tflops, duplicate_of, early))
         if state == "COMPLETE" and value is not None:
-            self._offer_best(trial.number, config, value, tflops)
-        self.emit(ev.Progress(self.finished, self.target, dict(self.counts),
-                              self._builds_in_flight(), self.best))
-
-    def _state_of(self, trial: optuna.trial.Trial) -> TrialState:
-        storage = self.store.optuna_storage
-        return storage.get_trial(trial._trial_id).state
-
-    def _tell(self, trial: optuna.trial.Trial, state: str, value: float | None) -> None:
-        if state == "COMPLETE":
-            self.study.tell(trial, value)
-        else:
-            self.study.tell(trial, state=_STATES[state])
-
-    def _offer_best(self, number: int, config: KernelConfig, value: float, tflops: float | None) -> None:
-        if self.best is None or value < self.best.median_us:
-            self.best = ev.Best(number, config, value, tflops)
+            self.tally.offer_best(trial.number, config, value, tflops)
+        self.emit(ev.Progress(self.tally.finished, self.target, dict(self.tally.counts),
+                              self._builds_in_flight(), self.tally.best))
 
     def _interrupt(self, reason: str = INTERRUPTED) -> None:
         """Fail everything in flight with ``reason`` (an "interrupted" one: such trials do not
         count and their configs run again), cancel queued builds; the caller re-raises."""
-        stranded: list[tuple[optuna.trial.Trial, KernelConfig | None]] = []
-        if self.current is not None:
-            stranded.append((self.current, None))
-        for flight in self.pending:
-            flight.future.cancel()
-            stranded.append((flight.trial, flight.config))
-            stranded.extend((f, flight.config) for f in flight.followers)
-        stranded.extend((r.trial, r.config) for r in self.remote)
-        self.remote.clear()
-        self.pending.clear()
-        self.by_config.clear()
-        for trial, _config in stranded:
-            try:
-                trial.set_user_attr(REASON_ATTR, reason)
-                self.study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-            except Exception:  # noqa: BLE001 -- best effort; the next run's reap fails the rest
-                pass
-        self.current = None
-        # The interrupt may have struck inside Optuna's ask (the trial row made, not yet handed
-        # back) or between a tell's writes: a trial no list above holds. Alone on the study,
-        # every RUNNING trial is this process's, so none is left RUNNING for the next resume.
-        try:
-            left = self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)) if self.worker.alone() else []
-        except Exception:  # noqa: BLE001 -- best effort; the next run's reap fails the rest
-            left = []
-        storage = self.store.optuna_storage
-        for t in left:
-            try:
-                storage.set_trial_user_attr(t._trial_id, REASON_ATTR, reason)
-                storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-            except Exception:  # noqa: BLE001 -- finished meanwhile, or a busy database: the reap's
-                pass
-
-
-class _Reaped(Exception):
-    """This worker no longer owns the trial's config (it was reaped)."""
+        stranded = self.flights.strand()
+        fail_stranded(self.study, self.store.optuna_storage, stranded, reason, self.coordinator.alone)
 
 
 def _message(constraint: object) -> str:
@@ -841,4 +475,3 @@ def _describe(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else ""
     return f"{type(exc).__name__}: {text}{where}" if text else f"{type(exc).__name__}{where}"
-

@@ -214,7 +214,7 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
         wait_for_study(store, study)     # a worker starting beside its creator: its row may be on the way
         return study_space(store, study), None
     if replay is not None:
-        from evotuner.measure.replay import read_sweep
+        from evotuner.measure.sweep import read_sweep
 
         recorded = read_sweep(replay).header.get("space_fingerprint")
         for name, path in packaged_spaces().items():

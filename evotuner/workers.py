@@ -1,7 +1,8 @@
 """One worker on a study, among any number of others: budget, claims, heartbeat, seed.
 
-The loop (:mod:`evotuner.loop`) asks a :class:`StudyWorker` before it does anything that
-must happen once per study, and the worker answers from the database
+The database's coordinator (:class:`evotuner.coordinator.StudyCoordinator`, the loop's one
+way to the other searches of its study) asks a :class:`StudyWorker` before the loop does
+anything that must happen once per study, and the worker answers from the database
 (:mod:`evotuner.storage.claims`, :mod:`evotuner.storage.liveness`):
 
 * **budget** -- :meth:`claim_slot` before each ask; ``None`` means the study's
@@ -11,7 +12,7 @@ must happen once per study, and the worker answers from the database
 * **once** -- the start config and the SDPA baselines of a device (:meth:`once`);
 * **liveness** -- a heartbeat thread; :meth:`reap` takes over dead workers' trials.
   A worker that finds it was reaped (it stalled longer than ``stale_after``) sets
-  :attr:`reaped`; the loop drops what it had in flight and calls :meth:`rejoin`;
+  :attr:`reaped`; the loop drops what it had in flight and the coordinator calls :meth:`rejoin`;
 * **seed** -- each live worker holds a seat; seat 0 runs the study's seed, seat k a
   seed derived from it (:func:`derive_seed`), recorded in ``evotuner_workers``.
 

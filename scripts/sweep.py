@@ -50,7 +50,7 @@ from evotuner.compiler.result import BuildResult
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
-from evotuner.measure.replay import (
+from evotuner.measure.sweep import (
     BUILD_KIND,
     GATE_KIND,
     RESULT_COLUMNS,

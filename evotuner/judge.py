@@ -1,0 +1,109 @@
+"""What one built config comes to: gated, timed and recorded -- the state its trial is told.
+
+The loop hands over each config's build in proposal order; :class:`Judge` waits for it,
+applies the ptxas gate, times the artifact on the measure stage (racing the incumbent,
+evotuner/measure/racing.py), records the build and the measurement in the study, and answers
+with what the trial is to be told. It tells nothing itself and catches nothing: an exception
+is the loop's to turn into a FAIL.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from evotuner import events as ev
+from evotuner.config import KernelConfig
+from evotuner.coordinator import Coordinator
+from evotuner.gate import apply_gate
+from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
+from evotuner.measure.racing import Race, RaceRule
+from evotuner.problem import Problem
+from evotuner.startup import DeviceStart
+from evotuner.tally import Stopwatch, Tally
+from evotuner.vocabulary import DEVICE_ATTR, MEASURED_ATTRS, STOPPED_ATTR, measure_failure_reason
+
+#: (state, value, reason, attrs): what a trial is told.
+Verdict = tuple[str, float | None, str | None, dict[str, Any]]
+
+
+class Judge:
+    """Judges the configs of study ``study``. ``coordinator`` says whether a config is still
+    this search's; ``tally`` knows the incumbent; ``device`` tags each measurement with its GPU;
+    ``racing``: the rule a racing stage stops a clearly slower config by (None: off);
+    ``building()``: builds in flight, for the events."""
+
+    def __init__(self, *, store: Any, study: str, problem: Problem, space: Any, measure: MeasureStage,
+                 coordinator: Coordinator, tally: Tally, device: DeviceStart, racing: RaceRule | None,
+                 clock: Stopwatch, emit: Callable[[object], None], building: Callable[[], int]) -> None:
+        self.store = store
+        self.study = study
+        self.space = space
+        self.problem = problem
+        self.measure = measure
+        self.coordinator = coordinator
+        self.tally = tally
+        self.device = device
+        self.racing = racing
+        self.clock = clock
+        self.emit = emit
+        self.building = building
+        self.measured = 0                    # measure calls this run made
+        self.stopped = 0                     # of them, stopped early by racing
+
+    def __call__(self, number: int, config: KernelConfig, future: Any) -> Verdict | None:
+        """Trial ``number``'s verdict on ``config``, built by ``future``; None when the config is
+        no longer this search's (taken over while it was built or timed: its new owner records
+        and tells it)."""
+        lap = self.clock.lap
+        t = time.perf_counter()
+        build = future.result()   # the Builder never raises for a compile error
+        t = lap("build_wait", t)
+        self.emit(ev.BuildFinished(number, config, build.ok, build.cached, build.seconds, self.building()))
+        if not build.ok or build.artifact is None:
+            self.store.record_build(self.study, number, build, None)
+            lap("record", t)
+            return "FAIL", None, f"build failed: {build.error or 'no artifact'}", {}
+        t = time.perf_counter()
+        gate = apply_gate(build, self.space.gate)
+        t = lap("gate", t)
+        self.store.record_build(self.study, number, build, gate)
+        t = lap("record", t)
+        if not gate.passed:
+            return "PRUNED", None, gate.reason, {}
+        if self.coordinator.reaped:      # known taken over already: time nothing for the new owner
+            return None
+        race = self.race()
+        if race is not None:
+            outcome = self.measure.measure(build.artifact, self.problem, race=race)
+        else:
+            outcome = self.measure.measure(build.artifact, self.problem)
+        self.measured += 1
+        t = lap("measure", t)
+        if not self.coordinator.holds(config):
+            return None                  # taken over while it was built or timed: its new owner records it
+        self.store.record_measurement(self.study, number, config, outcome)
+        lap("record", t)
+        if isinstance(outcome, MeasureFailure):
+            return "FAIL", None, measure_failure_reason(outcome.kind, outcome.reason), {}
+        if not isinstance(outcome, Measurement):
+            raise TypeError(f"measure stage returned {type(outcome).__name__}, not a Measurement")
+        attrs: dict[str, Any] = {k: getattr(outcome, k) for k in MEASURED_ATTRS}
+        self.tally.timed(outcome.median_us)
+        if outcome.stopped_early:
+            self.stopped += 1
+            attrs[STOPPED_ATTR] = {"reps": outcome.repetitions, "planned_reps": outcome.planned_repetitions,
+                                   "median_us": outcome.median_us, "incumbent_us": outcome.incumbent_us,
+                                   "rule": race.rule.describe() if race is not None else None}
+        if self.device.tag:
+            attrs[DEVICE_ATTR] = dict(self.device.tag)   # which GPU measured it (several searches, --gpus)
+        return "COMPLETE", outcome.median_us, None, attrs
+
+    def race(self) -> Race | None:
+        """What a measure request races against: the best median measured on this GPU model
+        (this run's, or the study's earlier trials'); None when racing is off, the stage does
+        not race, or nothing is known yet (the first config gets the whole budget)."""
+        if self.racing is None or not getattr(self.measure, "races", False):
+            return None
+        incumbent = self.tally.incumbent(self.device.model)
+        return Race(incumbent, self.racing) if incumbent is not None else None
