@@ -62,6 +62,12 @@ def flash_attention_varlen(
     shape = Shape(batch, hq, max(1, int(max_seqlen_q)), max(1, int(max_seqlen_k)), d, k.shape[1])
     dense = Problem(shape, dtype, bool(causal))
     choice = choose(dense, config, family=FAMILY)
+    if choice.config.as_dict().get("SPLITS", 1) > 1:   # split-KV: the dense problem's, not built packed
+        if config is not None:
+            raise ShapeError(f"config: SPLITS={choice.config['SPLITS']} (split-KV) is not built for packed "
+                             "variable-length batches", "pass SPLITS=1, or leave config unset")
+        choice = Choice(choice.family, KernelConfig.of({**choice.config.as_dict(), "SPLITS": 1}),
+                        f"{choice.why}, without split-KV (not built for packed batches)")
     problem = Problem(shape, dtype, bool(causal), varlen=True)
     out = torch.empty_like(q)
     lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
