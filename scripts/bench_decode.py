@@ -48,9 +48,10 @@ BASES = {
     "2wg-n128-s2": dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1),
 }
 SPLITS = (1, 2, 4, 8, 16, 32)
-#: Largest K (bytes) whose fp32 reference the check computes (larger shapes are timed only;
+#: Largest K (bytes) whose fp32 reference the check computes (its K/V go to fp32 for every
+#: query head: 2 GiB ran out of the H100's memory; larger shapes are timed only, and
 #: tests/gpu/test_split_kv.py covers Sk=131072 for correctness).
-CHECK_LIMIT = 2 << 30
+CHECK_LIMIT = 1 << 30
 
 
 def ints(text: str) -> list[int]:
@@ -109,6 +110,7 @@ def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
     v = torch.randn(B, Hkv, Sk, D, device="cuda", dtype=torch.float16)
     scale = 1.0 / math.sqrt(D)
     check = k.numel() * 2 <= CHECK_LIMIT
+    torch.cuda.empty_cache()   # the last shape's blocks: the reference needs the room
     if check:
         ref, _ = C.reference(q, k, v, False, scale)
         tol = C.tolerance(C.torch_low_precision(q, k, v, False, scale), ref)

@@ -71,6 +71,10 @@ def test_recommended_splits_follow_the_wave_rule():
     assert HF.recommended_splits(_decode(H=4, Hkv=4, Sk=1024), 64, 128) == 4
     # tiles filling 80% of the SMs: no split
     assert HF.recommended_splits(_decode(B=16, H=32, Sq=16), 64, 128) == 1
+    # the combine's chain: 128 packed rows on 8 warps (16 each) x at most 4 splits (H100: x16 took
+    # 143 µs where x4 took 24 at 1,32/4,16,4096)
+    packed = HF.packed_problem(_decode(Hkv=4, Sq=16, Sk=4096))
+    assert HF.recommended_splits(packed, 128, 128) == 4
 
 
 def test_recommended_config_of_a_decode_problem_is_a_config_of_its_space():

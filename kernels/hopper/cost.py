@@ -179,9 +179,13 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
         if problem.causal:                            # top-left: row i sees keys 0..i
             blocks = min(blocks, (m * block_m + rows - 1) // n + 1)
         if (rows, blocks) not in clocks_of:
-            if splits > 1:   # the longest share, its fp32 partial out, and the last CTA's combine
+            if splits > 1:   # the longest share, its fp32 partial out, and the last CTA's combine:
+                # each warp walks its rows, and for each row the splits, one dependent load after
+                # another (split.cuh): a latency chain, not a bandwidth term
                 partial = rows * d * 4 / L2_BYTES_PER_CLK
-                combine = L2_LATENCY + splits * partial + rows * d * 2 / L2_BYTES_PER_CLK
+                rows_per_warp = -(-rows // (4 * wgs))
+                combine = (L2_LATENCY * (1 + rows_per_warp * splits) + splits * partial
+                           + rows * d * 2 / L2_BYTES_PER_CLK)
                 clocks_of[rows, blocks] = (_tile_clocks(config, d, rows, -(-blocks // splits), persistent)
                                            + partial + combine)
             else:

@@ -37,6 +37,8 @@ SPLIT_SPACE_ROWS = 8448
 #: SPLITS values of hopper_split.toml, and the SMs the recommended split count fills.
 SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)
 SPLIT_SMS = 132
+#: Longest chain of (row, split) steps one warp of the combining CTA may walk (split.cuh).
+COMBINE_CHAIN = 64
 
 
 def launch_registers(threads: int, regs_per_sm: int = 65536, unit: int = 8, cap: int = 255) -> int:
@@ -261,13 +263,18 @@ def recommended_splits(problem: Problem, block_m: int, block_n: int, sms: int = 
     FlashAttention-3's rule (hopper/heuristics.h) over :data:`SPLIT_CHOICES`: none when the
     tiles fill 80% of the SMs, else the fewest splits whose wave efficiency (CTAs over the
     SM slots of the waves they take) is within 85% of the best, each split keeping at
-    least two key blocks."""
+    least two key blocks and the combine's serial chain (rows per warp x splits) at most
+    :data:`COMBINE_CHAIN`."""
     s = problem.shape
     tiles = -(-s.seqlen_q // block_m) * s.heads * s.batch
     blocks = -(-s.seqlen_k // block_n)
     if tiles >= 0.8 * sms:
         return 1
-    usable = [n for n in SPLIT_CHOICES if n == 1 or blocks >= 2 * n]
+    # The combining CTA walks its rows one warp each, splits one after another (split.cuh):
+    # rows per warp x splits dependent loads; past COMBINE_CHAIN that chain costs more than the
+    # split saves (H100: 16 packed rows per warp x 16 splits took 143 µs where 4 splits took 24).
+    rows_per_warp = -(-min(block_m, s.seqlen_q) // (block_m // 16))
+    usable = [n for n in SPLIT_CHOICES if n == 1 or (blocks >= 2 * n and rows_per_warp * n <= COMBINE_CHAIN)]
     efficiency = {n: tiles * n / (-(-tiles * n // sms) * sms) for n in usable}
     best = max(efficiency.values())
     return min(n for n in usable if efficiency[n] >= 0.85 * best)
