@@ -130,6 +130,15 @@ def _copy(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def test_a_sweep_missing_a_config_of_the_space_is_refused(space, tmp_path: Path) -> None:
+    # every config of the space has a row, or the replay would meet a proposal it cannot answer
+    lines = D64.read_text().splitlines(keepends=True)
+    header = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    path = _copy(tmp_path, "".join(lines[:header + 1] + lines[header + 2:]))
+    with pytest.raises(ReplayError, match=r"no row for 1 config\(s\) of the space"):
+        ReplayMeasure(path, read_sweep(D64).problem, space)
+
+
 def test_malformed_files_name_file_line_and_column(tmp_path: Path) -> None:
     lines = D64.read_text().splitlines()
     bad = lines[:3] + [lines[3].replace(",ok,", ",great,", 1)] + lines[4:]

@@ -130,6 +130,10 @@ class ReplayMeasure(MeasureStage):
                 f"{space.fingerprint()[:12]} ({space.path})",
                 self._space_remedy("replay with the space file the sweep used, or sweep this space again"),
             )
+        missing = [c for c in space.configs() if c not in self.table.rows]
+        if missing:
+            raise ReplayError(f"--replay {path}: no row for {len(missing)} config(s) of the space, e.g. {missing[0]}",
+                              "sweep the whole space (scripts/sweep.py without --limit)")
 
     def _space_remedy(self, otherwise: str) -> str:
         """Names the space the sweep's sidecar records (``space_name``), as ``--space`` takes it."""
@@ -137,10 +141,6 @@ class ReplayMeasure(MeasureStage):
         if not isinstance(name, str) or not name:
             return otherwise
         return f"this sweep was recorded with space {name}: pass --space {name}, or sweep this space again"
-        missing = [c for c in space.configs() if c not in self.table.rows]
-        if missing:
-            raise ReplayError(f"--replay {path}: no row for {len(missing)} config(s) of the space, e.g. {missing[0]}",
-                              "sweep the whole space (scripts/sweep.py without --limit)")
 
     # -- lookups -------------------------------------------------------------------------
 
