@@ -28,7 +28,7 @@ How, per proposal:
   fit runs at every proposal until REFIT_EVERY_UNTIL configs are compiled, then each time
   that count has grown by REFIT_GROWTH;
 * the GP conditions on at most GP_POINTS of the study's known configs (the fastest, the
-  newest and a spread of the rest, :func:`_conditioning`), so a proposal's cost does not
+  newest and a spread of the rest, :func:`conditioning`), so a proposal's cost does not
   grow with the study (a GP over every known config costs the cube of their number); the
   cap binds only past GP_POINTS known configs, after the searches of the recorded sweeps
   are within 2% of the optimum (docs/measurements/proposal_cost/);
@@ -84,6 +84,7 @@ from optuna.trial import FrozenTrial, TrialState
 from evotuner.config import KernelConfig
 from evotuner.problem import Problem
 from evotuner.space import SearchSpace
+from evotuner.gpmodel import FAILURE_PENALTY, Observed, Points, Related, Tasks, conditioning, expected_improvement
 from evotuner.vocabulary import REASON_ATTR, distributions, is_interrupted, param_key
 
 #: Prior standard deviation of the residual log time (the model's error away from its bias).
@@ -110,8 +111,6 @@ GP_BEST = 48
 GP_RECENT = 32
 #: Standard deviation of one measurement's log time (run-to-run noise, ~1 %).
 NOISE_SD = 0.01
-#: A config that failed after it reached the compiler counts this far (log) above the worst measured.
-FAILURE_PENALTY = 0.3
 #: Where an estimate of ``inf`` puts a config: this far (log) above the worst finite estimate.
 INFEASIBLE_PRIOR = math.log(2.0)
 #: The lead (second proposal with related studies) is chosen among this many fastest configs of each.
@@ -130,18 +129,6 @@ class GPSettings:
     signal_sd: float = SIGNAL_SD
     length_scale: float = LENGTH_SCALE
     noise_sd: float = NOISE_SD
-
-
-@dataclass(frozen=True)
-class Related:
-    """What another study measured, for the GP (see the module docstring): ``points`` are
-    (config, median µs or None for a failure past the compiler, the cost model's estimate
-    of the config at that study's problem in µs); ``similarity`` in (0, 1] is the
-    correlation assumed between the model's errors there and here."""
-
-    name: str
-    similarity: float
-    points: tuple[tuple[KernelConfig, float | None, float], ...]
 
 
 class GuidedSampler(BaseSampler):
@@ -166,7 +153,7 @@ class GuidedSampler(BaseSampler):
         self._index: np.ndarray | None = None                   # candidate rows' index tuples
         self._x: np.ndarray | None = None                       # candidate rows' scaled values
         self._prior: np.ndarray | None = None                   # candidate rows' log estimate
-        self._tasks = _Tasks.none(len(self._keys))              # the related studies' points
+        self._tasks = Tasks.none(len(self._keys))              # the related studies' points
         self._lead: int | None = None                           # the related studies' lead (second proposal)
         self._scales: np.ndarray | None = None                  # the last fitted length scales ...
         self._scales_at = 0                                     # ... and the compiled count they were fitted at
@@ -231,7 +218,7 @@ class GuidedSampler(BaseSampler):
         source = self._related_source
         self.related = tuple(r for r in (source() if callable(source) else source)   # similarity 0: unrelated
                              if 0.0 < r.similarity <= 1.0)
-        self._tasks = _Tasks.of(self.related, self._scaled, len(self._keys))
+        self._tasks = Tasks.of(self.related, self._scaled, len(self._keys))
         self._lead = self._lead_row()
 
     def _lead_row(self) -> int | None:
@@ -260,10 +247,10 @@ class GuidedSampler(BaseSampler):
 
     # -- the pick ------------------------------------------------------------------------------
 
-    def _observations(self, study: optuna.Study, trial: FrozenTrial) -> "_Observed":
+    def _observations(self, study: optuna.Study, trial: FrozenTrial) -> "Observed":
         """What the study knows, by candidate row (trial ``trial``, being asked, left out)."""
         assert self._rows is not None
-        seen = _Observed()
+        seen = Observed()
         for t in study.get_trials(deepcopy=False):
             params = t.params or t.system_attrs.get("fixed_params") or {}
             if t.number == trial.number or not all(k in params for k in self._keys):
@@ -306,19 +293,19 @@ class GuidedSampler(BaseSampler):
             return int(np.argmin(np.where(free, self._prior + jitter, np.inf)))
         best = min(measured.values()) if measured else float(mean.min())
         rows = np.flatnonzero(free)
-        gain = _expected_improvement(best, mean, sd) + jitter[rows]
+        gain = expected_improvement(best, mean, sd) + jitter[rows]
         return int(rows[np.argmax(gain)])
 
-    def _predict(self, seen: "_Observed", free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _predict(self, seen: "Observed", free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Posterior mean and standard deviation of the log time of every free candidate (rows
         where ``free``) given what the study (at most GP_POINTS of its known configs, see
-        :func:`_conditioning`) and the related studies know."""
+        :func:`conditioning`) and the related studies know."""
         assert self._x is not None and self._prior is not None
         measured, failed = seen.measured, seen.failed
         residual = {row: value - self._prior[row] for row, value in measured.items()}
         bias = float(np.mean(list(residual.values()))) if residual else 0.0
         worst = max((r - bias for r in residual.values()), default=0.0)
-        rows = _conditioning(seen, GP_POINTS, GP_BEST, GP_RECENT)
+        rows = conditioning(seen, GP_POINTS, GP_BEST, GP_RECENT)
         y = np.array([residual[r] - bias if r in residual else (worst + FAILURE_PENALTY if r in failed else 0.0)
                       for r in rows])
         points = self._tasks.after(self._x[rows], y)
@@ -329,7 +316,7 @@ class GuidedSampler(BaseSampler):
         mean, sd = self._posterior(points, scales, self._x[free])
         return self._prior[free] + bias + mean, sd
 
-    def _length_scales(self, points: "_Points", compiled: int) -> np.ndarray:
+    def _length_scales(self, points: "Points", compiled: int) -> np.ndarray:
         """The length scales fitted on ``points`` (their FIT_POINTS lowest residuals), or the last
         fit's while the study's ``compiled`` count (measured + failed) is past REFIT_EVERY_UNTIL
         and has grown by less than REFIT_GROWTH since: the scales settle as the study grows, and
@@ -341,7 +328,7 @@ class GuidedSampler(BaseSampler):
             self._scales_at = compiled
         return self._scales
 
-    def _fit_length_scales(self, points: "_Points") -> np.ndarray:
+    def _fit_length_scales(self, points: "Points") -> np.ndarray:
         """Per-parameter length scales from LENGTH_SCALES by marginal likelihood (coordinate
         search, two passes; one parameter's candidate scales are factorised in one batch, from
         squared distances computed once per fit)."""
@@ -363,7 +350,7 @@ class GuidedSampler(BaseSampler):
                 scales[d] = min(zip(nll.tolist(), LENGTH_SCALES))[1]
         return scales
 
-    def _posterior(self, points: "_Points", scales: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _posterior(self, points: "Points", scales: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """GP posterior mean and standard deviation of the residual here at the scaled configs ``x``."""
         var = self.settings.signal_sd ** 2
         chol = self._cholesky(points, scales)
@@ -378,7 +365,7 @@ class GuidedSampler(BaseSampler):
         sd = np.sqrt(np.clip(var - (v * v).sum(axis=0), 1e-12, None))
         return mean, sd
 
-    def _cholesky(self, points: "_Points", scales: np.ndarray) -> np.ndarray:
+    def _cholesky(self, points: "Points", scales: np.ndarray) -> np.ndarray:
         """Cholesky factor of the points' covariance (kernel times task correlation, plus measurement noise)."""
         noise = self.settings.noise_sd ** 2 * np.eye(len(points.y))
         return np.linalg.cholesky(self._kernel(points.x, points.x, scales) * points.correlation + noise)
@@ -387,120 +374,3 @@ class GuidedSampler(BaseSampler):
         a, b = a / scales, b / scales
         d2 = np.clip((a * a).sum(1)[:, None] + (b * b).sum(1)[None, :] - 2.0 * a @ b.T, 0.0, None)
         return self.settings.signal_sd ** 2 * np.exp(-0.5 * d2)
-
-
-@dataclass
-class _Observed:
-    """This study's known configs by candidate row: measured log times, rows that failed past
-    the compiler, rows in flight, and each known row's first trial number (its proposal order)."""
-
-    measured: dict[int, float] = field(default_factory=dict)
-    failed: set[int] = field(default_factory=set)
-    pending: set[int] = field(default_factory=set)
-    number: dict[int, int] = field(default_factory=dict)
-
-
-def _conditioning(seen: _Observed, limit: int, best: int, recent: int) -> list[int]:
-    """The known rows the GP conditions on, sorted: all of them up to ``limit``; past it the
-    ``best`` fastest measured, the ``recent`` most recently proposed (in flight first: they are
-    what keeps parallel proposals apart) and, to fill ``limit``, the others evenly spread in
-    proposal order. This bounds the GP's cost by construction: a proposal factorises at most
-    ``limit`` of this study's points however long the study runs (a factorisation's cost grows
-    with the cube of its points, the posterior's with their square times the candidates). The
-    fastest configs keep the posterior sharp where expected improvement looks, the recent ones
-    where the search has just been, and the spread keeps a coarse picture of the rest."""
-    known = set(seen.measured) | seen.failed | seen.pending
-    if len(known) <= limit:
-        return sorted(known)
-    keep = set(sorted(seen.measured, key=lambda r: (seen.measured[r], seen.number[r]))[:best])
-    newest = sorted(seen.pending, key=lambda r: -seen.number[r])
-    newest += sorted(known - seen.pending, key=lambda r: -seen.number[r])
-    keep.update([r for r in newest if r not in keep][:recent])
-    rest = sorted(known - keep, key=lambda r: seen.number[r])
-    room = limit - len(keep)
-    if room > 0 and rest:
-        keep.update(rest[int(i)] for i in np.linspace(0, len(rest) - 1, room).round())
-    return sorted(keep)
-
-
-@dataclass(frozen=True)
-class _Points:
-    """GP training points: scaled configs, residuals, each one's task (0: this study) and the
-    task's correlation with this study (1 for its own points)."""
-
-    x: np.ndarray
-    y: np.ndarray
-    task: np.ndarray
-    weight: np.ndarray
-
-    def subset(self, keep: np.ndarray) -> "_Points":
-        return _Points(self.x[keep], self.y[keep], self.task[keep], self.weight[keep])
-
-    @cached_property
-    def correlation(self) -> np.ndarray:
-        """Task correlation of every pair: 1 within a task, the product of their weights across two
-        (computed once: the length-scale fit factorises the same points some 60 times)."""
-        same = self.task[:, None] == self.task[None, :]
-        return np.where(same, 1.0, self.weight[:, None] * self.weight[None, :])
-
-
-@dataclass(frozen=True)
-class _Tasks:
-    """The related studies' points, ready to join this study's (see :class:`Related`)."""
-
-    points: _Points
-    measured: int                    # how many of them are measurements (the rest failures)
-
-    @staticmethod
-    def none(dims: int) -> "_Tasks":
-        empty = np.zeros(0)
-        return _Tasks(_Points(np.zeros((0, dims)), empty, empty.astype(int), empty), 0)
-
-    @staticmethod
-    def of(related: Sequence[Related], scaled: Callable[[KernelConfig], list[float] | None], dims: int) -> "_Tasks":
-        """Each study's residuals ``log(measured) - log(estimate)`` centred on their mean; its
-        failures FAILURE_PENALTY above its worst residual; points of configs with no finite
-        estimate, or not expressible in this space, left out."""
-        x: list[list[float]] = []
-        y: list[float] = []
-        task: list[int] = []
-        weight: list[float] = []
-        measured = 0
-        for number, study in enumerate(related, start=1):
-            ok = [(v, math.log(us) - math.log(est)) for c, us, est in study.points
-                  if us is not None and us > 0 and math.isfinite(est) and est > 0 and (v := scaled(c)) is not None]
-            if not ok:
-                continue
-            centre = sum(r for _, r in ok) / len(ok)
-            worst = max(r for _, r in ok) - centre
-            bad = [v for c, us, _ in study.points if us is None and (v := scaled(c)) is not None]
-            for v, r in ok:
-                x.append(v)
-                y.append(r - centre)
-            x.extend(bad)
-            y.extend([worst + FAILURE_PENALTY] * len(bad))
-            task.extend([number] * (len(ok) + len(bad)))
-            weight.extend([study.similarity] * (len(ok) + len(bad)))
-            measured += len(ok)
-        if not y:
-            return _Tasks.none(dims)
-        return _Tasks(_Points(np.array(x, dtype=float), np.array(y), np.array(task, dtype=int),
-                              np.array(weight, dtype=float)), measured)
-
-    def after(self, x: np.ndarray, y: np.ndarray) -> _Points:
-        """This study's points (task 0, weight 1) followed by the related ones."""
-        return _Points(np.vstack([x, self.points.x]), np.concatenate([y, self.points.y]),
-                       np.concatenate([np.zeros(len(y), dtype=int), self.points.task]),
-                       np.concatenate([np.ones(len(y)), self.points.weight]))
-
-
-_ERF = np.vectorize(math.erf, otypes=[float])
-
-
-def _expected_improvement(best: float, mean: np.ndarray, sd: np.ndarray) -> np.ndarray:
-    """E[max(best - f, 0)] for f ~ N(mean, sd^2) (minimisation)."""
-    z = (best - mean) / sd
-    cdf = 0.5 * (1.0 + _ERF(z / math.sqrt(2.0)))
-    pdf = np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-    return (best - mean) * cdf + sd * pdf
-

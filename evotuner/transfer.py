@@ -8,7 +8,7 @@ them in one of two ways (``evotuner search`` says which: "seeded from studies A,
 ``--no-transfer`` turns it off):
 
 * a sampler that takes prior knowledge (``guided``) gets the sources' compiled trials
-  as observations of correlated problems (:class:`evotuner.guided.Related`; nothing is
+  as observations of correlated problems (:class:`evotuner.gpmodel.Related`; nothing is
   enqueued): its first pick stays its own, its second is the model's choice among the
   sources' fastest configs, and its GP learns from them where the cost model is wrong;
 * any other sampler gets the ``per_study`` best distinct configs of each source,
@@ -181,9 +181,9 @@ def plan_transfer(store: Any, study: str, problem: Problem, space: Any, device: 
 
 
 def related(sources: Sequence[Source], estimate: Any) -> tuple[Any, ...]:
-    """The sources as the guided sampler's related studies (:class:`evotuner.guided.Related`);
+    """The sources as the guided sampler's related studies (:class:`evotuner.gpmodel.Related`);
     ``estimate(config, problem)`` is the family's cost model (µs; None or inf where it has none)."""
-    from evotuner.guided import Related
+    from evotuner.gpmodel import Related
 
     out = []
     for source in sources:

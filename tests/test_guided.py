@@ -245,7 +245,7 @@ def test_the_gp_conditions_on_at_most_gp_points_of_the_studys_configs(grid, monk
 
 
 def test_the_capped_points_are_the_fastest_the_newest_in_flight_first_and_a_spread():
-    from evotuner.guided import _conditioning, _Observed
+    from evotuner.gpmodel import Observed as _Observed, conditioning as _conditioning
 
     seen = _Observed()
     for n in range(100):                          # measured row n as trial n; the fastest are 37, 74, ...
@@ -400,7 +400,7 @@ def test_with_related_studies_it_still_proposes_only_new_feasible_configs(grid):
 
 def test_related_points_are_centred_per_study_and_failures_sit_above_their_worst():
     from evotuner.config import KernelConfig
-    from evotuner.guided import FAILURE_PENALTY, _Tasks
+    from evotuner.gpmodel import FAILURE_PENALTY, Tasks as _Tasks
 
     def cfg(n):
         return KernelConfig.of({"A": n})
