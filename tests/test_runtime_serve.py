@@ -18,6 +18,7 @@ from evotuner.errors import SpaceError
 from evotuner.family import AttentionArgs, DeviceInfo, TensorView, get_family
 from evotuner.problem import Problem, Shape
 from evotuner.runtime import attention as A
+from evotuner.runtime import choice, inputs
 from evotuner.runtime.binder import POINTER_LIMIT, ArgBinder
 from evotuner.space import load_space
 from evotuner import tuned
@@ -92,8 +93,8 @@ def test_binder_refuses_unaligned_or_out_of_range_pointers():
 def packaged_families(monkeypatch):
     """Only the two packaged families (other tests register toy families of their own)."""
     two = (get_family("flashcore"), get_family("hopper"))
-    monkeypatch.setattr(A, "families", lambda: two)
-    monkeypatch.setattr(defaults, "families", lambda: two)
+    for module in (choice, inputs, defaults):
+        monkeypatch.setattr(module, "families", lambda: two)
 
 
 def test_a_config_runs_the_family_its_parameters_name(packaged_families):

@@ -23,9 +23,8 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 
@@ -33,194 +32,19 @@ from evotuner.compiler import Builder
 from evotuner.config import KernelConfig
 from evotuner.defaults import (config_family, default_config, fastest_recommended, family_parameters,  # noqa: F401
                                parse_defaults, supported_head_dims)  # (public names)
-from evotuner.errors import BuildError, EvotunerError, ShapeError, SpaceError
-from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
-from evotuner.problem import HEAD_DIMS, Problem, Shape
-from evotuner.runtime import cuda
+from evotuner.errors import BuildError, EvotunerError, ShapeError
+from evotuner.family import DEFAULT_FAMILY, get_family
+from evotuner.problem import Problem, Shape
+from evotuner.runtime import choice, cuda
 from evotuner.runtime.binder import POINTER_LIMIT, ArgBinder
+from evotuner.runtime.choice import Choice, choose, resolve_config, served_tables  # noqa: F401 (public names)
+from evotuner.runtime.inputs import ALIGN_BYTES, LAYOUTS, validate  # noqa: F401 (public names)
 from evotuner.runtime.loader import KernelModule, tensor_view as _view
-from evotuner.tuned import ENV_VAR as TUNED_ENV_VAR
-from evotuner.tuned import TunedTable, shipped_tables
-from evotuner.tuned import from_environment as tuned_from_environment
-from evotuner.tuned import load as load_tuned
-
-LAYOUTS = ("bhsd", "bshd")
-_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-#: cp.async moves 16-byte chunks: base pointers and strides must keep every row 16-byte aligned.
-ALIGN_BYTES = 16
+from evotuner.tuned import TunedTable
 
 
 class KernelBuildError(BuildError):
     """The requested config did not compile (the message carries the compiler's reason)."""
-
-
-@dataclass(frozen=True)
-class Choice:
-    """Which family and config a call runs, and why (one line)."""
-
-    family: str
-    config: KernelConfig
-    why: str
-
-
-def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | None = None,
-           family: str | None = None, exclude: Mapping[str, str] | None = None, *,
-           device: str | None = None, tables: Sequence[TunedTable] | None = None) -> Choice:
-    """The family and config :func:`flash_attention` runs for ``problem`` (see the module docstring);
-    ``exclude``: {family: why} families the automatic choice must pass over; ``device``: the GPU
-    model whose tuned rows apply; ``tables``: the tuned tables to serve from (default: the
-    ones :func:`use_tuned` and ``$EVOTUNER_TUNED`` set, then the shipped ones)."""
-    if config is not None:
-        fam = get_family(family) if family is not None else config_family(config)
-        why_not = fam.unsupported(problem)
-        if why_not:
-            raise ShapeError(f"q: {why_not}", f"use one of {', '.join(map(str, fam.head_dims))}")
-        cfg = resolve_config(config, problem.shape.head_dim, problem.dtype, problem.causal, family=fam.name)
-        return Choice(fam.name, cfg, "asked for" if family is not None else
-                      f"config given (its parameters are the {fam.name} family's)")
-    if family is not None:
-        fam = get_family(family)
-        why_not = fam.unsupported(problem)
-        if why_not:
-            raise ShapeError(f"q: {why_not}", f"use one of {', '.join(map(str, fam.head_dims))}")
-    usable = [f for f in families() if (family is None or f.name == family)
-              and not (exclude or {}).get(f.name) and not f.unsupported(problem)]
-    active = served_tables() if tables is None else tuple(tables)
-    if device is not None:
-        for table in active:
-            for fam in usable:
-                pick = table.pick(problem, device, fam.name)
-                if pick is not None:
-                    return Choice(fam.name, pick.row.config, pick.why)
-    base = _recommended(problem, family, exclude)
-    user = [t for t in active if not t.shipped]
-    if device is not None and user:
-        return Choice(base.family, base.config, f"{base.why}; {user[0].nearest_note(problem, device, family)}")
-    return base
-
-
-def _recommended(problem: Problem, family: str | None, exclude: Mapping[str, str] | None) -> Choice:
-    """The recommended config of ``family``, else of the fastest family by its own figure."""
-    if family is not None:
-        fam = get_family(family)
-        picked = fam.recommended_configs(problem)
-        cfg = picked[0] if picked else resolve_config(None, problem.shape.head_dim, problem.dtype, problem.causal,
-                                                      family=fam.name)
-        return Choice(fam.name, cfg, "asked for")
-    fam, cfg, why = fastest_recommended(problem, exclude)
-    return Choice(fam.name, cfg, why)
-
-
-def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_dim: int, dtype: str,
-                   causal: bool, *, family: str | None = None) -> KernelConfig:
-    """``config`` over the recommended default (a partial mapping overrides only its keys)."""
-    fam = get_family(family or DEFAULT_FAMILY)
-    base = default_config(head_dim, dtype, causal, family=fam.name)
-    if config is None:
-        return base
-    if isinstance(config, str):
-        given = KernelConfig.parse(config).as_dict()
-    elif isinstance(config, KernelConfig):
-        given = config.as_dict()
-    elif isinstance(config, Mapping):
-        given = KernelConfig.of({str(k).upper(): v for k, v in config.items()}).as_dict()
-    else:
-        raise SpaceError(f"config: expected a mapping of kernel parameters, got {type(config).__name__}",
-                         f"e.g. config={dict(list(base.as_dict().items())[:2])}")
-    known = base.as_dict()
-    for name in given:
-        if name not in known and name not in fam.optional_params:
-            try:
-                other = config_family(given).name      # the family these parameters are of, if one
-            except SpaceError:
-                other = None
-            hint = f"; they are the {other} family's: pass family={other!r}" if other and other != fam.name else ""
-            raise SpaceError(f"config: unknown kernel parameter {name} for the {fam.name} family",
-                             f"{fam.title or fam.name} takes {', '.join(sorted({*known, *fam.optional_params}))}{hint}")
-    return KernelConfig.of({**known, **given})
-
-
-# --------------------------------------------------------------------------- validation
-
-
-def _check_tensor(name: str, t: Any) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ShapeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != 4:
-        raise ShapeError(f"{name}: expected a 4-D tensor, got {t.dim()}-D with shape {tuple(t.shape)}",
-                         "pass [B, H, S, D] (layout='bhsd') or [B, S, H, D] (layout='bshd')")
-
-
-def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str = "bhsd",
-             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
-    """Check the arguments (no CUDA call until the device check, which comes last).
-
-    Returns q, k, v as [B, H, S, D] views and the dtype name.
-    """
-    if layout not in LAYOUTS:
-        raise ShapeError(f"layout: {layout!r} is not supported", f"use one of {', '.join(LAYOUTS)}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.dtype not in _DTYPES:
-            raise ShapeError(f"{name}: dtype {t.dtype} is not supported", "use torch.float16 or torch.bfloat16")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ShapeError(f"q, k, v: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})", "give all three the same dtype")
-    if layout == "bshd":
-        qv, kv, vv = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        dims = "[B, S, H, D]"
-    else:
-        qv, kv, vv = q, k, v
-        dims = "[B, H, S, D]"
-    B, H, Sq, D = qv.shape
-    labels = ("B (batch)", "H (heads)", "S (seqlen)", "D (head dim)")
-    for name, t in (("k", kv), ("v", vv)):
-        for axis in (0, 3):
-            if t.shape[axis] != qv.shape[axis]:
-                raise ShapeError(f"{name}: {labels[axis]} is {t.shape[axis]} but q's is {qv.shape[axis]} "
-                                 f"(layout {layout} = {dims})")
-    if kv.shape[1] != vv.shape[1]:
-        raise ShapeError(f"k, v: heads differ (k has {kv.shape[1]}, v has {vv.shape[1]})",
-                         "k and v must have the same number of heads")
-    if kv.shape[1] < 1 or H % kv.shape[1]:
-        raise ShapeError(f"k: H (heads) is {kv.shape[1]}, which does not divide q's {H} "
-                         f"(layout {layout} = {dims})",
-                         "give k and v as many heads as q, or a divisor of it (grouped-query attention)")
-    if kv.shape[2] != vv.shape[2]:
-        raise ShapeError(f"k, v: seqlen differs (k has Sk={kv.shape[2]}, v has {vv.shape[2]})",
-                         "k and v must have the same sequence length")
-    for name, t in (("q", qv), ("k", kv)):
-        for axis in range(4):
-            if t.shape[axis] < 1:
-                raise ShapeError(f"{name}: {labels[axis]} is {t.shape[axis]}; every dimension must be at least 1")
-    supported = sorted({d for f in families() for d in supported_head_dims(family=f.name)})
-    if D not in HEAD_DIMS or D not in supported:
-        dims = HEAD_DIMS if D not in HEAD_DIMS else supported
-        raise ShapeError(f"q: head dim D={D} is not supported", f"use one of {', '.join(map(str, dims))}")
-    if max(kv.shape[2], Sq) >= 2**31:
-        raise ShapeError(f"q/k: seqlen {max(kv.shape[2], Sq)} does not fit the kernel's int32 indices")
-    elem = qv.element_size()
-    for name, t in (("q", qv), ("k", kv), ("v", vv)):
-        if t.stride(3) != 1:
-            raise ShapeError(f"{name}: the last dimension (D) is not contiguous (stride {t.stride(3)})",
-                             f"pass {name}.contiguous()")
-        for axis, what in ((0, "batch"), (1, "head"), (2, "row")):
-            if t.shape[axis] > 1 and (t.stride(axis) * elem) % ALIGN_BYTES:
-                raise ShapeError(f"{name}: {what} stride {t.stride(axis)} elements is not a multiple of "
-                                 f"{ALIGN_BYTES // elem} (rows must be {ALIGN_BYTES}-byte aligned)",
-                                 f"pass {name}.contiguous()")
-        if t.data_ptr() % ALIGN_BYTES:
-            raise ShapeError(f"{name}: data pointer is not {ALIGN_BYTES}-byte aligned", f"pass {name}.clone()")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ShapeError(f"scale: {scale!r} must be a finite number")
-    # Device last: everything above is testable with CPU tensors.
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device.type != "cuda":
-            raise ShapeError(f"{name}: must be on a CUDA device, got {t.device}", f"move it with {name}.cuda()")
-    if not (q.device == k.device == v.device):
-        raise ShapeError(f"q, k, v: on different devices ({q.device}, {k.device}, {v.device})",
-                         "put all three on the same GPU")
-    return qv, kv, vv, _DTYPES[q.dtype]
 
 
 # --------------------------------------------------------------------------- modules
@@ -263,59 +87,12 @@ def kernel_module(config: KernelConfig, problem: Problem, device: int, family: s
     return mod
 
 
-# --------------------------------------------------------------------------- tuned tables
-
-_tables_lock = threading.Lock()
-_tables: tuple[TunedTable, ...] | None = None   # None: not read yet
-
-
 def use_tuned(source: str | Path | None = None, *, shipped: bool = True) -> TunedTable | None:
-    """Serve tuned configs from ``source``: a study database (``"sqlite:///studies.db"``, a
-    PostgreSQL URL, or a SQLite file's path) or a header written by ``evotuner export``.
-
-    The table is read once, here; later calls of :func:`flash_attention` look problems up in
-    it (:meth:`evotuner.tuned.TunedTable.pick`): the row of the same GPU model, family, head
-    dim, dtype and causal flag in the problem's size bucket, else the nearest tuned size,
-    else the shipped table's row (``shipped``), else the recommended config.
-    ``return_choice=True`` says which and why. ``source=None`` goes back to the default:
-    ``$EVOTUNER_TUNED`` when set, and the shipped tables. Returns the table read (None for
-    the default)."""
-    global _tables
-    table = load_tuned(source) if source is not None else None
-    defaults = _shipped() if shipped else ()
-    with _tables_lock:
-        _tables = ((table,) + defaults) if table is not None else None
-        _plans.clear()
+    """Serve tuned configs from ``source`` (:func:`evotuner.runtime.choice.use_tuned`, which
+    says how) and forget the plans resolved with the tables before."""
+    table = choice.use_tuned(source, shipped=shipped)
+    _plans.clear()
     return table
-
-
-def served_tables() -> tuple[TunedTable, ...]:
-    """The tuned tables :func:`flash_attention` serves from, in order (read on first use)."""
-    global _tables
-    tables = _tables
-    if tables is None:
-        with _tables_lock:
-            if _tables is None:
-                env = tuned_from_environment()
-                try:
-                    user = (load_tuned(env),) if env else ()
-                except EvotunerError as exc:
-                    raise type(exc)(f"${TUNED_ENV_VAR}: {exc.message}",
-                                    exc.remedy or f"fix or unset {TUNED_ENV_VAR}") from None
-                _tables = user + _shipped()
-            tables = _tables
-    return tables
-
-
-def _shipped() -> tuple[TunedTable, ...]:
-    """The families' shipped tables, read once per process (use_tuned resets only the user's)."""
-    global _shipped_tables
-    if _shipped_tables is None:
-        _shipped_tables = tuple(load_tuned(path) for path in shipped_tables(families()))
-    return _shipped_tables
-
-
-_shipped_tables: tuple[TunedTable, ...] | None = None
 
 
 # --------------------------------------------------------------------------- the hot path
