@@ -237,14 +237,12 @@ def space_for_config(config: KernelConfig, problem: Problem) -> SearchSpace:
     is missing or unknown)."""
     fam = config_family(config)
     names = set(config.as_dict())
-    first = load_space(fam.space_for(problem))
-    if set(first.names) == names:
-        return first
-    for path in (fam.default_space(), *packaged_spaces().values()):
+    paths = list(dict.fromkeys((fam.space_for(problem), fam.default_space(), *packaged_spaces().values())))
+    for path in paths:
         candidate = load_space(path)
         if candidate.kernel == fam.name and set(candidate.names) == names:
             return candidate
-    return first
+    return load_space(paths[0])
 
 
 def _space_path(space: str | Path) -> Path:

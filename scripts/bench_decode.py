@@ -15,7 +15,7 @@ ring depth, SPLITS and (grouped heads) PACK_GQA. Every evotuner output is checke
 
 Prints one line per shape: the fastest SDPA backend, evotuner's choice (graph, eager),
 the grid's best config, and the ratios fastest-SDPA / ours (graph-timed, median of
-per-round ratios). Writes DIR/bench_decode.json with every timing.
+per-round ratios); "no split x" is the grid's best with SPLITS=1 and PACK_GQA=0. Writes DIR/bench_decode.json with every timing.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import evotuner
 from evotuner.runtime import check as C
-from evotuner.runtime.timing import time_cuda
+from evotuner.runtime.timing import time_eager, time_graph
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
@@ -48,6 +48,8 @@ BASES = {
     "2wg-n128-s2": dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1),
 }
 SPLITS = (1, 2, 4, 8, 16, 32)
+#: Back-to-back calls of one eager timing.
+EAGER_CALLS = 100
 #: Largest K (bytes) whose fp32 reference the check computes (its K/V go to fp32 for every
 #: query head: 2 GiB ran out of the H100's memory; larger shapes are timed only, and
 #: tests/gpu/test_split_kv.py covers Sk=131072 for correctness).
@@ -59,30 +61,6 @@ def ints(text: str) -> list[int]:
         return [int(x) for x in text.split(",") if x]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-
-
-def graph_us(fn: Callable[[], object], reps: int) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_cuda(graph.replay, reps=reps).median_us
-
-
-def eager_us(fn: Callable[[], object], calls: int = 100) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000.0 / calls
 
 
 def sdpa_callees(q, k, v, scale) -> dict[str, Callable[[], object]]:
@@ -147,9 +125,9 @@ def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
     try:
         for _ in range(args.rounds):
             for name, fn in everything.items():
-                rounds[name].append(graph_us(fn, args.reps))
+                rounds[name].append(time_graph(fn, args.reps))
             for name in eager:
-                eager[name].append(eager_us(everything[name]))
+                eager[name].append(time_eager(everything[name], EAGER_CALLS))
     finally:
         gc.enable()
     sdpa_best = [min(rounds[n][r] for n in callees) for r in range(args.rounds)]
@@ -167,7 +145,6 @@ def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
            "choice_graph_x": ratio("evotuner"), "grid_best_graph_x": ratio(grid_best),
            "choice_eager_x": statistics.median(s / t for s, t in zip(eager_sdpa_best, eager["evotuner"])),
            "split1_best_graph_x": ratio(min((n for n in ours if n.endswith("-x1")), key=lambda n: med[n]))}
-    row["no_split_or_pack_note"] = "no split x: the grid's best with SPLITS=1 and PACK_GQA=0"
     del q, k, v
     torch.cuda.empty_cache()
     return row

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 import evotuner
 from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
-from evotuner.runtime.timing import time_cuda
+from evotuner.runtime.timing import time_eager, time_graph
 
 #: (B, H, S, D, causal): the six standard shapes, then mid-size ones (8k-64k query rows).
 SHAPES = (
@@ -79,29 +79,6 @@ def host_us(fn: Callable[[], object]) -> float:
     t1 = time.perf_counter()
     torch.cuda.synchronize()
     return (t1 - t0) / CALLS * 1e6
-
-
-def eager_us(fn: Callable[[], object]) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(CALLS):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000.0 / CALLS
-
-
-def graph_us(fn: Callable[[], object], reps: int) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_cuda(graph.replay, reps=reps).median_us
 
 
 def check(name: str, out: torch.Tensor, q, k, v, causal: bool, scale: float) -> float:
@@ -143,8 +120,8 @@ def bench_shape(shape, dtype: str, args: argparse.Namespace, ext) -> dict:
         for _ in range(args.rounds):
             for name, fn in callees.items():
                 rounds[name]["host"].append(host_us(fn))
-                rounds[name]["eager"].append(eager_us(fn))
-                rounds[name]["graph"].append(graph_us(fn, args.reps))
+                rounds[name]["eager"].append(time_eager(fn, CALLS))
+                rounds[name]["graph"].append(time_graph(fn, args.reps))
     finally:
         gc.enable()
     row: dict = {"shape": [B, H, S, D], "heads_kv": Hkv, "causal": causal, "dtype": dtype, "family": choice.family,

@@ -142,3 +142,31 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
     return Timing(median_us=_quantile(ordered, 0.5), p20_us=_quantile(ordered, 0.2), p80_us=_quantile(ordered, 0.8),
                   repetitions=len(samples), samples_us=tuple(samples), planned_repetitions=reps,
                   stopped_early=stopped)
+
+
+def time_graph(fn: Callable[[], object], reps: int) -> float:
+    """Median µs of one call of ``fn`` captured in a CUDA graph and replayed under
+    :func:`time_cuda` (L2 flushed before each replay): the kernel alone, no host time.
+    ``fn`` runs once on a side stream first (warm-up, as graph capture asks)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return time_cuda(graph.replay, reps=reps).median_us
+
+
+def time_eager(fn: Callable[[], object], calls: int) -> float:
+    """µs per call of ``calls`` back-to-back calls of ``fn`` between two CUDA events, as a
+    user calls it (host time shows wherever it exceeds the kernel's)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000.0 / calls

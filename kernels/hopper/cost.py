@@ -47,7 +47,7 @@ from typing import Mapping
 
 import numpy as np
 
-from evotuner.problem import Problem
+from evotuner.problem import Problem, Shape
 
 #: H100 SXM: streaming multiprocessors and the clock the figures below are per-clock of.
 SMS = 132
@@ -159,11 +159,9 @@ def _makespan(per_m: tuple[float, ...], heads: int, causal: bool, sms: int, stat
 def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, clock_ghz: float = CLOCK_GHZ) -> float:
     """Predicted kernel time of ``config`` at ``problem`` in µs; ``math.inf`` where the
     consumer's registers are predicted to spill (the gate rejects a spill)."""
+    if config.get("PACK_GQA", 0) and packs_heads(problem):
+        problem = packed_problem(problem)   # one head of G*Sq rows per K/V head (family.py _pack_heads)
     s = problem.shape
-    if config.get("PACK_GQA", 0) and s.heads_kv < s.heads and not problem.causal:
-        # query-head packing: one head of G*Sq rows per K/V head (family.py _pack_heads)
-        group = s.heads // s.heads_kv
-        s = type(s)(s.batch, s.heads_kv, group * s.seqlen_q, s.seqlen_k, s.head_dim, s.heads_kv)
     d, n, wgs = s.head_dim, config["BLOCK_N"], config["CONSUMER_WGS"]
     if consumer_registers(d, n, config["OVERLAP"]) > config["REG_CONS"]:
         return math.inf
@@ -195,3 +193,16 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
                        config["SCHED"] == 1)
     kv_bytes = 2 * s.batch * s.heads_kv * s.seqlen_k * d * 2    # K and V, read from HBM once at best
     return max(clocks, kv_bytes / HBM_BYTES_PER_CLK) / (clock_ghz * 1e3)
+
+
+def packs_heads(problem: Problem) -> bool:
+    """Whether PACK_GQA=1 changes ``problem``'s launch: grouped heads, non-causal, dense."""
+    return problem.shape.heads_kv < problem.shape.heads and not problem.causal and not problem.varlen
+
+
+def packed_problem(problem: Problem) -> Problem:
+    """``problem`` as PACK_GQA=1 launches it: one head of G*Sq rows per K/V head."""
+    s = problem.shape
+    group = s.heads // s.heads_kv
+    return Problem(Shape(s.batch, s.heads_kv, group * s.seqlen_q, s.seqlen_k, s.head_dim, s.heads_kv),
+                   problem.dtype, problem.causal)

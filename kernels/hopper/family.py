@@ -20,10 +20,10 @@ from evotuner.defaults import parse_defaults, pick_config
 from evotuner.errors import EvotunerError
 from evotuner.family.base import packaged
 from evotuner.family import BUILD_RESERVED, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView
-from evotuner.kernels.hopper.cost import estimate_us
+from evotuner.kernels.hopper.cost import estimate_us, packed_problem, packs_heads
 from evotuner.kernels.hopper.params import (META_FIELDS, Params, TmaStrideError, check_tma_view, decode_hopper_meta,
                                             encode_tensor_map)
-from evotuner.problem import Problem, Shape
+from evotuner.problem import Problem
 
 #: ptxas notes that wgmma instructions were serialized (C7510-C7519): a slow kernel.
 WGMMA_SERIALIZED = re.compile(r"^.*\(C751\d\).*$", re.M)
@@ -243,19 +243,6 @@ def uses_split_space(problem: Problem) -> bool:
     at most :data:`SPLIT_SPACE_ROWS` query rows."""
     return (not problem.varlen and problem.shape.head_dim not in WIDE_HEAD_DIMS
             and problem.query_rows <= SPLIT_SPACE_ROWS)
-
-
-def packs_heads(problem: Problem) -> bool:
-    """Whether PACK_GQA=1 changes ``problem``'s launch: grouped heads, non-causal, dense."""
-    return problem.shape.heads_kv < problem.shape.heads and not problem.causal and not problem.varlen
-
-
-def packed_problem(problem: Problem) -> Problem:
-    """``problem`` as PACK_GQA=1 launches it: one head of G*Sq rows per K/V head."""
-    s = problem.shape
-    group = s.heads // s.heads_kv
-    return Problem(Shape(s.batch, s.heads_kv, group * s.seqlen_q, s.seqlen_k, s.head_dim, s.heads_kv),
-                   problem.dtype, problem.causal)
 
 
 def recommended_splits(problem: Problem, block_m: int, block_n: int, sms: int = SPLIT_SMS) -> int:
