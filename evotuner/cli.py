@@ -23,9 +23,7 @@ errors); anything unexpected becomes one line too, with a pointer to
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import threading
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from evotuner import columns
 from evotuner.atomicfile import write_text_atomic
 from evotuner import cli_diagnostics
 from evotuner import session
+from evotuner import stopping
 from evotuner.config import KernelConfig
 from evotuner.bench import bench_study
 from evotuner.errors import EvotunerError, InterruptedByUser, SpaceError
@@ -342,7 +341,7 @@ def _interrupted(store: Any, study: str, trials: int) -> InterruptedByUser:
             break
         except (EvotunerError, Exception):  # noqa: BLE001 -- the message must come out whatever the database says
             continue
-    what = "terminated (SIGTERM)" if _signalled["term"] else "interrupted"
+    what = "terminated (SIGTERM)" if stopping.terminated() else "interrupted"
     return InterruptedByUser(
         f"{what}: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
         f"continue with `evotuner resume --study {study} --trials {trials}`",
@@ -390,22 +389,10 @@ app.command()(cli_diagnostics.profile)
 
 #: Exit status after SIGTERM (128 + 15, what a shell reports for a process it terminated).
 TERMINATED_EXIT = 143
-#: Whether this invocation received SIGTERM.
-_signalled = {"term": False}
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM (kill, systemd, a batch scheduler's time limit) ends a command as Ctrl-C does:
-    the loop marks the trials in flight FAIL (interrupted) and the CLI says what was kept.
-    A second SIGTERM while that is done is ignored (SIGKILL remains)."""
-    if _signalled["term"]:
-        return
-    _signalled["term"] = True
-    raise KeyboardInterrupt
 
 
 def _interrupt_exit() -> int:
-    return TERMINATED_EXIT if _signalled["term"] else 130
+    return TERMINATED_EXIT if stopping.terminated() else 130
 
 
 def _error_line(message: str) -> None:
@@ -437,22 +424,15 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # the CLI reports progress itself
-    _signalled["term"] = False
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    try:
+    with stopping.signals_stop():
         return _main(argv, debug)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str] | None, debug: bool) -> int:
     try:
         result = app(args=argv if argv is not None else sys.argv[1:], prog_name="evotuner", standalone_mode=False)
         if result == 130:   # typer turned a Ctrl-C into a bare exit status
-            _error_line("terminated (SIGTERM)" if _signalled["term"] else "interrupted by user")
+            _error_line("terminated (SIGTERM)" if stopping.terminated() else "interrupted by user")
             return _interrupt_exit()
         return result if isinstance(result, int) else 0
     except InterruptedByUser as exc:
@@ -471,10 +451,10 @@ def _main(argv: list[str] | None, debug: bool) -> int:
         _error_line(f"{one_line(message)} (see `evotuner --help`)")
         return int(getattr(exc, "exit_code", 2) or 2)
     except typer.Abort:
-        _error_line("terminated (SIGTERM)" if _signalled["term"] else "aborted")
+        _error_line("terminated (SIGTERM)" if stopping.terminated() else "aborted")
         return _interrupt_exit()
     except KeyboardInterrupt:
-        what = "terminated (SIGTERM)" if _signalled["term"] else "interrupted by user"
+        what = "terminated (SIGTERM)" if stopping.terminated() else "interrupted by user"
         _error_line(f"{what} (trials in flight were marked FAIL; `evotuner resume` continues)")
         return _interrupt_exit()
     except Exception as exc:  # noqa: BLE001 -- the one boundary for everything unexpected

@@ -66,6 +66,7 @@ import optuna
 from optuna.trial import TrialState
 
 from evotuner import events as ev
+from evotuner import stopping
 from evotuner.config import KernelConfig
 from evotuner.coordinator import Coordinator, StudyCoordinator
 from evotuner.errors import EvotunerError
@@ -211,6 +212,7 @@ class _Search:
         device_known = False
         try:
             while True:
+                stopping.check()   # a SIGTERM swallowed by a finaliser still ends the search
                 if self.coordinator.reaped:
                     self._start_over()
                 self.coordinator.take_over(self.target, lazily=True)

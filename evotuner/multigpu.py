@@ -22,12 +22,15 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
 
+from evotuner import stopping
 from evotuner.errors import EvotunerError, StudyMismatchError
 from evotuner.measure.base import MeasureStage
 from evotuner.workers import StudyWorker
 
 #: nvidia-smi must answer within this many seconds.
 SMI_TIMEOUT_S = 20
+#: Seconds each ``--gpus`` thread gets, after Ctrl-C or SIGTERM, to mark its trials in flight FAIL.
+STOP_GRACE_S = 30
 
 
 def parse_gpus(spec: str, visible: Callable[[], int] | None = None) -> list[int]:
@@ -128,6 +131,11 @@ def run_multi(
         for t in threads:
             while t.is_alive():
                 t.join(timeout=0.5)
+    except KeyboardInterrupt:   # only this thread hears the signal: stop the others' loops too
+        stopping.request()
+        for t in threads:
+            t.join(timeout=STOP_GRACE_S)
+        raise
     finally:
         for w in workers:
             w.leave("done" if not errors else "ended by an error")

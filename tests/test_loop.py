@@ -243,6 +243,41 @@ def test_keyboard_interrupt_fails_trials_in_flight_and_they_do_not_count(store, 
     assert result.finished == 2 and result.new_trials == 2
 
 
+class _LostInterrupt:
+    """What SQLAlchemy's InstanceState._cleanup did in CI: a finaliser that the SIGTERM
+    handler interrupted, whose KeyboardInterrupt Python prints as "Exception ignored" and drops."""
+
+    def __del__(self):
+        from evotuner.stopping import _on_sigint
+        _on_sigint(2, None)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_interrupt_a_finaliser_swallowed_still_stops_the_search(store, space, builder):
+    from evotuner import events as ev
+    from evotuner import stopping
+
+    create(store, "s", space, builder)
+    seen = []
+
+    def on_event(event):
+        seen.append(event)
+        if isinstance(event, ev.TrialFinished) and len([e for e in seen if isinstance(e, ev.TrialFinished)]) == 2:
+            _LostInterrupt()   # created and collected at once: its KeyboardInterrupt is lost
+
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_search(store=store, study_name="s", problem=PROBLEM, space=space,
+                       sampler=make_sampler("tpe", space, 0), seed=0, trials=40, builder=builder,
+                       measure=ScaffoldMeasure(), on_event=on_event, batch=2)
+    finally:
+        stopping.clear()
+    trials = trials_of(store, "s").values()
+    assert 2 <= store.count_finished("s") < 40
+    assert all(t.state != "RUNNING" for t in trials), [(t.number, t.state) for t in trials]
+    assert any(t.error == INTERRUPTED for t in trials)
+
+
 def test_the_same_seed_reproduces_the_study(tmp_path, space, builder):
     histories = []
     for i in range(2):

@@ -1,0 +1,87 @@
+"""A stop asked for from outside the loop: SIGTERM or Ctrl-C, as one process-wide flag.
+
+Python turns a signal into an exception raised wherever the main thread happens to be. When
+that is a finaliser (SQLAlchemy's ``InstanceState._cleanup``, any ``__del__``, a weakref
+callback) Python prints "Exception ignored in ..." and carries on, so a search told to stop
+would run to its end. The CLI's signal handlers therefore also call :func:`request`; the
+search loop calls :func:`check` once per step, which raises the ``KeyboardInterrupt`` that
+was lost. ``--gpus`` threads, where no signal is ever delivered, stop through it too.
+
+Contract: :func:`request` only sets a flag (safe inside a signal handler); :func:`check`
+raises ``KeyboardInterrupt`` while the flag is set; :func:`signals_stop` (one per CLI
+invocation) clears the flag, installs the handlers and puts the previous ones back;
+:func:`terminated` says whether the stop came from SIGTERM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+_requested = threading.Event()
+#: Whether SIGTERM was heard during the current :func:`signals_stop`.
+_heard = {"term": False}
+
+
+def request() -> None:
+    """Ask every search loop of this process to stop at its next step."""
+    _requested.set()
+
+
+def requested() -> bool:
+    return _requested.is_set()
+
+
+def clear() -> None:
+    _requested.clear()
+
+
+def check() -> None:
+    """Raise ``KeyboardInterrupt`` if a stop was asked for (the loop's way out)."""
+    if _requested.is_set():
+        raise KeyboardInterrupt
+
+
+def terminated() -> bool:
+    """Whether the stop came from SIGTERM (the CLI then exits 143, not 130)."""
+    return _heard["term"]
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM (kill, systemd, a batch scheduler's time limit) ends a command as Ctrl-C does:
+    the loop marks the trials in flight FAIL (interrupted) and the CLI says what was kept.
+    A second SIGTERM while that is done is ignored (SIGKILL remains)."""
+    if _heard["term"]:
+        return
+    _heard["term"] = True
+    request()   # the loop raises it again if a finaliser swallows the one below
+    raise KeyboardInterrupt
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """Ctrl-C: Python's own behaviour (KeyboardInterrupt, each time), plus the stop flag the
+    loop checks, for when the exception lands in a finaliser and is lost."""
+    request()
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def signals_stop() -> Iterator[None]:
+    """SIGTERM and Ctrl-C stop the searches of this block (main thread only; elsewhere the
+    process's handlers are left alone). Ctrl-C keeps its handler where it was set to
+    something other than Python's default (ignored under ``nohup``, say)."""
+    _heard["term"] = False
+    clear()
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _on_sigterm)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            previous[signal.SIGINT] = signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
