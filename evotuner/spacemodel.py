@@ -19,7 +19,7 @@ from evotuner.spaceexpr import Expr, canonical_expr
 from evotuner.spaceplan import feasible_configs
 
 #: Names the problem contributes to every expression.
-PROBLEM_NAMES = ("HEAD_DIM", "DTYPE_BYTES", "IS_CAUSAL")
+PROBLEM_NAMES = ("HEAD_DIM", "DTYPE_BYTES", "IS_CAUSAL", "IS_VARLEN")
 #: fp16 and bf16 are both two bytes wide.
 _DTYPE_BYTES = {"fp16": 2, "bf16": 2}
 
@@ -244,6 +244,7 @@ def problem_env(problem: Problem) -> dict[str, int]:
         "HEAD_DIM": problem.shape.head_dim,
         "DTYPE_BYTES": _DTYPE_BYTES[problem.dtype],
         "IS_CAUSAL": int(problem.causal),
+        "IS_VARLEN": int(problem.varlen),
     }
 
 

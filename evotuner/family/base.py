@@ -200,6 +200,8 @@ class KernelFamily(abc.ABC):
             return f"{self.title or self.name} supports head dims {', '.join(map(str, self.head_dims))}, not D={d}"
         if problem.dtype not in self.dtypes:
             return f"{self.title or self.name} supports {', '.join(self.dtypes)}, not {problem.dtype}"
+        if problem.varlen and not self.varlen:
+            return f"{self.title or self.name} has no kernel for packed variable-length batches"
         return None
 
     @abc.abstractmethod

@@ -21,6 +21,10 @@ file), in clocks:
 * the kernel: the tiles' makespan over the SMs in the order the kernel hands them out
   (kernel.cuh ``tile_info``: SCHED 0 the hardware's dispatch, 1 static striding, 2 a
   dynamic counter; causal tiles longest first);
+* a packed variable-length batch (``Problem.lengths_q``): each sequence's own tiles (its
+  rows, its key blocks, causal within it), every sequence's and head's tiles scheduled
+  over the SMs as one list (the grid spans the longest sequence; a tile past its
+  sequence's end costs nothing);
 * split-KV (SPLITS > 1): a tile's key blocks shared by SPLITS CTAs, each adding its fp32
   partial's store, the last one the combine; the chip's HBM bandwidth floors the kernel
   (every K/V byte read once), which decides decoding;
@@ -142,6 +146,30 @@ def _makespan(per_m: tuple[float, ...], heads: int, causal: bool, sms: int, stat
     as longest first too."""
     tiles = np.asarray(per_m)
     durations = np.repeat(tiles[::-1], heads) if causal else np.tile(tiles, heads)
+    return _schedule(durations, sms, static)
+
+
+@lru_cache(maxsize=1024)
+def _packed_makespan(per_seq: tuple[tuple[float, ...], ...], heads: int, causal: bool, sms: int,
+                     static: bool) -> float:
+    """:func:`_makespan` of a packed variable-length batch: ``per_seq`` holds each sequence's
+    tiles by m block, padded with empty tiles (0 clocks: a CTA that finds its sequence over
+    returns at once) to the longest sequence's count, as the kernel's grid spans the longest
+    (tile_scheduler.cuh): m fastest, then head, then sequence. Causal: every tile handed out
+    longest first, as :func:`_makespan` models the dense dispatch."""
+    width = max(len(t) for t in per_seq)
+    grid = np.zeros((len(per_seq), width))
+    for b, tiles in enumerate(per_seq):
+        grid[b, :len(tiles)] = tiles
+    durations = np.repeat(grid, heads, axis=0).ravel()
+    if causal:
+        durations = np.sort(durations)[::-1]
+    return _schedule(durations, sms, static)
+
+
+def _schedule(durations: np.ndarray, sms: int, static: bool) -> float:
+    """Clocks until the last of ``sms`` SMs finishes ``durations`` (tiles in hand-out order):
+    static striding, or list scheduling (each tile to the SM that frees first)."""
     if len(durations) <= sms:
         return float(durations.max())
     if static:
@@ -158,7 +186,9 @@ def _makespan(per_m: tuple[float, ...], heads: int, causal: bool, sms: int, stat
 
 def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, clock_ghz: float = CLOCK_GHZ) -> float:
     """Predicted kernel time of ``config`` at ``problem`` in µs; ``math.inf`` where the
-    consumer's registers are predicted to spill (the gate rejects a spill)."""
+    consumer's registers are predicted to spill (the gate rejects a spill). A packed
+    variable-length problem with lengths: each sequence's own tiles (its rows, its key
+    blocks, causal per sequence), every sequence's and head's tiles scheduled over the SMs."""
     if config.get("PACK_GQA", 0) and packs_heads(problem):
         problem = packed_problem(problem)   # one head of G*Sq rows per K/V head (family.py _pack_heads)
     s = problem.shape
@@ -166,33 +196,47 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
     if consumer_registers(d, n, config["OVERLAP"]) > config["REG_CONS"]:
         return math.inf
     block_m = 64 * wgs
-    num_m = -(-s.seqlen_q // block_m)
     persistent = config["SCHED"] >= 1
     splits = int(config.get("SPLITS", 1))   # split-KV: each tile's key blocks shared by this many CTAs
-    per_m = np.empty(num_m)
-    clocks_of: dict[tuple[int, int], float] = {}     # (rows, kv blocks) -> tile clocks: one per
-    for m in range(num_m):                            # distinct tile (two when non-causal)
-        rows = min(block_m, s.seqlen_q - m * block_m)
-        blocks = -(-s.seqlen_k // n)
-        if problem.causal:                            # top-left: row i sees keys 0..i
-            blocks = min(blocks, (m * block_m + rows - 1) // n + 1)
-        if (rows, blocks) not in clocks_of:
-            if splits > 1:   # the longest share, its fp32 partial out, and the last CTA's combine:
-                # each warp walks its rows, and for each row the splits, one dependent load after
-                # another (split.cuh): a latency chain, not a bandwidth term
-                partial = rows * d * 4 / L2_BYTES_PER_CLK
-                rows_per_warp = -(-rows // (4 * wgs))
-                combine = (L2_LATENCY * (1 + rows_per_warp * splits) + splits * partial
-                           + rows * d * 2 / L2_BYTES_PER_CLK)
-                clocks_of[rows, blocks] = (_tile_clocks(config, d, rows, -(-blocks // splits), persistent)
-                                           + partial + combine)
-            else:
-                clocks_of[rows, blocks] = _tile_clocks(config, d, rows, blocks, persistent)
-        per_m[m] = clocks_of[rows, blocks]
-    clocks = _makespan(tuple(per_m.tolist()), s.batch * s.heads * splits, problem.causal, sms,
-                       config["SCHED"] == 1)
-    kv_bytes = 2 * s.batch * s.heads_kv * s.seqlen_k * d * 2    # K and V, read from HBM once at best
+    clocks_of: dict[tuple[int, int], float] = {}     # (rows, kv blocks) -> tile clocks: one per distinct tile
+
+    def tiles(seqlen_q: int, seqlen_k: int) -> tuple[float, ...]:
+        """One head's tiles of one sequence, by m block."""
+        out = []
+        for m in range(-(-seqlen_q // block_m)):
+            rows = min(block_m, seqlen_q - m * block_m)
+            blocks = -(-seqlen_k // n)
+            if problem.causal:                        # top-left: row i sees keys 0..i
+                blocks = min(blocks, (m * block_m + rows - 1) // n + 1)
+            if (rows, blocks) not in clocks_of:
+                clocks_of[rows, blocks] = _tile(config, d, rows, blocks, persistent, splits)
+            out.append(clocks_of[rows, blocks])
+        return tuple(out)
+
+    static = config["SCHED"] == 1
+    if problem.lengths_q:
+        clocks = _packed_makespan(tuple(tiles(q, k) for q, k in problem.sequences()), s.heads * splits,
+                                  problem.causal, sms, static)
+        kv_rows = sum(problem.lengths_k)
+    else:
+        clocks = _makespan(tiles(s.seqlen_q, s.seqlen_k), s.batch * s.heads * splits, problem.causal, sms, static)
+        kv_rows = s.batch * s.seqlen_k
+    kv_bytes = 2 * kv_rows * s.heads_kv * d * 2     # K and V, read from HBM once at best
     return max(clocks, kv_bytes / HBM_BYTES_PER_CLK) / (clock_ghz * 1e3)
+
+
+def _tile(config: Mapping[str, int], d: int, rows: int, blocks: int, persistent: bool, splits: int) -> float:
+    """Clocks of one tile of ``rows`` query rows over ``blocks`` key blocks."""
+    if splits <= 1:
+        return _tile_clocks(config, d, rows, blocks, persistent)
+    # the longest share, its fp32 partial out, and the last CTA's combine: each warp walks
+    # its rows, and for each row the splits, one dependent load after another (split.cuh):
+    # a latency chain, not a bandwidth term
+    wgs = config["CONSUMER_WGS"]
+    partial = rows * d * 4 / L2_BYTES_PER_CLK
+    rows_per_warp = -(-rows // (4 * wgs))
+    combine = L2_LATENCY * (1 + rows_per_warp * splits) + splits * partial + rows * d * 2 / L2_BYTES_PER_CLK
+    return _tile_clocks(config, d, rows, -(-blocks // splits), persistent) + partial + combine
 
 
 def packs_heads(problem: Problem) -> bool:

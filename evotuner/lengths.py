@@ -1,0 +1,102 @@
+"""``--lengths``: the sequence lengths of a packed variable-length problem, from the command line.
+
+Three spellings, each giving one length per sequence (0: an empty sequence):
+
+* a list: ``128,4096,77,0,8192``;
+* a seeded draw: ``random:N:LO..HI`` or ``random:N:LO..HI:seed=S`` -- N lengths drawn
+  uniformly from LO..HI (both included) by Python's ``random.Random(S)`` (seed 0 when not
+  given); the study stores the drawn lengths, so ``resume`` never draws again;
+* a recorded batch: ``@FILE`` -- a text file of lengths separated by commas, spaces or
+  newlines (``#`` starts a comment).
+
+:func:`packed_problem` turns them, ``--lengths-k`` and the ``--shape`` without batch and
+lengths (``H=32,HKV=8,D=128``) into a :class:`~evotuner.problem.Problem`.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from pathlib import Path
+
+from evotuner.errors import ShapeError
+from evotuner.problem import MAX_SEQUENCES, Problem, parse_shape_values
+
+_RANDOM = re.compile(r"^random:(?P<n>\d+):(?P<lo>\d+)\.\.(?P<hi>\d+)(?::seed=(?P<seed>\d+))?$")
+#: The largest file ``@FILE`` reads (a recorded batch is a few numbers per sequence).
+MAX_FILE_BYTES = 1 << 20
+SPELLINGS = "a list 128,4096,77, random:16:128..8192:seed=0 (a seeded uniform draw), or @FILE (a recorded batch)"
+
+
+def parse_lengths(text: str, option: str = "--lengths") -> tuple[int, ...]:
+    """The lengths ``text`` gives (one of the three spellings); ShapeError naming ``option``."""
+    spec = text.strip()
+    if spec.startswith("random"):
+        return _draw(spec, option)
+    if spec.startswith("@"):
+        return _read_file(Path(spec[1:]), option)
+    return _integers(spec.split(","), f"{option} {spec[:60]!r}")
+
+
+def _draw(spec: str, option: str) -> tuple[int, ...]:
+    m = _RANDOM.match(spec)
+    if m is None:
+        raise ShapeError(f"{option} {spec!r}: cannot read the draw", "write random:N:LO..HI[:seed=S], "
+                         "e.g. random:16:128..8192:seed=0")
+    n, lo, hi = int(m["n"]), int(m["lo"]), int(m["hi"])
+    if not 1 <= n <= MAX_SEQUENCES:
+        raise ShapeError(f"{option} {spec!r}: {n} sequences", f"draw 1 to {MAX_SEQUENCES}")
+    if lo > hi:
+        raise ShapeError(f"{option} {spec!r}: LO={lo} is above HI={hi}", "write the shorter length first")
+    rng = random.Random(int(m["seed"] or 0))
+    return tuple(rng.randint(lo, hi) for _ in range(n))
+
+
+def _read_file(path: Path, option: str) -> tuple[int, ...]:
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ShapeError(f"{option} @{path}: cannot read it ({exc.strerror or exc})",
+                         "name a text file of sequence lengths") from None
+    if len(data) > MAX_FILE_BYTES:
+        raise ShapeError(f"{option} @{path}: over {MAX_FILE_BYTES} bytes", "give a file of sequence lengths only")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ShapeError(f"{option} @{path}: not UTF-8 text", "give a text file of sequence lengths") from None
+    words = [w for line in text.splitlines() for w in re.split(r"[\s,]+", line.split("#", 1)[0]) if w]
+    return _integers(words, f"{option} @{path}")
+
+
+def _integers(words: list[str], what: str) -> tuple[int, ...]:
+    out = []
+    for word in (w.strip() for w in words):
+        if not word.isdigit():
+            raise ShapeError(f"{what}: {word[:40]!r} is not a sequence length",
+                             f"give lengths as whole numbers >= 0: {SPELLINGS}")
+        out.append(int(word))
+    if not out:
+        raise ShapeError(f"{what}: no sequence lengths", f"give {SPELLINGS}")
+    return tuple(out)
+
+
+def packed_problem(shape: str, lengths: str, lengths_k: str | None, *, dtype: str, causal: bool) -> Problem:
+    """The packed problem of ``--shape`` (H, D and optionally HKV; a B or S given must agree
+    with the lengths) and ``--lengths`` / ``--lengths-k``."""
+    values = parse_shape_values(shape)
+    for key in ("H", "D"):
+        if key not in values:
+            raise ShapeError(f"--shape: missing dimension {key} (a packed problem needs H and D)",
+                             "e.g. --shape H=32,HKV=8,D=128 --lengths 128,4096")
+    lq = parse_lengths(lengths)
+    lk = parse_lengths(lengths_k, "--lengths-k") if lengths_k is not None else None
+    problem = Problem.packed(lq, lk, heads=values["H"], head_dim=values["D"], heads_kv=values.get("HKV"),
+                             dtype=dtype, causal=causal)
+    s = problem.shape
+    for key, derived, what in (("B", s.batch, "sequences"), ("SQ", s.seqlen_q, "the longest query length"),
+                               ("SK", s.seqlen_k, "the longest key length")):
+        if key in values and values[key] != derived:
+            raise ShapeError(f"--shape: {key}={values[key]} contradicts the lengths ({what}: {derived})",
+                             "drop B and S (or SQ/SK) from --shape: the lengths give them")
+    return problem
