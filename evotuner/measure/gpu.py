@@ -42,6 +42,14 @@ from evotuner.problem import Problem
 
 #: Names of the SDPA baselines, in the order ``baselines()`` returns them.
 BASELINES = ("sdpa_default", "sdpa_flash", "sdpa_efficient")
+#: A packed variable-length problem's: SDPA's default backend on the batch padded to its
+#: longest lengths, and on jagged nested tensors (evotuner/runtime/packed.py).
+PACKED_BASELINES = ("sdpa_padded", "sdpa_nested")
+
+
+def baseline_names(problem: Problem) -> tuple[str, ...]:
+    """The baselines measured for ``problem`` (dense: SDPA's backends; packed: padded and nested)."""
+    return PACKED_BASELINES if problem.varlen else BASELINES
 
 _STDERR_TAIL = 1500
 
@@ -158,22 +166,24 @@ class GpuMeasure(MeasureStage):
             self._init_pending = True
 
     def baselines(self, problem: Problem) -> dict[str, float | None]:
-        """SDPA's backends at ``problem``'s shape; None (reason in ``baseline_reasons``) where one can't run."""
+        """SDPA's backends at ``problem``'s shape (:func:`baseline_names`); None (reason in
+        ``baseline_reasons``) where one can't run."""
         request = Request("baselines", {"problem": problem.as_dict(), "budget_s": self.budget_s})
+        names = baseline_names(problem)
         self.baseline_reasons = {}
         try:
-            reply = self._call(request, self.timeout_s * len(BASELINES))
+            reply = self._call(request, self.timeout_s * len(names))
         except _WorkerLost as lost:
-            self.baseline_reasons = {name: f"{lost.kind}: {lost.reason}" for name in BASELINES}
-            return {name: None for name in BASELINES}
+            self.baseline_reasons = {name: f"{lost.kind}: {lost.reason}" for name in names}
+            return {name: None for name in names}
         if not reply.ok:
             assert reply.failure is not None
             why = f"{reply.failure.kind}: {reply.failure.reason}"
-            self.baseline_reasons = {name: why for name in BASELINES}
-            return {name: None for name in BASELINES}
+            self.baseline_reasons = {name: why for name in names}
+            return {name: None for name in names}
         value = reply.value if isinstance(reply.value, dict) else {}
         out: dict[str, float | None] = {}
-        for name in BASELINES:
+        for name in names:
             entry = value.get(name) or {}
             us = entry.get("us") if isinstance(entry, dict) else None
             if isinstance(us, (int, float)) and us > 0:

@@ -18,13 +18,18 @@ Requests (parent → worker), ``op`` first:
 * ``measure``     {cubin, entry, family, key, sha256, meta, problem, seed, budget_s, race}: gate + time;
   ``race`` is None or {incumbent_us, alpha, margin, min_reps} (evotuner/measure/racing.py):
   the timing may stop early once the config is clearly slower than the incumbent.
-* ``baselines``   {problem, budget_s}: SDPA backends at the problem's shape.
+* ``baselines``   {problem, budget_s}: SDPA backends at the problem's shape (a packed
+  problem: SDPA on its padded batch and on jagged nested tensors).
 * ``sanitize``    {cubin, entry, key, meta, problem, shapes, seed}: run the kernel once per
-  shape ([B, H, Sq, Sk]; D, dtype, causal from problem) on fresh inputs, no timing; the
+  shape ([B, H, Sq, Sk]; D, dtype, causal from problem; a packed problem: once at ragged
+  packed lengths) on fresh inputs, no timing; the
   worker runs under compute-sanitizer (``evotuner check``).
 * ``profile``     {kind: config|sdpa, cubin, entry, key, meta, problem}: warm up, then one
   call between cudaProfilerStart/Stop; the worker runs under ncu (``evotuner profile``).
 * ``shutdown``    {}: answered, then the worker exits 0.
+
+``problem`` is ``Problem.as_dict()``: a packed problem's carries its sequence lengths
+(``lengths_q``, ``lengths_k``), which the worker builds its packed inputs from.
 
 Replies (worker → parent): ``{"ok": true, "value": ...}`` or
 ``{"ok": false, "failure": {"kind", "reason"}, "fatal": bool}``; ``fatal``

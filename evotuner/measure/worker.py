@@ -12,9 +12,12 @@ A measure request runs, in order:
    (``smem``);
 2. the correctness gate (``runtime.check``'s FA2 rule) on fresh random inputs,
    output poisoned, at the study's shape and at a small ragged shape
-   (Sq=97, Sk=203: partial tiles on both axes) — ``wrong_result`` / ``nan``;
+   (Sq=97, Sk=203: partial tiles on both axes) — ``wrong_result`` / ``nan``; a packed
+   problem (``Problem.varlen`` with lengths) runs through ``KernelModule.launch_varlen`` on
+   packed inputs of its lengths, each sequence judged on its own
+   (``runtime.packed.check_packed``), then at ragged packed lengths (:func:`ragged_problem`);
 3. timing (``runtime.timing.time_cuda``: warm-up, CUDA events, L2 flushed,
-   median/p20/p80) within the trial's budget; with a ``race`` in the request
+   median/p20/p80; a packed problem's launch as ``flash_attention_varlen`` makes it) within the trial's budget; with a ``race`` in the request
    (evotuner/measure/racing.py) it stops at a look once the config is clearly slower
    than the incumbent the request carries, and says so in the measurement.
 
@@ -45,6 +48,9 @@ from evotuner.problem import Problem, Shape
 #: The ragged shape of the second correctness check: neither length a multiple of any tile.
 RAGGED_SEQLEN_Q = 97
 RAGGED_SEQLEN_K = 203
+#: A packed problem's ragged check: Sq < Sk, no queries, Sq > Sk, no keys, whole tiles.
+RAGGED_LENGTHS_Q = (97, 0, 203, 1, 64)
+RAGGED_LENGTHS_K = (203, 17, 97, 0, 64)
 #: Exit status after a fatal (sticky) CUDA error.
 EXIT_FATAL = 3
 
@@ -124,15 +130,17 @@ class Worker:
         module, problem = loaded
         t1 = time.perf_counter()
         try:
+            if problem.varlen and not problem.lengths_q:
+                return Reply.fail("launch", f"problem {problem}: a packed problem without sequence lengths cannot "
+                                            "be measured; make it with Problem.packed(lengths, ...) or --lengths")
             study = self._check(module, problem, seed)
             if isinstance(study, Reply):
                 return study
-            group = problem.shape.kv_group      # the ragged check keeps the study's head grouping
-            ragged_problem = Problem(Shape(1, 2 * group, RAGGED_SEQLEN_Q, RAGGED_SEQLEN_K, problem.shape.head_dim, 2),
-                                     problem.dtype, problem.causal)
-            ragged = self._check(module, ragged_problem, seed + 1_000_003)
+            ragged_at = ragged_problem(problem)     # keeps the study's head grouping
+            ragged_text = ragged_at.lengths_text() if ragged_at.varlen else str(ragged_at.shape)
+            ragged = self._check(module, ragged_at, seed + 1_000_003)
             if isinstance(ragged, Reply):
-                return _annotate(ragged, f"at the ragged shape {ragged_problem.shape}")
+                return _annotate(ragged, f"at the ragged {'lengths' if ragged_at.varlen else 'shape'} {ragged_text}")
             t2 = time.perf_counter()
             timing = self._time(module, problem, seed, budget_s, race)
             t3 = time.perf_counter()
@@ -151,14 +159,18 @@ class Worker:
         return Reply.success({
             "measurement": measurement,
             "detail": {"ragged_max_error": ragged["max_error"], "ragged_tolerance": ragged["tolerance"],
-                       "ragged_shape": str(ragged_problem.shape), "seed": seed, "phases": phases},
+                       "ragged_shape": ragged_text, "seed": seed, "phases": phases},
         })
 
     def _check(self, module: Any, problem: Problem, seed: int) -> dict[str, float] | Reply:
         """One run on fresh random inputs, output and LSE poisoned, judged by runtime.check (FA2's rule)."""
-        from evotuner.runtime import check
+        from evotuner.runtime import check, packed
 
-        result = check.check(module.launch, problem, seed=seed, device=f"cuda:{self.device_index}")
+        device = f"cuda:{self.device_index}"
+        if problem.varlen:     # a packed batch through the runtime's packed launch, each sequence judged
+            result = packed.check_packed(module.launch_varlen, problem, seed=seed, device=device)
+        else:
+            result = check.check(module.launch, problem, seed=seed, device=device)
         if not result.ok:
             return Reply.fail(result.kind or "wrong_result", result.reason)
         return {"max_error": float(result.max_error), "tolerance": float(result.tolerance)}
@@ -169,10 +181,19 @@ class Worker:
         from evotuner.runtime.timing import time_cuda
 
         torch = self._torch()
-        q, k, v = make_inputs(problem.shape, problem.dtype, device=f"cuda:{self.device_index}", seed=seed + 7)
-        out = torch.empty_like(q)
+        device = f"cuda:{self.device_index}"
         scale = 1.0 / math.sqrt(problem.shape.head_dim)
         racing: dict[str, Any] = {} if race is None else {"looks": race.rule.looks(), "stop": race.stops}
+        if problem.varlen:     # the packed batch of the problem's lengths, launched as flash_attention_varlen does
+            from evotuner.runtime.packed import make_packed_inputs
+
+            pq, pk, pv, cu_q, cu_k = make_packed_inputs(problem, device=device, seed=seed + 7)
+            pout = torch.empty_like(pq)
+            longest = (max(problem.lengths_q), max(problem.lengths_k))
+            return time_cuda(lambda: module.launch_varlen(pq, pk, pv, pout, None, scale, cu_q, cu_k, *longest),
+                             budget_s=budget_s, **racing)
+        q, k, v = make_inputs(problem.shape, problem.dtype, device=device, seed=seed + 7)
+        out = torch.empty_like(q)
         return time_cuda(lambda: module.launch(q, k, v, out, None, scale), budget_s=budget_s, **racing)
 
     # ------------------------------------------------------ sanitize / profile
@@ -205,7 +226,18 @@ class Worker:
         seed = int(args.get("seed", 0))
         results = []
         try:
-            for i, dims in enumerate(args.get("shapes") or []):
+            if problem.varlen:     # a packed kernel: the ragged packed lengths, through its packed launch
+                from evotuner.runtime.packed import make_packed_inputs
+
+                ragged = ragged_problem(problem)
+                q, k, v, cu_q, cu_k = make_packed_inputs(ragged, device=f"cuda:{self.device_index}", seed=seed)
+                o = torch.full_like(q, float("nan"))
+                lse = torch.full((q.shape[1], q.shape[0]), float("nan"), dtype=torch.float32, device=q.device)
+                module.launch_varlen(q, k, v, o, lse, 1.0 / math.sqrt(problem.shape.head_dim), cu_q, cu_k,
+                                     max(ragged.lengths_q), max(ragged.lengths_k))
+                torch.cuda.synchronize(self.device_index)
+                results.append({"shape": ragged.lengths_text(), "finite": bool(torch.isfinite(o).all().item())})
+            for i, dims in enumerate(() if problem.varlen else args.get("shapes") or []):
                 B, H, Sq, Sk = (int(x) for x in dims)
                 shape = Shape(B, H, Sq, Sk, problem.shape.head_dim)
                 q, k, v = make_inputs(shape, problem.dtype, device=f"cuda:{self.device_index}", seed=seed + i)
@@ -243,8 +275,17 @@ class Worker:
             module, _ = loaded
             out = torch.empty_like(q)
             scale = 1.0 / math.sqrt(problem.shape.head_dim)
+            packed: tuple[Any, ...] = ()
+            if problem.varlen:     # the packed batch of the study's lengths (sdpa: its padded batch)
+                from evotuner.runtime.packed import make_packed_inputs
+
+                q, k, v, cu_q, cu_k = make_packed_inputs(problem, device=f"cuda:{self.device_index}", seed=0)
+                out = torch.empty_like(q)
+                packed = (cu_q, cu_k, max(problem.lengths_q), max(problem.lengths_k))
 
             def run() -> Any:
+                if packed:
+                    return module.launch_varlen(q, k, v, out, None, scale, *packed)
                 return module.launch(q, k, v, out, None, scale)
         else:
             return Reply.fail("crash", f"profile: unknown kind {kind!r} (config or sdpa)")
@@ -265,27 +306,20 @@ class Worker:
 
     # --------------------------------------------------------------- baselines
     def op_baselines(self, args: dict[str, Any]) -> Reply:
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-        from evotuner.runtime.check import make_inputs
         from evotuner.runtime.timing import time_cuda
 
         torch = self._torch()
         problem = Problem.from_dict(args["problem"])
         budget_s = float(args.get("budget_s", 0.5))
-        q, k, v = make_inputs(problem.shape, problem.dtype, device=f"cuda:{self.device_index}", seed=0)
-        backends = {"sdpa_default": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
-                    "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+        device = f"cuda:{self.device_index}"
+        if problem.varlen:     # a packed batch: SDPA on the padded batch and on jagged nested tensors
+            from evotuner.runtime.packed import packed_baselines
+
+            calls = packed_baselines(problem, device=device, seed=0)
+        else:
+            calls = _dense_baselines(problem, device)
         result: dict[str, dict[str, Any]] = {}
-        # GQA/MQA: SDPA's own grouped heads (enable_gqa) where k/v have fewer heads than q
-        gqa = {"enable_gqa": True} if problem.shape.kv_group > 1 else {}
-        for name, backend in backends.items():
-            def run(backend: Any = backend) -> Any:
-                if backend is None:
-                    return sdpa(q, k, v, is_causal=problem.causal, **gqa)
-                with sdpa_kernel(backend):
-                    return sdpa(q, k, v, is_causal=problem.causal, **gqa)
+        for name, run in calls.items():
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 try:
@@ -297,8 +331,7 @@ class Worker:
                     # SDPA says only "No available kernel"; its warnings say why each backend refused.
                     why = [str(w.message).strip().splitlines()[0] for w in caught if str(w.message).strip()]
                     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    result[name] = {"us": None, "reason": f"{name} cannot run {problem.shape} {problem.dtype} "
-                                                          f"causal={problem.causal}: {first[:200]}"
+                    result[name] = {"us": None, "reason": f"{name} cannot run {problem}: {first[:200]}"
                                                           + (f" ({'; '.join(why)[:400]})" if why else "")}
                     continue
             stats = time_cuda(run, budget_s=budget_s)
@@ -332,6 +365,42 @@ class Worker:
         sys.stderr.write("".join(tb))
         where = tb[-2].strip().replace("\n", " ") if len(tb) >= 2 else ""
         return Reply.fail("crash", f"{type(exc).__name__} during {during}: {text[:300]} [{where[:300]}]")
+
+
+def _dense_baselines(problem: Problem, device: str) -> dict[str, Callable[[], Any]]:
+    """{name: a call of SDPA's backend} at the dense problem's shape (inputs made once)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    from evotuner.runtime.check import make_inputs
+
+    q, k, v = make_inputs(problem.shape, problem.dtype, device=device, seed=0)
+    backends = {"sdpa_default": None, "sdpa_flash": SDPBackend.FLASH_ATTENTION,
+                "sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION}
+    # GQA/MQA: SDPA's own grouped heads (enable_gqa) where k/v have fewer heads than q
+    gqa = {"enable_gqa": True} if problem.shape.kv_group > 1 else {}
+
+    def call(backend: Any) -> Callable[[], Any]:
+        def run() -> Any:
+            if backend is None:
+                return sdpa(q, k, v, is_causal=problem.causal, **gqa)
+            with sdpa_kernel(backend):
+                return sdpa(q, k, v, is_causal=problem.causal, **gqa)
+        return run
+
+    return {name: call(backend) for name, backend in backends.items()}
+
+
+def ragged_problem(problem: Problem) -> Problem:
+    """The second correctness check's problem: the study's head grouping, D, dtype and mask at
+    lengths that are no tile's multiple (a packed problem: sequences of those lengths, one
+    without queries, one without keys, Sq above and below Sk)."""
+    group = problem.shape.kv_group
+    if problem.varlen:
+        return Problem.packed(RAGGED_LENGTHS_Q, RAGGED_LENGTHS_K, heads=2 * group, head_dim=problem.shape.head_dim,
+                              heads_kv=2, dtype=problem.dtype, causal=problem.causal)
+    return Problem(Shape(1, 2 * group, RAGGED_SEQLEN_Q, RAGGED_SEQLEN_K, problem.shape.head_dim, 2),
+                   problem.dtype, problem.causal)
 
 
 def _static_mismatch(meta: dict[str, int], problem: Problem) -> str | None:
