@@ -42,6 +42,7 @@ from evotuner.bench import bench_study
 from evotuner.errors import EvotunerError, InterruptedByUser, SpaceError
 from evotuner.export import export_header
 from evotuner.gate import apply_gate
+from evotuner.lengths import problem_of_options
 from evotuner.problem import Problem, Shape
 from evotuner.propose import make_sampler
 from evotuner.report import make_report
@@ -52,7 +53,7 @@ from evotuner.cli_render import (
 )
 from evotuner.cli_options import DEFAULT_STORAGE, STORAGE_ENV  # noqa: F401 -- part of cli's public names
 from evotuner.cli_options import (
-    app, StudyOpt, StudiesOpt, StorageOpt, ShapeOpt, ResumeShapeOpt,
+    app, StudyOpt, StudiesOpt, StorageOpt, ShapeOpt, ResumeShapeOpt, LengthsOpt, LengthsKOpt, VarlenOpt,
     DtypeOpt, CausalOpt, TrialsOpt, ResumeTrialsOpt, SamplerOpt, SeedOpt,
     FamilyOpt, JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
@@ -80,6 +81,8 @@ RESUME_STEP = 32
 def search(
     study: StudyOpt,
     shape: ShapeOpt,
+    lengths: LengthsOpt = None,
+    lengths_k: LengthsKOpt = None,
     dtype: DtypeOpt = "fp16",
     causal: CausalOpt = False,
     trials: TrialsOpt = 64,
@@ -105,8 +108,10 @@ def search(
     random, grid, and gp where Optuna's GPSampler can run. Several `search` processes
     (on one host or, with a PostgreSQL --storage, on many) may run one study at once:
     together they finish exactly --trials trials and never measure a config twice.
+    With --lengths it tunes flash_attention_varlen for a packed batch of those sequences
+    (e.g. --shape H=32,HKV=8,D=128 --lengths random:16:128..8192:seed=0).
     """
-    problem = Problem(Shape.parse(shape), dtype=dtype, causal=causal)
+    problem = problem_of_options(shape, lengths, lengths_k, dtype=dtype, causal=causal)
     named = space is not None or family is not None
     search_space, note = session.pick_space(space, family=family, problem=problem) if named else (None, None)
     if search_space is not None:
@@ -235,6 +240,7 @@ def compile_cmd(
     shape: CompileShapeOpt,
     dtype: DtypeOpt = "fp16",
     causal: CausalOpt = False,
+    varlen: VarlenOpt = False,
     as_json: JsonOpt = False,
     space: SpaceOpt = None,
 ) -> int:
@@ -245,7 +251,7 @@ def compile_cmd(
     """
 
     kernel_config = KernelConfig.parse(config)
-    problem = Problem(Shape.parse(shape, require=("D",)), dtype=dtype, causal=causal)
+    problem = Problem(Shape.parse(shape, require=("D",)), dtype=dtype, causal=causal, varlen=varlen)
     # no --space: the packaged space of the family whose parameters the config names
     search_space = (session.pick_space(space)[0] if space is not None
                     else session.space_for_config(kernel_config, problem))
@@ -277,7 +283,8 @@ def compile_cmd(
     pairs += [("build", f"{build.seconds:.2f} s{' (cached)' if build.cached else ''}"),
               ("cubin", str(build.artifact.cubin) if build.artifact else "-"),
               ("gate", Text("passed", style="green") if gate.passed else Text(f"rejected: {gate.reason}", style="red"))]
-    title = f"{kernel_config}  ({problem.dtype}, D={problem.shape.head_dim}{', causal' if problem.causal else ''})"
+    title = (f"{kernel_config}  ({problem.dtype}, D={problem.shape.head_dim}{', causal' if problem.causal else ''}"
+             f"{', packed variable-length' if problem.varlen else ''})")
     print_lines([Text(line) for line in columns.wrap(title, consoles.out.width, 2)]
                  + columns.kv_lines(pairs, consoles.out.width))
     return 0 if gate.passed else GATE_REJECTED_EXIT

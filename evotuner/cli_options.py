@@ -93,7 +93,19 @@ StorageOpt = Annotated[
                  help=f"SQLAlchemy URL of the study database [default: {DEFAULT_STORAGE}]."),
 ]
 ShapeOpt = Annotated[str, typer.Option("--shape", help="Problem shape B=..,H=..,S=..,D=.. (SQ/SK may replace S; "
-                                                        "HKV=.. key/value heads for GQA/MQA).")]
+                                                        "HKV=.. key/value heads for GQA/MQA); with --lengths only "
+                                                        "H=..,D=.. (and HKV).")]
+LengthsOpt = Annotated[Optional[str], typer.Option(
+    "--lengths", help="Tune for a packed variable-length batch (flash_attention_varlen) of these sequence lengths: "
+                      "a list 128,4096,77 (0: an empty sequence), random:N:LO..HI[:seed=S] (N lengths drawn "
+                      "uniformly from LO..HI, seed 0 unless given; the study keeps what was drawn), or @FILE (a "
+                      "recorded batch: lengths separated by commas, spaces or newlines). The number of sequences "
+                      "and the longest lengths come from them, so --shape names H and D only.")]
+LengthsKOpt = Annotated[Optional[str], typer.Option(
+    "--lengths-k", help="The key lengths of the --lengths sequences, spelled the same way [default: as the query "
+                        "lengths].")]
+VarlenOpt = Annotated[bool, typer.Option(
+    "--varlen", help="Build the packed variable-length kernel (flash_attention_varlen's, hopper family).")]
 ResumeShapeOpt = Annotated[
     Optional[str], typer.Option("--shape", help="Must equal the study's shape (resume reads it from the study).")
 ]

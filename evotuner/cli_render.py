@@ -248,7 +248,7 @@ def render_summary(summary: Any, top: int, space: Any) -> None:
     p = summary.problem
     pairs = [
         ("study", for_terminal(summary.study)),
-        ("problem", f"{p.shape} {p.dtype}{' causal' if p.causal else ''}"),
+        *_problem_pairs(p),
         ("space", for_terminal(f"{summary.space_name} ({summary.space_fingerprint[:12]})")),
         ("sampler", f"{summary.sampler} seed={summary.seed}"),
         ("device", for_terminal(_device_text(summary.device))),
@@ -257,6 +257,26 @@ def render_summary(summary: Any, top: int, space: Any) -> None:
     ]
     print_lines(columns.kv_lines([(k, Text(v)) for k, v in pairs], consoles.out.width))
     print_lines(_top_table(summary, top, dict(summary.baselines), space))
+
+
+#: Sequence lengths ``show`` lists one by one; ``show --json`` has them all.
+SHOWN_LENGTHS = 64
+
+
+def _problem_pairs(p: Problem) -> list[tuple[str, str]]:
+    """``show``'s problem line (a dense problem's as always), and a packed problem's lengths."""
+    if not p.lengths_q:
+        return [("problem", f"{p.shape} {p.dtype}{' causal' if p.causal else ''}")]
+
+    def listed(lengths: tuple[int, ...]) -> str:
+        more = len(lengths) - SHOWN_LENGTHS
+        return ", ".join(map(str, lengths[:SHOWN_LENGTHS])) + (f" ... ({more} more: show --json)" if more > 0 else "")
+
+    pairs = [("problem", f"{p.heads_text()} {p.dtype}{' causal' if p.causal else ''} packed, {p.lengths_text()}"),
+             ("lengths", listed(p.lengths_q))]
+    if p.lengths_k != p.lengths_q:
+        pairs.append(("key lengths", listed(p.lengths_k)))
+    return pairs
 
 
 def export_lines(result: Any) -> list[Text]:
@@ -335,7 +355,8 @@ def bench_lines(result: Any, width: int, order: tuple[str, ...] = ()) -> list[Te
         recorded = f"{row.recorded_us:.1f}" if row.recorded_us is not None else "-"
         rows.append([str(row.trial), *columns.cells(config, names), *figures, recorded])
         notes.append(None if row.ok else f"failed: {one_line(row.failure)}")
-    title = f"{result.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} on {device}"
+    what = f"{p.shape} {p.dtype}{' causal' if p.causal else ''}" if not p.lengths_q else str(p)
+    title = f"{result.study}: {what} on {device}"
     lines = columns.table_lines(cols, rows, width, notes=notes, title=title)
     sdpa = [[name, f"{us:.1f}" if (us := result.baselines.get(name)) else "cannot run",
              f"{tf:.1f}" if (tf := result.baseline_tflops.get(name)) else "-"] for name in base]

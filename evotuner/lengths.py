@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 
 from evotuner.errors import ShapeError
-from evotuner.problem import MAX_SEQUENCES, Problem, parse_shape_values
+from evotuner.problem import MAX_SEQUENCES, Problem, Shape, parse_shape_values
 
 _RANDOM = re.compile(r"^random:(?P<n>\d+):(?P<lo>\d+)\.\.(?P<hi>\d+)(?::seed=(?P<seed>\d+))?$")
 #: The largest file ``@FILE`` reads (a recorded batch is a few numbers per sequence).
@@ -100,3 +100,14 @@ def packed_problem(shape: str, lengths: str, lengths_k: str | None, *, dtype: st
             raise ShapeError(f"--shape: {key}={values[key]} contradicts the lengths ({what}: {derived})",
                              "drop B and S (or SQ/SK) from --shape: the lengths give them")
     return problem
+
+
+def problem_of_options(shape: str, lengths: str | None, lengths_k: str | None, *, dtype: str,
+                       causal: bool) -> Problem:
+    """``search``'s problem: packed (:func:`packed_problem`) with ``--lengths``, else the dense
+    problem of ``--shape``."""
+    if lengths is not None:
+        return packed_problem(shape, lengths, lengths_k, dtype=dtype, causal=causal)
+    if lengths_k is not None:
+        raise ShapeError("--lengths-k: key lengths without --lengths", "give the query lengths with --lengths too")
+    return Problem(Shape.parse(shape), dtype=dtype, causal=causal)

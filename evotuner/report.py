@@ -129,7 +129,8 @@ def _title(summary: Any) -> str:
     device = summary.device or {}
     on = f"replayed from a sweep recorded on {device.get('name', 'no device')}" if device.get("replayed") \
         else f"on {device.get('name', 'no device')}"
-    return f"{summary.study}: {p.shape} {p.dtype}{' causal' if p.causal else ''} {on}"
+    what = str(p) if p.lengths_q else f"{p.shape} {p.dtype}{' causal' if p.causal else ''}"
+    return f"{summary.study}: {what} {on}"
 
 
 def _importances(store: StudyStore, study_name: str, complete: list[Any]) -> tuple[dict[str, float] | None, str]:

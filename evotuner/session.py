@@ -205,9 +205,11 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
         if family is not None and chosen.kernel != family:
             raise EvotunerError(f"--space {space} tunes the {chosen.kernel} family, not --family {family}",
                                 "drop one of the two options")
+        _takes_packed(chosen.kernel, problem, f"--space {space}")
         return chosen, None
     if family is not None:
         if problem is not None:
+            _takes_packed(family, problem, f"--family {family}")
             return load_space(get_family(family).space_for(problem)), None
         return load_space(family=family), None
     if store is not None and study is not None and store.study_exists(study):
@@ -225,8 +227,19 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
         return load_space(None), None
     fam = fastest_recommended(problem)[0]
     chosen = load_space(fam.space_for(problem))
+    call = "evotuner.flash_attention_varlen" if problem.varlen else "evotuner.flash_attention"
     return chosen, (f"tuning the {fam.name} family (space {Path(str(chosen.path)).stem}): the kernel "
-                    f"evotuner.flash_attention runs for {problem}; --family or --space picks another")
+                    f"{call} runs for {problem}; --family or --space picks another")
+
+
+def _takes_packed(family: str, problem: Problem | None, option: str) -> None:
+    """Refuse a family without a packed kernel for a packed problem, naming the option."""
+    from evotuner.family import get_family
+
+    fam = get_family(family)
+    if problem is not None and problem.varlen and not fam.varlen:
+        raise EvotunerError(f"{option}: the {fam.name} family has no kernel for packed variable-length batches",
+                            "tune a packed problem (--lengths) with the hopper family: drop the option or name hopper")
 
 
 def space_for_config(config: KernelConfig, problem: Problem) -> SearchSpace:
@@ -273,6 +286,9 @@ def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSp
     seed (StudyMismatchError naming the difference). True when it was created. Several
     workers may start one study at once: one creates it, the others wait for its row and
     check it (:func:`evotuner.storage.start.ensure_study`)."""
+    if problem.varlen and not problem.lengths_q:
+        raise EvotunerError(f"problem {problem}: a packed problem without sequence lengths cannot be measured",
+                            "give the lengths: Problem.packed(lengths, ...) or `evotuner search --lengths ...`")
     if builder is not None and ensure_study(store, study, lambda: store.create_study(
             study, problem, space, sampler, seed,
             source_hash=builder.source_hash(), nvcc_version=builder.nvcc_version())):

@@ -108,9 +108,9 @@ def similarity(target: Problem, other: Problem) -> float:
 
 
 def query_rows(problem: Problem) -> int:
-    """B x H x Sq: the rows the kernel's CTAs split among them (how many tiles, how many waves)."""
-    s = problem.shape
-    return s.batch * s.heads * s.seqlen_q
+    """B x H x Sq: the rows the kernel's CTAs split among them (how many tiles, how many waves;
+    a packed batch's: H x its total query length)."""
+    return problem.query_rows
 
 
 def device_model(fingerprint: Mapping[str, Any] | None) -> str | None:
@@ -148,6 +148,9 @@ def plan_transfer(store: Any, study: str, problem: Problem, space: Any, device: 
         theirs = device_model(summary.device)
         if model is None or theirs is None or theirs != model:
             skipped.append((name, f"device {theirs or 'unknown'}, not {model or 'unknown'}"))
+            continue
+        if summary.problem.varlen != problem.varlen:    # another kernel build (packed or dense)
+            skipped.append((name, "a packed variable-length batch" if summary.problem.varlen else "a dense batch"))
             continue
         near = similarity(problem, summary.problem)
         if near <= 0.0:

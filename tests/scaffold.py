@@ -28,6 +28,8 @@ from evotuner.measure.base import MeasureFailure, MeasureOutcome, Measurement, M
 from evotuner.problem import Problem
 
 BASELINES = {"sdpa_default": 250.0, "sdpa_flash": 240.0, "sdpa_efficient": 300.0}
+#: A packed variable-length problem's baselines (evotuner.measure.gpu.PACKED_BASELINES).
+PACKED_BASELINES = {"sdpa_padded": 900.0, "sdpa_nested": 700.0}
 DEVICE = {"name": "scaffold (test only)", "sm_count": 132, "driver": "none", "torch": "none", "cuda": "none"}
 
 
@@ -54,6 +56,8 @@ class ScaffoldMeasure(MeasureStage):
                 f.write(f"{config}\n")
         if not artifact.cubin.is_file():
             raise AssertionError(f"scaffold: artifact {artifact.cubin} does not exist")
+        if problem.varlen and not problem.lengths_q:
+            raise AssertionError(f"scaffold: packed problem {problem} reached the measure stage without lengths")
         if config in self.fail:
             return MeasureFailure("wrong_result", "max error 1.0 over tolerance 0.01 (scaffold)")
         us = scaffold_median_us(config)
@@ -64,7 +68,7 @@ class ScaffoldMeasure(MeasureStage):
 
     def baselines(self, problem: Problem) -> dict[str, float | None]:
         self.baseline_calls += 1
-        return dict(BASELINES)
+        return dict(PACKED_BASELINES if problem.varlen else BASELINES)
 
     def device(self) -> dict[str, object] | None:
         """The fixed fingerprint, with readings that change from run to run like a real GPU's."""
