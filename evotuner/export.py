@@ -171,6 +171,9 @@ def best_row(store: ExportSource, study: str) -> ExportRow:
     problem = summary.problem
     if not isinstance(problem, Problem):
         raise _fail(study, f"has no problem record (got {type(problem).__name__})")
+    if problem.varlen:   # the header's select() keys dense calls only: a packed study's best would serve them
+        raise _fail(study, "tunes a packed variable-length batch, which the header's dense rows cannot hold",
+                    "leave it out of the export; serve it to flash_attention_varlen with evotuner.use_tuned(DB)")
     best = None
     for trial in summary.trials:
         if trial.state != "COMPLETE":

@@ -2,7 +2,8 @@
 
 A :class:`TunedTable` is a frozen list of :class:`TunedRow` s, one per tuned problem:
 the family, the GPU model it was measured on, the static problem (head dim, dtype,
-causal), its size and the best config. It is read once from
+causal, packed or dense), its size and the best config. A packed variable-length study's
+row serves ``flash_attention_varlen`` only, a dense study's ``flash_attention`` only. It is read once from
 
 * a study database (``sqlite:///studies.db``, a PostgreSQL URL, or a path to a SQLite
   file): each study's best COMPLETE trial, with the study's problem and device; or
@@ -61,6 +62,10 @@ class TunedRow:
     config: KernelConfig
     median_us: float | None
     source: str            # where the row came from, for messages: "study 'x' trial 12"
+    #: a packed variable-length study's row: serves flash_attention_varlen only (and a dense
+    #: row flash_attention only); sized by its padded shape, B*H*longest Sq and the longest
+    #: Sk, what a packed call knows without reading its offsets back from the device
+    varlen: bool = False
 
     @property
     def size(self) -> str:
@@ -95,9 +100,11 @@ class TunedTable:
         return len(self.rows)
 
     def _static_match(self, problem: Problem, family: str | None) -> list[TunedRow]:
-        """The rows of the problem's head dim, dtype and causal flag (and family, if named)."""
+        """The rows of the problem's head dim, dtype, causal flag and kind (packed or dense; and
+        family, if named)."""
         return [r for r in self.rows if r.head_dim == problem.shape.head_dim and r.dtype == problem.dtype
-                and r.causal == problem.causal and (family is None or r.family == family)]
+                and r.causal == problem.causal and r.varlen == problem.varlen
+                and (family is None or r.family == family)]
 
     def pick(self, problem: Problem, device: str, family: str | None = None) -> TunedPick | None:
         """The row served for ``problem`` on GPU model ``device`` (module docstring), or None."""
@@ -106,7 +113,7 @@ class TunedTable:
             return None
         exact = [r for r in same if r.device == device]
         same = exact or same
-        sk, qr = problem.shape.seqlen_k, problem.query_rows
+        sk, qr = problem.shape.seqlen_k, _padded_rows(problem)
         on = f" in {self.source}"
 
         def distance(r: TunedRow) -> float:
@@ -139,10 +146,17 @@ class TunedTable:
         same = self._static_match(problem, family)
         if not same:
             return f"no tuned row for D={problem.shape.head_dim} {problem.dtype} " \
-                   f"{'causal' if problem.causal else 'non-causal'} in {self.source}"
+                   f"{'causal' if problem.causal else 'non-causal'}{' packed' if problem.varlen else ''} " \
+                   f"in {self.source}"
         if not any(r.device in (device, "") for r in same):
             return f"the tuned rows for this problem in {self.source} are for {same[0].device}, not {device}"
         return f"no tuned size within {NEAREST_DOUBLINGS:g} doublings in {self.source}"
+
+
+def _padded_rows(problem: Problem) -> int:
+    """B*H*Sq of the problem's shape (a packed problem's: sequences x heads x the longest)."""
+    s = problem.shape
+    return s.batch * s.heads * s.seqlen_q
 
 
 # --------------------------------------------------------------------------- reading
@@ -188,8 +202,8 @@ def load_studies(url: str) -> TunedTable:
             p = summary.problem
             rows.append(TunedRow(
                 family=summary.kernel_family, device=str(device.get("name") or ""), head_dim=p.shape.head_dim,
-                dtype=p.dtype, causal=p.causal, seqlen_k=p.shape.seqlen_k, query_rows=p.query_rows, config=config,
-                median_us=best.value, source=f"study {info.name!r} trial {best.number}"))
+                dtype=p.dtype, causal=p.causal, seqlen_k=p.shape.seqlen_k, query_rows=_padded_rows(p), config=config,
+                median_us=best.value, source=f"study {info.name!r} trial {best.number}", varlen=p.varlen))
         where = store.display_url
     finally:
         store.close()

@@ -48,8 +48,9 @@ def test_search_resume_show_report_bench_of_a_packed_study(capsys, tmp_path):
     assert stored.lengths_k == (9, 300, 12, 0, 64) and stored.shape.heads_kv == 2
     assert data["sampler"] == "guided"                  # the hopper family's, on its cost model
     assert set(data["baselines"]) == set(PACKED_BASELINES)
-    # the guided sampler ranked a packed study's configs: none with split-KV, all measured packed
-    assert all("SPLITS" not in t["params"] for t in data["trials"])
+    # a packed study searches hopper.toml: no split-KV or query-head packing knob
+    assert data["space"]["name"] == "hopper" and data["trials"]
+    assert all(not {"SPLITS", "PACK_GQA"} & set(t["params"]) for t in data["trials"])
 
     code, out, err = run(capsys, "show", "--study", "v", "--storage", f"sqlite:///{db}")
     assert code == 0, err

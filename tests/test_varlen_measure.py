@@ -22,7 +22,7 @@ from evotuner.compiler.result import Artifact  # noqa: E402
 from evotuner.measure import GpuMeasure, Measurement  # noqa: E402
 from evotuner.measure.gpu import BASELINES, PACKED_BASELINES, baseline_names  # noqa: E402
 from evotuner.measure.protocol import Request, decode_payload, encode, measure_request  # noqa: E402
-from evotuner.measure.worker import RAGGED_LENGTHS_K, RAGGED_LENGTHS_Q, ragged_problem  # noqa: E402
+from evotuner.measure.worker import RAGGED_LENGTHS_K, RAGGED_LENGTHS_Q, Worker, ragged_problem  # noqa: E402
 from evotuner.problem import Problem, Shape  # noqa: E402
 from evotuner.runtime import check as C  # noqa: E402
 from evotuner.runtime.packed import check_packed, make_packed_inputs, offsets, packed_baselines  # noqa: E402
@@ -157,3 +157,17 @@ def test_the_client_sends_the_lengths_and_reads_the_packed_baselines(tmp_path: P
     sent = [json.loads(line) for line in log.read_text().splitlines()]
     problems = [Problem.from_dict(m["problem"]) for m in sent if m["op"] in ("baselines", "measure")]
     assert problems == [PACKED, PACKED]
+
+
+def test_the_worker_refuses_a_dense_build_or_a_problem_without_lengths_before_touching_cuda(tmp_path: Path):
+    worker = Worker()
+    meta = {"head_dim": 64, "is_causal": 1, "dtype": 0, "varlen": 0}
+    reply = worker.handle(Request("measure", {"cubin": str(tmp_path / "dense.cubin"), "meta": meta,
+                                              "problem": PACKED.as_dict(), "seed": 0}))
+    assert not reply.ok and reply.failure.kind == "launch"
+    assert "built for varlen=0 (problem: 1)" in reply.failure.reason
+    bare = Problem(Shape(2, 4, 64, 64, 64), causal=True, varlen=True)
+    reply = worker.handle(Request("measure", {"cubin": str(tmp_path / "k.cubin"), "meta": {**meta, "varlen": 1},
+                                              "problem": bare.as_dict(), "seed": 0}))
+    assert not reply.ok and reply.failure.kind == "launch" and "without sequence lengths" in reply.failure.reason
+    assert worker.torch is None          # neither reached the GPU

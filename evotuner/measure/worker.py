@@ -123,6 +123,10 @@ class Worker:
 
         # Wall seconds per phase (load, correctness, timing), returned in ``detail["phases"]``
         # for scripts/bench_tuner.py's time shares; perf_counter only, no extra sync.
+        asked = Problem.from_dict(args["problem"])
+        if asked.varlen and not asked.lengths_q:
+            return Reply.fail("launch", f"problem {asked}: a packed problem without sequence lengths cannot be "
+                                        "measured; make it with Problem.packed(lengths, ...) or --lengths")
         t0 = time.perf_counter()
         loaded = self._module(args)
         if isinstance(loaded, Reply):
@@ -130,9 +134,6 @@ class Worker:
         module, problem = loaded
         t1 = time.perf_counter()
         try:
-            if problem.varlen and not problem.lengths_q:
-                return Reply.fail("launch", f"problem {problem}: a packed problem without sequence lengths cannot "
-                                            "be measured; make it with Problem.packed(lengths, ...) or --lengths")
             study = self._check(module, problem, seed)
             if isinstance(study, Reply):
                 return study
@@ -406,7 +407,7 @@ def ragged_problem(problem: Problem) -> Problem:
 def _static_mismatch(meta: dict[str, int], problem: Problem) -> str | None:
     """What the cubin was compiled for, where it differs from the problem (None when it matches)."""
     wanted = {"head_dim": problem.shape.head_dim, "is_causal": int(problem.causal),
-              "dtype": DTYPE_CODES[problem.dtype]}
+              "dtype": DTYPE_CODES[problem.dtype], "varlen": int(problem.varlen)}
     diffs = [f"{k}={meta[k]} (problem: {v})" for k, v in wanted.items() if k in meta and int(meta[k]) != v]
     return ", ".join(diffs) or None
 

@@ -103,7 +103,8 @@ _plans: dict[tuple, "_Plan"] = {}
 _device_names: dict[int, str] = {}
 
 
-def _device_name(index: int) -> str:
+def device_name(index: int) -> str:
+    """The GPU model name of device ``index`` (what tuned rows are keyed by), asked once."""
     name = _device_names.get(index)
     if name is None:
         name = _device_names[index] = torch.cuda.get_device_name(index)
@@ -310,7 +311,7 @@ def _resolve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     scale_value = 1.0 / math.sqrt(D) if scale is None else float(scale)
     device = q.device.index if q.device.index is not None else torch.cuda.current_device()
     problem = Problem(Shape(B, H, Sq, Sk, D, kv.shape[1]), dtype, causal)
-    name = _device_name(device)
+    name = device_name(device)
     choice = choose(problem, config, family, device=name)
     ov = qv  # the output has q's shape; its strides are contiguous in q's layout
     views = {"q": _view(qv), "k": _view(kv), "v": _view(vv), "o": _view(ov)}

@@ -4,15 +4,16 @@ Sequences of different lengths packed one after another, no padding: q [total_q,
 k and v [total_k, Hkv, D], sequence b's rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1`` of q
 and ``cu_seqlens_k[b] ..`` of k/v (int32 offsets on the device, ``batch + 1`` each). Only the
 hopper family has a packed kernel: a build of its own (``Problem.varlen``; ``HOPPER_VARLEN``),
-so the dense kernels carry none of its code. Its config is the hopper family's recommended
-one for the dense problem of the longest lengths (``batch, Hq, max_seqlen_q, max_seqlen_k``)
-unless ``config`` is given.
+so the dense kernels carry none of its code. Its config (:func:`packed_choice`): ``config``
+when given, else the served tuned tables' row of a packed study (``evotuner search
+--lengths``) on this GPU model, in the size bucket of ``batch, Hq, max_seqlen_q,
+max_seqlen_k``, else the hopper family's recommended one for that packed problem.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -20,7 +21,8 @@ from evotuner.config import KernelConfig
 from evotuner.errors import ShapeError
 from evotuner.family import get_family
 from evotuner.problem import Problem, Shape
-from evotuner.runtime.attention import Choice, forward_only_error, choose, kernel_module
+from evotuner.runtime.attention import Choice, choose, device_name, forward_only_error, kernel_module
+from evotuner.tuned import TunedTable
 
 FAMILY = "hopper"
 _DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -60,15 +62,8 @@ def flash_attention_varlen(
     total_q, hq, d = q.shape
     batch = cu_seqlens_q.numel() - 1
     shape = Shape(batch, hq, max(1, int(max_seqlen_q)), max(1, int(max_seqlen_k)), d, k.shape[1])
-    dense = Problem(shape, dtype, bool(causal))
-    choice = choose(dense, config, family=FAMILY)
-    if choice.config.as_dict().get("SPLITS", 1) > 1:   # split-KV: the dense problem's, not built packed
-        if config is not None:
-            raise ShapeError(f"config: SPLITS={choice.config['SPLITS']} (split-KV) is not built for packed "
-                             "variable-length batches", "pass SPLITS=1, or leave config unset")
-        choice = Choice(choice.family, KernelConfig.of({**choice.config.as_dict(), "SPLITS": 1}),
-                        f"{choice.why}, without split-KV (not built for packed batches)")
     problem = Problem(shape, dtype, bool(causal), varlen=True)
+    choice = packed_choice(problem, config, device_name(device))
     out = torch.empty_like(q)
     lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
     module = kernel_module(choice.config, problem, device, FAMILY)
@@ -79,6 +74,20 @@ def flash_attention_varlen(
     if return_choice:
         result += (Choice(choice.family, choice.config, f"{choice.why} (packed variable-length kernel)"),)
     return result[0] if len(result) == 1 else result
+
+
+def packed_choice(problem: Problem, config: Mapping[str, int] | KernelConfig | str | None = None,
+                  device: str | None = None, tables: Sequence[TunedTable] | None = None) -> Choice:
+    """The config a packed call of ``problem`` (``varlen``, sized by its longest lengths) runs:
+    ``config`` when given, else the served tuned tables' row of a packed study on GPU model
+    ``device`` (a dense study's rows serve dense calls only), else the hopper family's
+    recommended config; never split-KV, which is not built packed."""
+    choice = choose(problem, config, family=FAMILY, device=device, tables=tables)
+    splits = choice.config.as_dict().get("SPLITS", 1)
+    if splits > 1:
+        raise ShapeError(f"config: SPLITS={splits} (split-KV) is not built for packed variable-length batches",
+                         "pass SPLITS=1, or leave config unset")
+    return choice
 
 
 def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Tensor, cu_k: torch.Tensor,
