@@ -29,7 +29,7 @@ from evotuner.problem import Problem
 
 BASELINES = {"sdpa_default": 250.0, "sdpa_flash": 240.0, "sdpa_efficient": 300.0}
 #: A packed variable-length problem's baselines (evotuner.measure.gpu.PACKED_BASELINES).
-PACKED_BASELINES = {"sdpa_padded": 900.0, "sdpa_nested": 700.0}
+PACKED_BASELINES = {"sdpa_padded": 900.0, "sdpa_jagged": 700.0}
 DEVICE = {"name": "scaffold (test only)", "sm_count": 132, "driver": "none", "torch": "none", "cuda": "none"}
 
 

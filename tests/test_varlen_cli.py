@@ -38,7 +38,7 @@ def test_search_resume_show_report_bench_of_a_packed_study(capsys, tmp_path):
     flat = " ".join(out.split())
     assert "study 'v' has 3 finished trials" in out
     assert "flash_attention_varlen" in flat and "hopper family" in flat        # the family with a packed kernel
-    assert "sdpa_padded 900.0 µs" in flat and "sdpa_nested 700.0 µs" in flat
+    assert "sdpa_padded 900.0 µs" in flat and "sdpa_jagged 700.0 µs" in flat
 
     code, out, err = run(capsys, "show", "--study", "v", "--json", "--storage", f"sqlite:///{db}")
     assert code == 0, err

@@ -45,14 +45,17 @@ def test_the_measure_request_carries_the_lengths():
 
 
 def test_a_packed_problem_has_its_own_baselines():
-    assert baseline_names(PACKED) == PACKED_BASELINES == ("sdpa_padded", "sdpa_nested")
+    assert baseline_names(PACKED) == PACKED_BASELINES == ("sdpa_padded", "sdpa_jagged")
     assert baseline_names(Problem(Shape(2, 4, 256, 256, 64))) == BASELINES
     calls = packed_baselines(PACKED, device="cpu")
     assert tuple(calls) == PACKED_BASELINES
     assert calls["sdpa_padded"]().shape == (5, 4, 70, 64)     # the batch padded to its longest lengths
     noncausal = Problem.packed([5, 0, 70], [9, 4, 70], heads=4, head_dim=64, heads_kv=2)
-    out = packed_baselines(noncausal, device="cpu")["sdpa_nested"]()   # the sequences with queries and keys
+    calls = packed_baselines(noncausal, device="cpu")
+    out = calls["sdpa_jagged"]()                          # the sequences with queries and keys
     assert out.is_nested and out.size(0) == 2
+    padded = calls["sdpa_padded"]()                       # keys past each sequence masked
+    assert padded.shape == (3, 4, 70, 64) and bool(torch.isfinite(padded[0]).all())
 
 
 def test_packed_inputs_are_fresh_per_seed_and_offsets_are_int32():
@@ -132,7 +135,7 @@ FAKE = textwrap.dedent(r'''
         op = msg["op"]
         if op == "baselines":
             write_message(out, {"ok": True, "value": {"sdpa_padded": {"us": 900.0, "reason": None},
-                                                      "sdpa_nested": {"us": None, "reason": "nested refused"}}})
+                                                      "sdpa_jagged": {"us": None, "reason": "nested refused"}}})
         elif op == "measure":
             write_message(out, {"ok": True, "value": {"measurement": {
                 "median_us": 100.0, "p20_us": 99.0, "p80_us": 101.0, "tflops": 1.0, "max_error": 1e-3,
@@ -149,8 +152,8 @@ def test_the_client_sends_the_lengths_and_reads_the_packed_baselines(tmp_path: P
     script.write_text(FAKE)
     env = {**os.environ, "FAKE_LOG": str(log), "PYTHONPATH": os.pathsep.join(sys.path)}
     with GpuMeasure(timeout_s=20, worker_cmd=[sys.executable, str(script)], env=env) as gm:
-        assert gm.baselines(PACKED) == {"sdpa_padded": 900.0, "sdpa_nested": None}
-        assert gm.baseline_reasons == {"sdpa_nested": "nested refused"}
+        assert gm.baselines(PACKED) == {"sdpa_padded": 900.0, "sdpa_jagged": None}
+        assert gm.baseline_reasons == {"sdpa_jagged": "nested refused"}
         artifact = Artifact(cubin=tmp_path / "k.cubin", key="k", sha256="", meta={}, entry="hopper_fwd",
                             family="hopper")
         assert isinstance(gm.measure(artifact, PACKED), Measurement)

@@ -44,7 +44,7 @@ from evotuner.problem import Problem
 BASELINES = ("sdpa_default", "sdpa_flash", "sdpa_efficient")
 #: A packed variable-length problem's: SDPA's default backend on the batch padded to its
 #: longest lengths, and on jagged nested tensors (evotuner/runtime/packed.py).
-PACKED_BASELINES = ("sdpa_padded", "sdpa_nested")
+PACKED_BASELINES = ("sdpa_padded", "sdpa_jagged")
 
 
 def baseline_names(problem: Problem) -> tuple[str, ...]:

@@ -9,8 +9,8 @@ SDPA baselines of a :class:`~evotuner.problem.Problem` that carries its sequence
   reference of that sequence, the bound from PyTorch's low-precision attention of it); a
   sequence with queries but no keys must give zeros and LSE -inf; NaN never passes;
 * :func:`packed_baselines`: the SDPA calls a packed batch is compared with -- SDPA's
-  default backend on the batch padded to its longest lengths (``sdpa_padded``: the time of
-  the padded batch, no padding mask) and on jagged nested tensors (``sdpa_nested``).
+  default backend on the batch padded to its longest lengths (``sdpa_padded``) and on
+  jagged nested tensors (``sdpa_jagged``), as ``scripts/bench_varlen.py`` calls them.
 """
 
 from __future__ import annotations
@@ -121,8 +121,9 @@ def packed_baselines(problem: Problem, *, device: str | torch.device = "cuda", s
                      ) -> dict[str, Callable[[], Any]]:
     """{name: a call of SDPA for ``problem``'s batch} (evotuner.measure.gpu.PACKED_BASELINES), inputs made
     once here: the batch padded to its longest query and key lengths, [B, H, S, D]
-    (``sdpa_padded``: SDPA's default backend, no padding mask -- what the batch costs
-    padded); and jagged nested tensors of the sequences with queries and keys (``sdpa_nested``;
+    (``sdpa_padded``: SDPA's default backend; non-causal with a key-padding mask, causal with
+    none, as ``scripts/bench_varlen.py`` calls it: sequences padded at their end, a row sees
+    no key past its own under the top-left mask wherever Sq <= Sk); and jagged nested tensors of the sequences with queries and keys (``sdpa_jagged``;
     GQA's K/V heads repeated for the query heads first, as nested tensors take no
     ``enable_gqa``). A call SDPA refuses raises RuntimeError when called."""
     from torch.nn.functional import scaled_dot_product_attention as sdpa
@@ -140,9 +141,13 @@ def packed_baselines(problem: Problem, *, device: str | torch.device = "cuda", s
     pq, pk, pv = draw(s.batch, s.heads, s.seqlen_q, s.head_dim), draw(s.batch, hkv, s.seqlen_k, s.head_dim), \
         draw(s.batch, hkv, s.seqlen_k, s.head_dim)
     gqa = {"enable_gqa": True} if s.kv_group > 1 else {}
+    mask = None
+    if not problem.causal:   # keys past a sequence's end masked, as a correct padded call needs
+        keys = torch.arange(s.seqlen_k, device=device)
+        mask = (keys[None, :] < torch.tensor(lk, device=device)[:, None])[:, None, None, :]
 
     def padded() -> Any:
-        return sdpa(pq, pk, pv, is_causal=problem.causal, **gqa)
+        return sdpa(pq, pk, pv, attn_mask=mask, is_causal=problem.causal, **gqa)
 
     def jagged(lengths: tuple[int, ...], heads: int, repeat: int) -> torch.Tensor:
         parts = [draw(n, heads, s.head_dim).repeat_interleave(repeat, dim=1) for n in lengths]
@@ -164,4 +169,4 @@ def packed_baselines(problem: Problem, *, device: str | torch.device = "cuda", s
             raise RuntimeError(made)    # the worker records it as the baseline's reason
         return sdpa(*made, is_causal=problem.causal)
 
-    return {"sdpa_padded": padded, "sdpa_nested": nested}
+    return {"sdpa_padded": padded, "sdpa_jagged": nested}

@@ -70,10 +70,10 @@ def test_the_worker_measures_a_packed_build(builder, gpu, problem):
 
 def test_the_packed_baselines_run(gpu):
     baselines = gpu.baselines(MIXED)
-    assert set(baselines) == {"sdpa_padded", "sdpa_nested"}
+    assert set(baselines) == {"sdpa_padded", "sdpa_jagged"}
     assert baselines["sdpa_padded"] and baselines["sdpa_padded"] > 0
     # nested tensors: timed, or None with SDPA's reason
-    assert baselines["sdpa_nested"] or gpu.baseline_reasons["sdpa_nested"]
+    assert baselines["sdpa_jagged"] or gpu.baseline_reasons["sdpa_jagged"]
 
 
 def test_the_packed_check_fails_a_wrong_launch():
