@@ -103,3 +103,20 @@ def test_export_refuses_a_packed_study_in_one_line(capsys, db, tmp_path):
     header = tuned.load(tmp_path / "tuned.h")
     assert header.rows and not any(r.varlen for r in header.rows)
     assert header.pick(CALL, GPU, "hopper") is None        # a header's rows are dense: no packed call served
+
+
+def test_transfer_keeps_packed_and_dense_studies_apart(db):
+    from evotuner import session
+    from evotuner.transfer import plan_transfer
+
+    store = session.open_store(db, read_only=True)
+    try:
+        packed = store.summary("packed")
+        space = session.study_space(store, "packed")
+        plan = plan_transfer(store, "new", packed.problem, space, DEVICE)
+        assert plan.studies == ("packed",) and ("dense", "a dense batch") in plan.skipped
+        dense = store.summary("dense")
+        plan = plan_transfer(store, "new", dense.problem, session.study_space(store, "dense"), DEVICE)
+        assert "packed" not in plan.studies and ("packed", "a packed variable-length batch") in plan.skipped
+    finally:
+        store.close()
