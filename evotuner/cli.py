@@ -3,10 +3,11 @@
     evotuner search  --study NAME --shape B=16,H=16,S=2048,D=64 [--dtype fp16|bf16] [--causal]
                      [--trials 64] [--sampler tpe] [--seed 0] [--jobs N] [--space FILE] [--storage URL]
                      [--full-timing]
+    evotuner search  --study NAME --shape H=32,HKV=8,D=128 --lengths random:16:128..8192:seed=0 [--lengths-k ...]
     evotuner resume  --study NAME [--trials 96]
     evotuner show    --study NAME [--top 10] [--json]
     evotuner export  --study NAME [--study OTHER ...] --output flashcore_config.h
-    evotuner compile --config NAME=VALUE,... --shape D=64 [--dtype ...] [--causal] [--json] [--space FILE]
+    evotuner compile --config NAME=VALUE,... --shape D=64 [--dtype ...] [--causal] [--varlen] [--json] [--space FILE]
     evotuner bench   --study NAME [--top 5] [--json] [--budget 1.0] [--no-record] [--storage URL]
     evotuner check   --study NAME [--top 3] [--tools memcheck,...] [--timeout 600] | --config C --shape S
     evotuner profile --study NAME [--top 3] [--no-sdpa] [--timeout 600] | --config C --shape S

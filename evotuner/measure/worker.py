@@ -17,7 +17,8 @@ A measure request runs, in order:
    packed inputs of its lengths, each sequence judged on its own
    (``runtime.packed.check_packed``), then at ragged packed lengths (:func:`ragged_problem`);
 3. timing (``runtime.timing.time_cuda``: warm-up, CUDA events, L2 flushed,
-   median/p20/p80; a packed problem's launch as ``flash_attention_varlen`` makes it) within the trial's budget; with a ``race`` in the request
+   median/p20/p80; a packed problem's launch as ``flash_attention_varlen`` makes it)
+   within the trial's budget; with a ``race`` in the request
    (evotuner/measure/racing.py) it stops at a look once the config is clearly slower
    than the incumbent the request carries, and says so in the measurement.
 

@@ -119,13 +119,14 @@ def _no_keys(out: torch.Tensor, lse: torch.Tensor, where: str) -> CheckResult | 
 
 def packed_baselines(problem: Problem, *, device: str | torch.device = "cuda", seed: int = 0
                      ) -> dict[str, Callable[[], Any]]:
-    """{name: a call of SDPA for ``problem``'s batch} (evotuner.measure.gpu.PACKED_BASELINES), inputs made
-    once here: the batch padded to its longest query and key lengths, [B, H, S, D]
+    """{name: a call of SDPA for ``problem``'s batch} (evotuner.measure.gpu.PACKED_BASELINES),
+    inputs made once here: the batch padded to its longest query and key lengths, [B, H, S, D]
     (``sdpa_padded``: SDPA's default backend; non-causal with a key-padding mask, causal with
     none, as ``scripts/bench_varlen.py`` calls it: sequences padded at their end, a row sees
-    no key past its own under the top-left mask wherever Sq <= Sk); and jagged nested tensors of the sequences with queries and keys (``sdpa_jagged``;
-    GQA's K/V heads repeated for the query heads first, as nested tensors take no
-    ``enable_gqa``). A call SDPA refuses raises RuntimeError when called."""
+    no key past its own under the top-left mask wherever Sq <= Sk); and jagged nested
+    tensors of the sequences with queries and keys (``sdpa_jagged``; GQA's K/V heads
+    repeated for the query heads first, as nested tensors take no ``enable_gqa``). A call
+    SDPA refuses raises RuntimeError when called."""
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     lq, lk = _lengths(problem)
