@@ -20,6 +20,7 @@ from evotuner.defaults import parse_defaults, pick_config
 from evotuner.errors import EvotunerError
 from evotuner.family.base import packaged
 from evotuner.family import BUILD_RESERVED, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView
+from evotuner.kernels.hopper import launch
 from evotuner.kernels.hopper.cost import estimate_us, packed_problem, packs_heads
 from evotuner.kernels.hopper.params import (META_FIELDS, Params, TmaStrideError, check_tma_view, decode_hopper_meta,
                                             encode_tensor_map)
@@ -198,15 +199,17 @@ class Hopper(KernelFamily):
             if pq is not None and po is not None:
                 q, o, group = pq, po, 1
                 B, H, Sq, D = q.shape
-        panels = D // 64
         p = Params()
-        maps = [("tm_q", q, meta["block_m"], panels), ("tm_k", k, meta["block_n"], panels),
-                ("tm_v", v, meta["block_n"], panels)]
-        if int(meta.get("splits", 1)) <= 1:   # split-KV writes O through o_ptr, never through the map
-            maps.append(("tm_o", o, meta["o_box_rows"], 1))
-        for field, view, rows, pan in maps:
-            data = encode_tensor_map(view.ptr, view.shape, view.strides, args.dtype, rows, pan, name=field[3:])
-            getattr(p, field).opaque[:] = memoryview(data).cast("Q").tolist()
+        splits = int(meta.get("splits", 1))
+        # split-KV writes O through o_ptr, never through the map
+        maps = (launch.MAP_Q, launch.MAP_K, launch.MAP_V) if splits > 1 else range(len(launch.MAP_NAMES))
+        for which in maps:
+            view = (q, k, v, o)[which]
+            box = launch.map_box(which, meta["block_m"], meta["block_n"], meta["o_box_rows"], D)
+            name = launch.MAP_NAMES[which]
+            data = encode_tensor_map(view.ptr, view.shape, view.strides, args.dtype, box["rows"], box["panels"],
+                                     name=name)
+            getattr(p, f"tm_{name}").opaque[:] = memoryview(data).cast("Q").tolist()
         p.lse = lse.ptr if lse is not None else None
         if packed is not None:   # the maps hold the packed rows; the grid spans the longest sequence
             p.cu_seqlens_q, p.cu_seqlens_k = packed.cu_seqlens_q, packed.cu_seqlens_k
@@ -224,8 +227,6 @@ class Hopper(KernelFamily):
             p.tile_counter = args.workspace
         else:
             p.tile_counter = None
-        m_blocks = math.ceil(Sq / meta["block_m"])
-        splits = int(meta.get("splits", 1))
         if splits > 1:
             if not args.scratch:
                 raise EvotunerError(f"hopper SPLITS={splits}: no scratch for the partial results "
@@ -234,8 +235,9 @@ class Hopper(KernelFamily):
             p.scratch = args.scratch
             p.o_ptr = o.ptr
             p.o_batch_stride, p.o_head_stride, p.o_row_stride = o.strides[0], o.strides[1], o.strides[2]
-        grid = (m_blocks * splits, H, B) if sched == 0 else (max(1, min(device.sm_count, m_blocks * H * B)), 1, 1)
-        return LaunchSpec(args=(bytes(p),), grid=grid, block=(meta["threads"], 1, 1), smem_bytes=meta["smem_bytes"])
+        g = launch.launch_grid(sched, Sq, meta["block_m"], splits, H, B, device.sm_count)
+        return LaunchSpec(args=(bytes(p),), grid=(g["x"], g["y"], g["z"]), block=(meta["threads"], 1, 1),
+                          smem_bytes=meta["smem_bytes"])
 
 
 def uses_split_space(problem: Problem) -> bool:
