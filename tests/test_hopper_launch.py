@@ -49,9 +49,9 @@ def _cases(seed: int = 0) -> dict[str, list[tuple[int, ...]]]:
             for sb, sh, ss in ((S * H * D, S * D, D), (S * H * D, D, H * D))
             for rows, panels in ((128, D // 64), (64, 1))]
     box = [(w, bm, bn, ob, D) for w in range(4) for bm, bn, ob in ((128, 176, 64), (64, 128, 32)) for D in (64, 256)]
-    grid = [(sched, sq, bm, splits, H, B, sms)
+    grid = [(sched, sq, bm, splits, H, B, sms, ctas)
             for sched in (0, 1, 2) for sq in (0, 1, 128, 129, 8192) for bm in (64, 128)
-            for splits in (1, 3) for H, B in ((1, 1), (32, 4)) for sms in (0, 1, 132)]
+            for splits in (1, 3) for H, B in ((1, 1), (32, 4)) for sms in (0, 1, 132) for ctas in (1, 2)]
     return {"tma_fault": fault, "tma_view": view, "map_box": box, "launch_grid": grid,
             "legal_stride": [(s,) for s in strides]}
 

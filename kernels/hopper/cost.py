@@ -8,7 +8,7 @@ this model as the prior mean of its surrogate and measures only what the model c
 tell apart (KernelFamily.estimate_us is the contract).
 
 What it counts, per SM (one CTA per SM: the launch bounds give a CTA the whole register
-file), in clocks:
+file; CTAS_PER_SM=2 halves it, see the last item), in clocks:
 
 * one main-loop iteration of one CTA: the tensor-core time of its live consumer
   warpgroups' two GEMMs (4 * 64 * BLOCK_N * D flops each), their softmax (one MUFU ex2 and
@@ -24,6 +24,9 @@ file), in clocks:
 * split-KV (SPLITS > 1): a tile's key blocks shared by SPLITS CTAs, each adding its fp32
   partial's store, the last one the combine; the chip's HBM bandwidth floors the kernel
   (every K/V byte read once), which decides decoding;
+* two CTAs per SM (CTAS_PER_SM=2): twice the slots for the makespan, each CTA's iteration
+  the longer of both CTAs' throughput-bound time and its own latency-bound time, so the
+  fixed per-iteration latency and the tile edges of one CTA run under the other's work;
 * registers: a consumer thread holds O (D/2 fp32), S (BLOCK_N/2 fp32), with OVERLAP the
   previous P (BLOCK_N/4 packed halves) beside the next S, plus about 28 for addresses,
   row statistics and loop state. More than REG_CONS spills, which the gate rejects: the
@@ -112,7 +115,11 @@ def _softmax_per_score(c: Mapping[str, int], head_dim: int, block_n: int) -> flo
     return mufu / MUFU_PER_CLK + fp32 / FP32_PER_CLK
 
 
-def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int, persistent: bool) -> float:
+def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int, persistent: bool,
+                 ctas: int = 1) -> float:
+    """Clocks of one tile on its CTA; with ``ctas`` CTAs sharing the SM each iteration takes
+    the SM's throughput-bound time of all of them or its own latency-bound time, whichever is
+    longer (the other CTA's work fills this one's barrier waits)."""
     n, wgs = c["BLOCK_N"], c["CONSUMER_WGS"]
     live = min(wgs, -(-rows // 64))                  # skip_tile: warpgroups past Sq compute nothing
     mma = live * 4 * 64 * n * head_dim / MMA_FLOP_PER_CLK
@@ -125,7 +132,7 @@ def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int
     prologue = L2_LATENCY + q_bytes / L2_BYTES_PER_CLK
     epilogue = q_bytes / L2_BYTES_PER_CLK + HANDOVER
     edges = max(prologue, epilogue) + HANDOVER if persistent else prologue + epilogue + LAUNCH_OVERHEAD
-    return iterations * (step + ITERATION_LATENCY) + edges
+    return iterations * max(ctas * step, step + ITERATION_LATENCY) + edges
 
 
 @lru_cache(maxsize=4096)
@@ -169,6 +176,7 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
     num_m = -(-s.seqlen_q // block_m)
     persistent = config["SCHED"] >= 1
     splits = int(config.get("SPLITS", 1))   # split-KV: each tile's key blocks shared by this many CTAs
+    ctas = int(config.get("CTAS_PER_SM", 1))   # CTAs resident per SM: the makespan runs over sms x ctas slots
     per_m = np.empty(num_m)
     clocks_of: dict[tuple[int, int], float] = {}     # (rows, kv blocks) -> tile clocks: one per
     for m in range(num_m):                            # distinct tile (two when non-causal)
@@ -184,12 +192,12 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
                 rows_per_warp = -(-rows // (4 * wgs))
                 combine = (L2_LATENCY * (1 + rows_per_warp * splits) + splits * partial
                            + rows * d * 2 / L2_BYTES_PER_CLK)
-                clocks_of[rows, blocks] = (_tile_clocks(config, d, rows, -(-blocks // splits), persistent)
+                clocks_of[rows, blocks] = (_tile_clocks(config, d, rows, -(-blocks // splits), persistent, ctas)
                                            + partial + combine)
             else:
-                clocks_of[rows, blocks] = _tile_clocks(config, d, rows, blocks, persistent)
+                clocks_of[rows, blocks] = _tile_clocks(config, d, rows, blocks, persistent, ctas)
         per_m[m] = clocks_of[rows, blocks]
-    clocks = _makespan(tuple(per_m.tolist()), s.batch * s.heads * splits, problem.causal, sms,
+    clocks = _makespan(tuple(per_m.tolist()), s.batch * s.heads * splits, problem.causal, sms * ctas,
                        config["SCHED"] == 1)
     kv_bytes = 2 * s.batch * s.heads_kv * s.seqlen_k * d * 2    # K and V, read from HBM once at best
     return max(clocks, kv_bytes / HBM_BYTES_PER_CLK) / (clock_ghz * 1e3)

@@ -42,9 +42,10 @@ SPLIT_SMS = 132
 COMBINE_CHAIN = 64
 
 
-def launch_registers(threads: int, regs_per_sm: int = 65536, unit: int = 8, cap: int = 255) -> int:
-    """Registers per thread __launch_bounds__(threads, 1) leaves (traits.cuh kLaunchRegs)."""
-    return min(cap, regs_per_sm // threads // unit * unit)
+def launch_registers(threads: int, regs_per_sm: int = 65536, unit: int = 8, cap: int = 255,
+                     ctas_per_sm: int = 1) -> int:
+    """Registers per thread __launch_bounds__(threads, ctas_per_sm) leaves (traits.cuh kLaunchRegs)."""
+    return min(cap, regs_per_sm // (threads * ctas_per_sm) // unit * unit)
 
 
 class Hopper(KernelFamily):
@@ -61,12 +62,13 @@ class Hopper(KernelFamily):
     meta_fields = META_FIELDS
     echoed = {"BLOCK_N": "block_n", "CONSUMER_WGS": "consumer_wgs", "STAGES": "stages", "REG_PROD": "reg_prod",
               "REG_CONS": "reg_cons", "OVERLAP": "overlap", "PINGPONG": "pingpong", "SCHED": "sched",
-              "RESCALE_LOG2": "rescale_log2", "EXP_EMU": "exp_emu"}
+              "RESCALE_LOG2": "rescale_log2", "EXP_EMU": "exp_emu", "CTAS_PER_SM": "ctas_per_sm"}
     head_dims = (64, 128, 192, 256)
     dtypes = ("fp16", "bf16")
     min_blocks_label = "blocks per SM (__launch_bounds__) "
-    # split-KV and GQA query-head packing (hopper_split.toml); the kernel's defaults: off
-    optional_params = {"SPLITS": 1, "PACK_GQA": 0}
+    # split-KV and GQA query-head packing (hopper_split.toml), two CTAs per SM; the kernel's
+    # defaults: off (a config recorded before a knob existed reads as the default)
+    optional_params = {"SPLITS": 1, "PACK_GQA": 0, "CTAS_PER_SM": 1}
     export_namespace = "hopper::tuned"
     export_macro_prefix = "HOPPER_TUNED"
 
@@ -143,8 +145,8 @@ class Hopper(KernelFamily):
     def extra_gate(self, log: str, report: Any, meta: Mapping[str, int],
                    thresholds: Any) -> tuple[str, str] | None:
         dev = thresholds.device
-        threads = int(meta["threads"])
-        cap = launch_registers(threads, dev.regs_per_sm, dev.reg_alloc_unit, dev.max_regs_per_thread)
+        threads, ctas = int(meta["threads"]), int(meta.get("ctas_per_sm", 1))
+        cap = launch_registers(threads, dev.regs_per_sm, dev.reg_alloc_unit, dev.max_regs_per_thread, ctas)
         prod, cons, wgs = int(meta["reg_prod"]), int(meta["reg_cons"]), int(meta["consumer_wgs"])
         pool = 128 * (prod + wgs * cons)
         if pool > threads * cap:
@@ -158,7 +160,7 @@ class Hopper(KernelFamily):
                                         "lower BLOCK_N or use OVERLAP=0 (fewer live accumulator registers)")
         if report.registers != cap:
             return ("launch_registers", f"ptxas reports {report.registers} registers, expected the launch cap {cap} "
-                                        f"of __launch_bounds__({threads}, 1) that setmaxnreg redistributes: "
+                                        f"of __launch_bounds__({threads}, {ctas}) that setmaxnreg redistributes: "
                                         "the kernel was not built as the family expects; rebuild (clear the cache)")
         return None
 
@@ -235,7 +237,7 @@ class Hopper(KernelFamily):
             p.scratch = args.scratch
             p.o_ptr = o.ptr
             p.o_batch_stride, p.o_head_stride, p.o_row_stride = o.strides[0], o.strides[1], o.strides[2]
-        g = launch.launch_grid(sched, Sq, meta["block_m"], splits, H, B, device.sm_count)
+        g = launch.launch_grid(sched, Sq, meta["block_m"], splits, H, B, device.sm_count, meta.get("ctas_per_sm", 1))
         return LaunchSpec(args=(bytes(p),), grid=(g["x"], g["y"], g["z"]), block=(meta["threads"], 1, 1),
                           smem_bytes=meta["smem_bytes"])
 

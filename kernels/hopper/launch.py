@@ -91,13 +91,14 @@ def map_box(which, block_m, block_n, o_box_rows, D):
     }
 
 
-def launch_grid(sched, seqlen_q, block_m, splits, heads, batch, sms):
+def launch_grid(sched, seqlen_q, block_m, splits, heads, batch, sms, ctas_per_sm):
     """The grid: one CTA per (query tile x split, head, batch) for SCHED 0; for the persistent
-    schedulers (SCHED 1 and 2) one CTA per SM, at most one per tile, at least one."""
+    schedulers (SCHED 1 and 2) as many CTAs as the SMs hold (``ctas_per_sm`` each, the
+    kernel's CTAS_PER_SM), at most one per tile, at least one."""
     m_blocks = (seqlen_q + block_m - 1) // block_m
     persistent = sched != 0
     return {
-        "x": max(1, min(sms, m_blocks * heads * batch)) if persistent else m_blocks * splits,
+        "x": max(1, min(sms * ctas_per_sm, m_blocks * heads * batch)) if persistent else m_blocks * splits,
         "y": 1 if persistent else heads,
         "z": 1 if persistent else batch,
     }

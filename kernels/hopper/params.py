@@ -22,16 +22,14 @@ from evotuner.kernels.hopper import launch
 from evotuner.runtime import cuda  # torch-free; the driver is opened on first use
 
 #: HOPPER_ABI_VERSION (params.h): the kernel's own table version.
-HOPPER_ABI_VERSION = 4
+HOPPER_ABI_VERSION = 5
 #: ``hopper_meta`` entries in index order (HOPPER_META_* in params.h).
 HOPPER_META = ("abi", "threads", "smem_bytes", "block_m", "block_n", "head_dim", "is_causal", "dtype",
                "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong", "o_box_rows",
-               "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa")
+               "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa", "ctas_per_sm")
 #: The family's own fields as the generic stages see them (after evotuner.abi's common ones).
 META_FIELDS = ("block_m", "block_n", "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong",
-               "o_box_rows", "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa")
-#: __launch_bounds__(THREADS, 1) in instantiate.cuh.
-LAUNCH_MIN_BLOCKS = 1
+               "o_box_rows", "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa", "ctas_per_sm")
 
 # cuTensorMapEncodeTiled's enumerators, as launch.py names them (their values: launch.CUDA_ENUMS)
 TMA_DTYPE = {dt: launch.CUDA_ENUMS[name] for dt, name in launch.TMA_DATA_TYPE.items()}
@@ -71,7 +69,7 @@ def decode_hopper_meta(raw: bytes, *, source: str = "hopper_meta") -> dict[str, 
 
     The kernel keeps its own layout (HOPPER_META_* in params.h, version HOPPER_ABI_VERSION);
     ``abi`` is reported as evotuner's ABI_VERSION once the kernel's own version checked out,
-    and ``min_blocks`` is the kernel's fixed ``__launch_bounds__(THREADS, 1)``."""
+    and ``min_blocks`` is the kernel's ``__launch_bounds__(THREADS, CTAS_PER_SM)``."""
     n = len(HOPPER_META)
     if len(raw) != 4 * n:
         raise MetaError(f"{source}: table has {len(raw)} bytes, expected {4 * n} ({n} int32, HOPPER_META_LEN)",
@@ -80,10 +78,11 @@ def decode_hopper_meta(raw: bytes, *, source: str = "hopper_meta") -> dict[str, 
     if t["abi"] != HOPPER_ABI_VERSION:
         raise MetaError(f"{source}: HOPPER_ABI_VERSION {t['abi']}, this evotuner expects {HOPPER_ABI_VERSION}",
                         "rebuild the cubin (clear the build cache) or update evotuner")
-    if t["dtype"] not in DTYPE_NAMES or t["is_causal"] not in (0, 1) or t["threads"] <= 0 or t["head_dim"] <= 0:
+    if (t["dtype"] not in DTYPE_NAMES or t["is_causal"] not in (0, 1) or t["threads"] <= 0 or t["head_dim"] <= 0
+            or t["ctas_per_sm"] not in (1, 2)):
         raise MetaError(f"{source}: inconsistent table {t}", "rebuild the cubin (clear the build cache)")
     meta = {"abi": ABI_VERSION, "threads": t["threads"], "smem_bytes": t["smem_bytes"], "head_dim": t["head_dim"],
-            "is_causal": t["is_causal"], "dtype": t["dtype"], "min_blocks": LAUNCH_MIN_BLOCKS}
+            "is_causal": t["is_causal"], "dtype": t["dtype"], "min_blocks": t["ctas_per_sm"]}
     meta.update({f: t[f] for f in META_FIELDS})
     return meta
 

@@ -182,7 +182,8 @@ int hop_fwd(void* fn, const int32_t* meta, const void* q, const void* k, const v
             return fail("cuDeviceGetAttribute", r);
     }
     const HopperLaunchGrid g = hopper_launch_grid(meta[HOPPER_META_SCHED], Sq, meta[HOPPER_META_BLOCK_M],
-                                                  meta[HOPPER_META_SPLITS], H, B, g_num_sms);
+                                                  meta[HOPPER_META_SPLITS], H, B, g_num_sms,
+                                                  meta[HOPPER_META_CTAS_PER_SM]);
     const unsigned gx = static_cast<unsigned>(g.x), gy = static_cast<unsigned>(g.y), gz = static_cast<unsigned>(g.z);
     r = api.LaunchKernel(static_cast<CUfunction>(fn), gx, gy, gz, meta[HOPPER_META_THREADS], 1, 1, smem,
                          static_cast<CUstream>(stream), args, nullptr);

@@ -53,11 +53,12 @@ struct HopperLaunchGrid {
     int64_t z;
 };
 // The grid: one CTA per (query tile x split, head, batch) for SCHED 0; for the persistent
-// schedulers (SCHED 1 and 2) one CTA per SM, at most one per tile, at least one.
-inline HopperLaunchGrid hopper_launch_grid(int64_t sched, int64_t seqlen_q, int64_t block_m, int64_t splits, int64_t heads, int64_t batch, int64_t sms) {
+// schedulers (SCHED 1 and 2) as many CTAs as the SMs hold (``ctas_per_sm`` each, the
+// kernel's CTAS_PER_SM), at most one per tile, at least one.
+inline HopperLaunchGrid hopper_launch_grid(int64_t sched, int64_t seqlen_q, int64_t block_m, int64_t splits, int64_t heads, int64_t batch, int64_t sms, int64_t ctas_per_sm) {
     const int64_t m_blocks = (((seqlen_q + block_m) - INT64_C(1)) / block_m);
     const int64_t persistent = (sched != INT64_C(0));
-    return HopperLaunchGrid{(persistent ? std::max<int64_t>(INT64_C(1), std::min<int64_t>(sms, ((m_blocks * heads) * batch))) : (m_blocks * splits)), (persistent ? INT64_C(1) : heads), (persistent ? INT64_C(1) : batch)};
+    return HopperLaunchGrid{(persistent ? std::max<int64_t>(INT64_C(1), std::min<int64_t>((sms * ctas_per_sm), ((m_blocks * heads) * batch))) : (m_blocks * splits)), (persistent ? INT64_C(1) : heads), (persistent ? INT64_C(1) : batch)};
 }
 
 constexpr int kHopperTmaRank = 5;
