@@ -81,6 +81,8 @@ REGISTER_OVERHEAD = 28
 #: HBM -> L2 bytes per clock, the whole chip (3.35 TB/s at 1.83 GHz): the floor of a
 #: problem whose K/V are read once (decoding), which the per-SM L2 figure cannot see.
 HBM_BYTES_PER_CLK = 1830.0
+#: O partials the combining warp loads at once (split.cuh kChunk): one L2 round trip each.
+COMBINE_LOADS = 8
 #: Tiles above which the makespan is computed in closed form instead of tile by tile.
 EXACT_TILES = 20000
 
@@ -186,12 +188,12 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
             blocks = min(blocks, (m * block_m + rows - 1) // n + 1)
         if (rows, blocks) not in clocks_of:
             if splits > 1:   # the longest share, its fp32 partial out, and the last CTA's combine:
-                # each warp walks its rows, and for each row the splits, one dependent load after
-                # another (split.cuh): a latency chain, not a bandwidth term
+                # each warp walks its rows; per row one round trip for the LSE partials, then
+                # the O partials COMBINE_LOADS splits at a time (split.cuh): a latency chain
                 partial = rows * d * 4 / L2_BYTES_PER_CLK
                 rows_per_warp = -(-rows // (4 * wgs))
-                combine = (L2_LATENCY * (1 + rows_per_warp * splits) + splits * partial
-                           + rows * d * 2 / L2_BYTES_PER_CLK)
+                combine = (L2_LATENCY * (1 + rows_per_warp * (1 + -(-splits // COMBINE_LOADS)))
+                           + splits * partial + rows * d * 2 / L2_BYTES_PER_CLK)
                 clocks_of[rows, blocks] = (_tile_clocks(config, d, rows, -(-blocks // splits), persistent, ctas)
                                            + partial + combine)
             else:

@@ -261,9 +261,11 @@ def recommended_splits(problem: Problem, block_m: int, block_n: int, sms: int = 
     blocks = -(-s.seqlen_k // block_n)
     if tiles >= 0.8 * sms:
         return 1
-    # The combining CTA walks its rows one warp each, splits one after another (split.cuh):
-    # rows per warp x splits dependent loads; past COMBINE_CHAIN that chain costs more than the
-    # split saves (H100: 16 packed rows per warp x 16 splits took 143 µs where 4 splits took 24).
+    # The combining CTA walks its rows one warp each (split.cuh). With the splits one after
+    # another, rows per warp x splits dependent loads, past COMBINE_CHAIN that chain cost more
+    # than the split saved (H100: 16 packed rows per warp x 16 splits took 143 µs where 4
+    # splits took 24). split.cuh now loads 8 splits' partials at once (cost.py's COMBINE_LOADS);
+    # the cap stays at what was measured until scripts/bench_decode.py times the new combine.
     rows_per_warp = -(-min(block_m, s.seqlen_q) // (block_m // 16))
     usable = [n for n in SPLIT_CHOICES if n == 1 or (blocks >= 2 * n and rows_per_warp * n <= COMBINE_CHAIN)]
     efficiency = {n: tiles * n / (-(-tiles * n // sms) * sms) for n in usable}
