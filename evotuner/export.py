@@ -451,6 +451,7 @@ def export_header(store: ExportSource, study_names: list[str], output: Path, *, 
                               "leave --arch out to use the studies' own arch")
     if not re.match(r"^sm_\d{2,3}[af]?\Z", arch):
         raise ExportError(f"export: arch {arch!r} is not an SM target", "use e.g. sm_90a")
+    rows = _with_optional_params(rows)
     first: dict[str, ExportRow] = {}
     for r in rows:
         ref = first.setdefault(r.family, r)
@@ -472,3 +473,22 @@ def export_header(store: ExportSource, study_names: list[str], output: Path, *, 
     write_atomic(output, text, protect=store.database_files())
     return ExportResult(path=output, rows=tuple(chosen), skipped=skipped,
                         sha256=hashlib.sha256(text.encode()).hexdigest())
+
+
+def _with_optional_params(rows: list[ExportRow]) -> list[ExportRow]:
+    """Rows of one family whose spaces differ only in knobs with a family default
+    (``KernelFamily.optional_params``: hopper.toml and hopper_split.toml, a study made before
+    a knob existed) share one parameter list: a row without such a knob takes its default,
+    which is what its build compiled."""
+    names: dict[str, list[str]] = {}
+    for r in rows:
+        known = names.setdefault(r.family, [])
+        known.extend(n for n in r.order if n not in known)
+    out = []
+    for r in rows:
+        defaults = get_family(r.family).optional_params
+        missing = [n for n in names[r.family] if n not in r.param_names and n in defaults]
+        params = tuple(sorted((*r.params, *((n, int(defaults[n])) for n in missing))))
+        have = {n for n, _ in params}
+        out.append(replace(r, params=params, order=tuple(n for n in names[r.family] if n in have)))
+    return out

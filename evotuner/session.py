@@ -21,7 +21,7 @@ from evotuner import events as ev
 from evotuner.compiler import Builder
 from evotuner.config import KernelConfig
 from evotuner.defaults import config_family, recommended
-from evotuner.errors import EvotunerError, NoGpuError, StorageError, StudyMismatchError
+from evotuner.errors import EvotunerError, NoGpuError, SpaceError, StorageError, StudyMismatchError
 from evotuner.loop import SearchResult, run_search
 from evotuner.measure.base import MeasureStage
 from evotuner.measure.racing import DEFAULT_RULE
@@ -243,18 +243,23 @@ def _takes_packed(family: str, problem: Problem | None, option: str) -> None:
 
 
 def space_for_config(config: KernelConfig, problem: Problem) -> SearchSpace:
-    """The packaged space of the family ``config`` names that takes exactly its parameters:
+    """The packaged space of the family ``config`` names that takes it (its parameters and values;
+    a knob it leaves out at the family's default, :meth:`SearchSpace.complete`):
     the family's space for ``problem`` when it does (hopper: hopper_split.toml for a small
     problem), else another of the family's packaged spaces that does (a hopper.toml config
     at a small problem), else the space for ``problem`` (whose validation then says what
     is missing or unknown)."""
     fam = config_family(config)
-    names = set(config.as_dict())
     paths = list(dict.fromkeys((fam.space_for(problem), fam.default_space(), *packaged_spaces().values())))
     for path in paths:
         candidate = load_space(path)
-        if candidate.kernel == fam.name and set(candidate.names) == names:
-            return candidate
+        if candidate.kernel != fam.name:
+            continue
+        try:
+            candidate.validate(config)   # its parameters, a knob it leaves out at the family's default
+        except SpaceError:
+            continue
+        return candidate
     return load_space(paths[0])
 
 

@@ -168,9 +168,28 @@ class SearchSpace:
         return (f"a {family} config: pass --space {family} on the command line, family=\"{family}\" "
                 f"from Python (this space is the {self.kernel} family's: {', '.join(self.names)})")
 
-    def validate(self, config: KernelConfig) -> None:
-        """Raise SpaceError unless ``config`` sets exactly the space's parameters to allowed values."""
+    def complete(self, config: KernelConfig) -> KernelConfig:
+        """``config`` with the family's defaults (``KernelFamily.optional_params``) for the
+        parameters this space defines and it leaves out: a config written before a knob
+        existed (a recommended config, a tuned table's row, an exported one) means the
+        kernel's default there, which is what its build compiles."""
         given = config.as_dict()
+        missing = [p.name for p in self.params if p.name not in given]
+        if not missing:
+            return config
+        from evotuner.family import get_family
+
+        try:
+            defaults = get_family(self.kernel).optional_params
+        except EvotunerError:
+            return config
+        filled = {name: defaults[name] for name in missing if name in defaults}
+        return KernelConfig.of({**given, **filled}) if filled else config
+
+    def validate(self, config: KernelConfig) -> None:
+        """Raise SpaceError unless ``config`` sets exactly the space's parameters to allowed values
+        (after :meth:`complete`: a parameter it leaves out may be one with a family default)."""
+        given = self.complete(config).as_dict()
         unknown = sorted(set(given) - set(self.names))
         if unknown:
             raise SpaceError(
@@ -194,7 +213,7 @@ class SearchSpace:
         self.validate(config)
         env: dict[str, int] = dict(problem_env(problem))
         env.update(self.device.as_dict())
-        env.update(config.as_dict())
+        env.update(self.complete(config).as_dict())
         for d in self.derived:
             env[d.name] = d.expr.evaluate(env)
         return env

@@ -68,6 +68,7 @@ def params_for(config: KernelConfig, space: SearchSpace) -> dict[str, int]:
     """The inverse of ``config_from_params``: Optuna params for ``config``
     (for ``study.enqueue_trial`` or ``optuna.trial.create_trial``)."""
     space.validate(config)
+    config = space.complete(config)   # a parameter left out at its family default
     return {param_key(p.name): p.index(config[p.name]) for p in space.params}
 
 

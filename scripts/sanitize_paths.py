@@ -11,7 +11,8 @@ that overrun the packed tensors, which must write nothing outside them), and spl
 GQA query-head packing (SPLITS not dividing the key blocks, more splits than blocks, causal
 with split, packed heads with and without split), each call checked against the fp32
 reference so a silent wrong result fails too. Exit status 0 when every output is right.
-``--only split`` runs the split-KV cases alone.
+``--only split`` runs the split-KV cases alone, ``--only ctas`` those with two CTAs per SM
+(CTAS_PER_SM=2, every scheduler).
 """
 
 from __future__ import annotations
@@ -87,6 +88,15 @@ SPLIT = (
     (2, 8, 2, 5, 700, 128, False, _ONE_WG + ",SPLITS=1,PACK_GQA=1"),   # packed heads
     (1, 8, 1, 16, 900, 128, False, _ONE_WG + ",SPLITS=4,PACK_GQA=1"),  # packed heads (2 tiles) with split
 )
+_TWO_CTAS = "CONSUMER_WGS=1,REG_PROD=24,REG_CONS=232,OVERLAP=1,PINGPONG=0,RESCALE_LOG2=8,EXP_EMU=0,CTAS_PER_SM=2"
+#: (B, H, HKV, Sq, Sk, D, causal, config): two CTAs per SM, every scheduler (the persistent
+#: grids hold 2 x #SMs CTAs), ragged and causal, GQA.
+CTAS = (
+    (3, 5, 5, 97, 513, 128, True, _TWO_CTAS + ",BLOCK_N=64,STAGES=2,SCHED=0"),
+    (2, 33, 33, 300, 300, 128, False, _TWO_CTAS + ",BLOCK_N=64,STAGES=2,SCHED=1"),    # 330 tiles > 264 CTAs
+    (2, 40, 8, 513, 200, 64, True, _TWO_CTAS + ",BLOCK_N=128,STAGES=2,SCHED=2"),
+)
+GROUPS = {"split": SPLIT, "ctas": CTAS}
 
 
 def _dense(family: str | None, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool,
@@ -104,18 +114,21 @@ def _dense(family: str | None, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: in
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=("all", "split"), default="all")
+    ap.add_argument("--only", choices=("all", *GROUPS), default="all")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 1
     bad = 0
-    for B, H, Hkv, Sq, Sk, D, causal, config in SPLIT:
-        ok, reason = _dense("hopper", B, H, Hkv, Sq, Sk, D, causal, config)
-        bad += not ok
-        print(f"split     B={B} H={H} HKV={Hkv} Sq={Sq} Sk={Sk} D={D} causal={int(causal)} {config.rsplit('EXP_EMU=0,', 1)[1]}: "
-              f"{'ok' if ok else 'WRONG ' + reason}")
-    if args.only == "split":
+    for group, cases in GROUPS.items():
+        if args.only not in ("all", group):
+            continue
+        for B, H, Hkv, Sq, Sk, D, causal, config in cases:
+            ok, reason = _dense("hopper", B, H, Hkv, Sq, Sk, D, causal, config)
+            bad += not ok
+            print(f"{group:9s} B={B} H={H} HKV={Hkv} Sq={Sq} Sk={Sk} D={D} causal={int(causal)} "
+                  f"{config.rsplit('EXP_EMU=0,', 1)[-1]}: {'ok' if ok else 'WRONG ' + reason}")
+    if args.only != "all":
         return 1 if bad else 0
     for family, B, H, Hkv, Sq, Sk, D, causal in CASES:
         ok, reason = _dense(family, B, H, Hkv, Sq, Sk, D, causal, None)

@@ -235,6 +235,32 @@ def test_different_parameter_names_are_refused(tmp_path: Path) -> None:
         export_header(store, ["a", "b"], tmp_path / "h.h")
 
 
+def test_one_familys_knobs_with_defaults_fill_in_across_its_spaces(tmp_path: Path) -> None:
+    """A hopper.toml study from before CTAS_PER_SM, one with it and a hopper_split.toml one
+    (SPLITS, PACK_GQA) export together: each row takes the family's default for a knob its
+    space lacks (what its build compiled), and every row has the same fields."""
+    store = FakeStore(
+        summary("old", [trial(0, 500.0, H())], family="hopper"),
+        summary("two_ctas", [trial(0, 300.0, {**H(wgs=1, rp=24, rc=232), "CTAS_PER_SM": 2})], s=4096,
+                family="hopper"),
+        summary("split", [trial(0, 20.0, {**H(wgs=1, rp=24, rc=256), "SPLITS": 8, "PACK_GQA": 1,
+                                           "CTAS_PER_SM": 1})], s=512, d=128, family="hopper"),
+    )
+    result = export_header(store, ["old", "two_ctas", "split"], tmp_path / "h.h")
+    by_study = {r.study: dict(r.params) for r in result.rows}
+    assert by_study["old"]["CTAS_PER_SM"] == 1 and by_study["old"]["SPLITS"] == 1 and by_study["old"]["PACK_GQA"] == 0
+    assert by_study["two_ctas"]["CTAS_PER_SM"] == 2 and by_study["two_ctas"]["SPLITS"] == 1
+    assert by_study["split"]["SPLITS"] == 8 and by_study["split"]["PACK_GQA"] == 1
+    assert len({r.order for r in result.rows}) == 1
+    text = (tmp_path / "h.h").read_text()
+    assert text.count("CTAS_PER_SM") >= 3 and "SPLITS" in text
+    # a knob without a default still splits the studies apart
+    store = FakeStore(summary("a", [trial(0, 1.0, H())], family="hopper"),
+                      summary("b", [trial(0, 1.0, {**H(), "FAKE": 1})], s=512, family="hopper"))
+    with pytest.raises(ExportError, match="study 'b' has parameters .*FAKE.* but study 'a' has"):
+        export_header(store, ["a", "b"], tmp_path / "h2.h")
+
+
 def test_arch_filter(tmp_path: Path) -> None:
     result = export_header(three_studies(), ["d64_s2k"], tmp_path / "h.h", arch="sm_90a")
     assert len(result.rows) == 1 and result.skipped == ()

@@ -145,12 +145,26 @@ HOPPER_SWEEP = REPO / "tests" / "data" / "sweep_h100_hopper_d64.csv"
 MARK_COMMENT = "# ---- base: hopper.toml"
 
 
+def _stacked_grid() -> tuple[str, str]:
+    """(base, sub-grid) texts of a stacked space whose resolved model is hopper_grid.toml's
+    (the recorded sweeps' fingerprint): the base is hopper_grid.toml named "hopper", the
+    sub-grid takes it with `base` and narrows it as hopper_grid.toml once did hopper.toml."""
+    whole = (SPACES / "hopper_grid.toml").read_text()
+    base = whole.replace('name = "hopper_grid"\n', 'name = "hopper"\n', 1)
+    grid = ('[space]\nname = "hopper_grid"\nbase = "hopper.toml"\n'
+            'doc = "Sub-grid of the hopper space that the recorded sweeps cover (BLOCK_N step 32, STAGES 1-3, '
+            'lazy rescale, no exp2 emulation)."\n\n'
+            "[params.BLOCK_N]\nvalues = [64, 96, 128, 160, 192]\n\n[params.STAGES]\nvalues = [1, 2, 3]\n\n"
+            "[params.RESCALE_LOG2]\nvalues = [8]\n\n[params.EXP_EMU]\nvalues = [0]\n")
+    return base, grid
+
+
 def _grid_with_comment(folder: Path) -> Path:
-    """hopper_grid.toml and its base beside it, the grid holding a comment that reads like the
+    """A stacked grid and its base beside it, the grid holding a comment that reads like the
     mark the stored text used to join the two files with."""
     folder.mkdir(parents=True, exist_ok=True)
-    shutil.copy(SPACES / "hopper.toml", folder / "hopper.toml")
-    text = (SPACES / "hopper_grid.toml").read_text()
+    base, text = _stacked_grid()
+    (folder / "hopper.toml").write_text(base)
     text = text.replace('base = "hopper.toml"\n', f'base = "hopper.toml"\n{MARK_COMMENT}\n', 1)
     assert MARK_COMMENT in text
     (folder / "hopper_grid.toml").write_text(text)
@@ -184,8 +198,7 @@ def test_marker_comments_anywhere_round_trip(tmp_path, where):
 
     folder = tmp_path / "spaces"
     folder.mkdir()
-    base = (SPACES / "hopper.toml").read_text()
-    grid = (SPACES / "hopper_grid.toml").read_text()
+    base, grid = _stacked_grid()
     if where == "base":
         base = base.replace("[space]\n", f"[space]\n{MARK_COMMENT}\n", 1)
     else:

@@ -65,7 +65,7 @@ RECOMMENDED = [(d, dt, c, s) for d in HOPPER.head_dims for dt in DTYPES for c in
 def test_space_loads_and_names_the_family():
     assert SPACE.kernel == "hopper" and SPACE.arch == "sm_90a"
     assert set(SPACE.names) == {"BLOCK_N", "CONSUMER_WGS", "STAGES", "REG_PROD", "REG_CONS", "OVERLAP", "PINGPONG",
-                                "SCHED", "RESCALE_LOG2", "EXP_EMU"}
+                                "SCHED", "RESCALE_LOG2", "EXP_EMU", "CTAS_PER_SM"}
     feasible = [c for c in SPACE.configs() if SPACE.violated(c, _problem(64)) is None]
     assert 1000 <= len(feasible) <= 20000
 
@@ -77,10 +77,14 @@ def test_space_loads_and_names_the_family():
     (dict(CONSUMER_WGS=1, PINGPONG=1, REG_CONS=256), "pingpong"),
     (dict(OVERLAP=0, PINGPONG=1), "pingpong"),
     (dict(STAGES=4, BLOCK_N=192, SCHED=1), "smem_per_block"),
+    # two CTAs per SM: half the registers (128 at 256 threads) and half the shared memory each
+    (dict(CTAS_PER_SM=2), "register_pool"),                                  # 2 WGs: 80 launch regs
+    (dict(CTAS_PER_SM=2, CONSUMER_WGS=1, PINGPONG=0, REG_CONS=240), "register_pool"),   # 128*(24+240) > 256*128
+    (dict(CTAS_PER_SM=2, CONSUMER_WGS=1, PINGPONG=0, REG_CONS=232), "smem_per_sm"),     # 2 x 146 KiB
 ])
 def test_static_constraints_mirror_the_kernels_static_asserts(config, constraint):
     base = dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
-                RESCALE_LOG2=8, EXP_EMU=0)
+                RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1)
     from evotuner.config import KernelConfig
     violated = SPACE.violated(KernelConfig.of({**base, **config}), _problem(128))
     assert violated is not None and violated.name == constraint, violated
@@ -157,18 +161,21 @@ def test_params_layout_matches_params_h(tmp_path):
 
 
 def test_meta_table_decodes_onto_the_common_names_and_refuses_other_versions():
-    values = [HP.HOPPER_ABI_VERSION, 384, 197760, 128, 128, 128, 0, 1, 2, 2, 24, 240, 1, 1, 64, 1, 8, 0, 0, 4, 1]
+    values = [HP.HOPPER_ABI_VERSION, 384, 197760, 128, 128, 128, 0, 1, 2, 2, 24, 240, 1, 1, 64, 1, 8, 0, 0, 4, 1, 2]
     raw = b"".join(v.to_bytes(4, "little", signed=True) for v in values)
     meta = HOPPER.decode_meta(raw)
-    assert meta["threads"] == 384 and meta["min_blocks"] == 1 and meta["dtype"] == 1 and meta["sched"] == 1
+    assert meta["threads"] == 384 and meta["min_blocks"] == 2 and meta["dtype"] == 1 and meta["sched"] == 1
+    assert meta["ctas_per_sm"] == 2
     assert meta["splits"] == 4 and meta["pack_gqa"] == 1
     assert set(meta) == set(("abi", "threads", "smem_bytes", "head_dim", "is_causal", "dtype", "min_blocks")) | set(
         HOPPER.meta_fields)
     from evotuner.abi import MetaError
     with pytest.raises(MetaError, match="HOPPER_ABI_VERSION 7"):
         HOPPER.decode_meta(b"\x07\0\0\0" + raw[4:])
-    with pytest.raises(MetaError, match="expected 84"):
+    with pytest.raises(MetaError, match="expected 88"):
         HOPPER.decode_meta(raw[:-4])
+    with pytest.raises(MetaError, match="inconsistent"):   # CTAS_PER_SM is 1 or 2
+        HOPPER.decode_meta(raw[:-4] + (3).to_bytes(4, "little"))
 
 
 # --------------------------------------------------------------------------- build + gate
@@ -251,8 +258,10 @@ def test_adding_a_parameter_to_the_hopper_family(builder, tmp_path):
                      if p.is_file() and p.read_bytes() != (packaged / p.relative_to(root)).read_bytes())
     assert changed == ["hopper/instantiate.cuh"] and len(changed) <= 2
     space_file = tmp_path / "hopper.toml"
+    # (the copy pins CTAS_PER_SM to 1 so that it stays under the size limit with one more knob)
     space_file.write_text(HOPPER.default_space().read_text().replace(
-        "\n[derived]\n", '\n[params.FAKE_KNOB]\nvalues = [0, 1]\ndoc = "sets HOPPER_FAKE_KNOB, nothing else"\n\n[derived]\n', 1))
+        "\n[derived]\n", '\n[params.FAKE_KNOB]\nvalues = [0, 1]\ndoc = "sets HOPPER_FAKE_KNOB, nothing else"\n\n[derived]\n', 1
+    ).replace("[params.CTAS_PER_SM]\nvalues = [1, 2]", "[params.CTAS_PER_SM]\nvalues = [1]", 1))
 
     # the space and the family take it
     space = load_space(space_file)
@@ -280,15 +289,21 @@ def test_adding_a_parameter_to_the_hopper_family(builder, tmp_path):
     assert hashlib.sha256(result.artifact.cubin.read_bytes()).hexdigest() == plain.artifact.sha256
 
 
-SAMPLE = [  # (head dim, knobs): SCHED 0/1/2, stages 1..4, every WG count, BLOCK_N off 128
+SAMPLE = [  # (head dim, knobs): SCHED 0/1/2, stages 1..4, every WG count, BLOCK_N off 128, 1 and 2 CTAs per SM
     (64, dict(BLOCK_N=64, CONSUMER_WGS=1, STAGES=4, REG_PROD=24, REG_CONS=256, OVERLAP=0, PINGPONG=0, SCHED=2,
-              RESCALE_LOG2=0, EXP_EMU=4)),
+              RESCALE_LOG2=0, EXP_EMU=4, CTAS_PER_SM=1)),
     (128, dict(BLOCK_N=176, CONSUMER_WGS=2, STAGES=1, REG_PROD=32, REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=1,
-               RESCALE_LOG2=0, EXP_EMU=0)),
+               RESCALE_LOG2=0, EXP_EMU=0, CTAS_PER_SM=1)),
     # ping-pong off: with it, causal block passing (kernel.cuh causal_skip) costs this 160-register
     # config a 4-byte spill at D=128 causal (kernels/hopper/README.md, item 11)
     (128, dict(BLOCK_N=80, CONSUMER_WGS=3, STAGES=3, REG_PROD=32, REG_CONS=160, OVERLAP=1, PINGPONG=0, SCHED=2,
-               RESCALE_LOG2=8, EXP_EMU=0)),
+               RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1)),
+    # two CTAs per SM: __launch_bounds__(256, 2) caps ptxas at 128 registers, which setmaxnreg
+    # splits 24 / 232; 2 x 82 KiB of shared memory
+    (128, dict(BLOCK_N=64, CONSUMER_WGS=1, STAGES=2, REG_PROD=24, REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=1,
+               RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=2)),
+    (64, dict(BLOCK_N=128, CONSUMER_WGS=1, STAGES=3, REG_PROD=24, REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=0,
+              RESCALE_LOG2=0, EXP_EMU=0, CTAS_PER_SM=2)),
 ]
 
 
@@ -459,7 +474,7 @@ def test_replayed_search_resume_and_export_compile(capsys, tmp_path, env):
     code, out, err = run(capsys, "show", "--study", "h", "--json", "--storage", db)
     assert code == 0, err
     shown = json.loads(out)
-    assert set(shown["best"]["params"]) == set(SPACE.names)
+    assert set(shown["best"]["params"]) == set(load_space(SMALL).names)
     header = tmp_path / "tuned.h"
     code, out, err = run(capsys, "export", "--study", "h", "--output", header, "--storage", db)
     assert code == 0, err

@@ -8,7 +8,7 @@ this model as the prior mean of its surrogate and measures only what the model c
 tell apart (KernelFamily.estimate_us is the contract).
 
 What it counts, per SM (one CTA per SM: the launch bounds give a CTA the whole register
-file), in clocks:
+file; CTAS_PER_SM=2 halves it, see the last item), in clocks:
 
 * one main-loop iteration of one CTA: the tensor-core time of its live consumer
   warpgroups' two GEMMs (4 * 64 * BLOCK_N * D flops each), their softmax (one MUFU ex2 and
@@ -28,6 +28,9 @@ file), in clocks:
 * split-KV (SPLITS > 1): a tile's key blocks shared by SPLITS CTAs, each adding its fp32
   partial's store, the last one the combine; the chip's HBM bandwidth floors the kernel
   (every K/V byte read once), which decides decoding;
+* two CTAs per SM (CTAS_PER_SM=2): twice the slots for the makespan, each CTA's iteration
+  the longer of both CTAs' throughput-bound time and its own latency-bound time, so the
+  fixed per-iteration latency and the tile edges of one CTA run under the other's work;
 * registers: a consumer thread holds O (D/2 fp32), S (BLOCK_N/2 fp32), with OVERLAP the
   previous P (BLOCK_N/4 packed halves) beside the next S, plus about 28 for addresses,
   row statistics and loop state. More than REG_CONS spills, which the gate rejects: the
@@ -82,6 +85,8 @@ REGISTER_OVERHEAD = 28
 #: HBM -> L2 bytes per clock, the whole chip (3.35 TB/s at 1.83 GHz): the floor of a
 #: problem whose K/V are read once (decoding), which the per-SM L2 figure cannot see.
 HBM_BYTES_PER_CLK = 1830.0
+#: O partials the combining warp loads at once (split.cuh kChunk): one L2 round trip each.
+COMBINE_LOADS = 8
 #: Tiles above which the makespan is computed in closed form instead of tile by tile.
 EXACT_TILES = 20000
 
@@ -116,7 +121,11 @@ def _softmax_per_score(c: Mapping[str, int], head_dim: int, block_n: int) -> flo
     return mufu / MUFU_PER_CLK + fp32 / FP32_PER_CLK
 
 
-def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int, persistent: bool) -> float:
+def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int, persistent: bool,
+                 ctas: int = 1) -> float:
+    """Clocks of one tile on its CTA; with ``ctas`` CTAs sharing the SM each iteration takes
+    the SM's throughput-bound time of all of them or its own latency-bound time, whichever is
+    longer (the other CTA's work fills this one's barrier waits)."""
     n, wgs = c["BLOCK_N"], c["CONSUMER_WGS"]
     live = min(wgs, -(-rows // 64))                  # skip_tile: warpgroups past Sq compute nothing
     mma = live * 4 * 64 * n * head_dim / MMA_FLOP_PER_CLK
@@ -129,7 +138,7 @@ def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int
     prologue = L2_LATENCY + q_bytes / L2_BYTES_PER_CLK
     epilogue = q_bytes / L2_BYTES_PER_CLK + HANDOVER
     edges = max(prologue, epilogue) + HANDOVER if persistent else prologue + epilogue + LAUNCH_OVERHEAD
-    return iterations * (step + ITERATION_LATENCY) + edges
+    return iterations * max(ctas * step, step + ITERATION_LATENCY) + edges
 
 
 @lru_cache(maxsize=4096)
@@ -198,6 +207,7 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
     block_m = 64 * wgs
     persistent = config["SCHED"] >= 1
     splits = int(config.get("SPLITS", 1))   # split-KV: each tile's key blocks shared by this many CTAs
+    ctas = int(config.get("CTAS_PER_SM", 1))   # CTAs resident per SM: the makespan runs over sms x ctas slots
     clocks_of: dict[tuple[int, int], float] = {}     # (rows, kv blocks) -> tile clocks: one per distinct tile
 
     def tiles(seqlen_q: int, seqlen_k: int) -> tuple[float, ...]:
@@ -209,34 +219,37 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
             if problem.causal:                        # top-left: row i sees keys 0..i
                 blocks = min(blocks, (m * block_m + rows - 1) // n + 1)
             if (rows, blocks) not in clocks_of:
-                clocks_of[rows, blocks] = _tile(config, d, rows, blocks, persistent, splits)
+                clocks_of[rows, blocks] = _tile(config, d, rows, blocks, persistent, splits, ctas)
             out.append(clocks_of[rows, blocks])
         return tuple(out)
 
     static = config["SCHED"] == 1
     if problem.lengths_q:
         clocks = _packed_makespan(tuple(tiles(q, k) for q, k in problem.sequences()), s.heads * splits,
-                                  problem.causal, sms, static)
+                                  problem.causal, sms * ctas, static)
         kv_rows = sum(problem.lengths_k)
     else:
-        clocks = _makespan(tiles(s.seqlen_q, s.seqlen_k), s.batch * s.heads * splits, problem.causal, sms, static)
+        clocks = _makespan(tiles(s.seqlen_q, s.seqlen_k), s.batch * s.heads * splits, problem.causal, sms * ctas,
+                           static)
         kv_rows = s.batch * s.seqlen_k
     kv_bytes = 2 * kv_rows * s.heads_kv * d * 2     # K and V, read from HBM once at best
     return max(clocks, kv_bytes / HBM_BYTES_PER_CLK) / (clock_ghz * 1e3)
 
 
-def _tile(config: Mapping[str, int], d: int, rows: int, blocks: int, persistent: bool, splits: int) -> float:
-    """Clocks of one tile of ``rows`` query rows over ``blocks`` key blocks."""
+def _tile(config: Mapping[str, int], d: int, rows: int, blocks: int, persistent: bool, splits: int,
+          ctas: int = 1) -> float:
+    """Clocks of one tile of ``rows`` query rows over ``blocks`` key blocks (``ctas`` CTAs per SM)."""
     if splits <= 1:
-        return _tile_clocks(config, d, rows, blocks, persistent)
-    # the longest share, its fp32 partial out, and the last CTA's combine: each warp walks
-    # its rows, and for each row the splits, one dependent load after another (split.cuh):
-    # a latency chain, not a bandwidth term
+        return _tile_clocks(config, d, rows, blocks, persistent, ctas)
+    # the longest share, its fp32 partial out, and the last CTA's combine: each warp walks its
+    # rows; per row one round trip for the LSE partials, then the O partials COMBINE_LOADS
+    # splits at a time (split.cuh): a latency chain, not a bandwidth term
     wgs = config["CONSUMER_WGS"]
     partial = rows * d * 4 / L2_BYTES_PER_CLK
     rows_per_warp = -(-rows // (4 * wgs))
-    combine = L2_LATENCY * (1 + rows_per_warp * splits) + splits * partial + rows * d * 2 / L2_BYTES_PER_CLK
-    return _tile_clocks(config, d, rows, -(-blocks // splits), persistent) + partial + combine
+    combine = (L2_LATENCY * (1 + rows_per_warp * (1 + -(-splits // COMBINE_LOADS))) + splits * partial
+               + rows * d * 2 / L2_BYTES_PER_CLK)
+    return _tile_clocks(config, d, rows, -(-blocks // splits), persistent, ctas) + partial + combine
 
 
 def packs_heads(problem: Problem) -> bool:

@@ -20,6 +20,7 @@ from evotuner.defaults import parse_defaults, pick_config
 from evotuner.errors import EvotunerError
 from evotuner.family.base import packaged
 from evotuner.family import BUILD_RESERVED, AttentionArgs, DeviceInfo, KernelFamily, LaunchSpec, TensorView
+from evotuner.kernels.hopper import launch
 from evotuner.kernels.hopper.cost import estimate_us, packed_problem, packs_heads
 from evotuner.kernels.hopper.params import (META_FIELDS, Params, TmaStrideError, check_tma_view, decode_hopper_meta,
                                             encode_tensor_map)
@@ -41,9 +42,10 @@ SPLIT_SMS = 132
 COMBINE_CHAIN = 64
 
 
-def launch_registers(threads: int, regs_per_sm: int = 65536, unit: int = 8, cap: int = 255) -> int:
-    """Registers per thread __launch_bounds__(threads, 1) leaves (traits.cuh kLaunchRegs)."""
-    return min(cap, regs_per_sm // threads // unit * unit)
+def launch_registers(threads: int, regs_per_sm: int = 65536, unit: int = 8, cap: int = 255,
+                     ctas_per_sm: int = 1) -> int:
+    """Registers per thread __launch_bounds__(threads, ctas_per_sm) leaves (traits.cuh kLaunchRegs)."""
+    return min(cap, regs_per_sm // (threads * ctas_per_sm) // unit * unit)
 
 
 class Hopper(KernelFamily):
@@ -60,12 +62,13 @@ class Hopper(KernelFamily):
     meta_fields = META_FIELDS
     echoed = {"BLOCK_N": "block_n", "CONSUMER_WGS": "consumer_wgs", "STAGES": "stages", "REG_PROD": "reg_prod",
               "REG_CONS": "reg_cons", "OVERLAP": "overlap", "PINGPONG": "pingpong", "SCHED": "sched",
-              "RESCALE_LOG2": "rescale_log2", "EXP_EMU": "exp_emu"}
+              "RESCALE_LOG2": "rescale_log2", "EXP_EMU": "exp_emu", "CTAS_PER_SM": "ctas_per_sm"}
     head_dims = (64, 128, 192, 256)
     dtypes = ("fp16", "bf16")
     min_blocks_label = "blocks per SM (__launch_bounds__) "
-    # split-KV and GQA query-head packing (hopper_split.toml); the kernel's defaults: off
-    optional_params = {"SPLITS": 1, "PACK_GQA": 0}
+    # split-KV and GQA query-head packing (hopper_split.toml), two CTAs per SM; the kernel's
+    # defaults: off (a config recorded before a knob existed reads as the default)
+    optional_params = {"SPLITS": 1, "PACK_GQA": 0, "CTAS_PER_SM": 1}
     export_namespace = "hopper::tuned"
     export_macro_prefix = "HOPPER_TUNED"
 
@@ -142,8 +145,8 @@ class Hopper(KernelFamily):
     def extra_gate(self, log: str, report: Any, meta: Mapping[str, int],
                    thresholds: Any) -> tuple[str, str] | None:
         dev = thresholds.device
-        threads = int(meta["threads"])
-        cap = launch_registers(threads, dev.regs_per_sm, dev.reg_alloc_unit, dev.max_regs_per_thread)
+        threads, ctas = int(meta["threads"]), int(meta.get("ctas_per_sm", 1))
+        cap = launch_registers(threads, dev.regs_per_sm, dev.reg_alloc_unit, dev.max_regs_per_thread, ctas)
         prod, cons, wgs = int(meta["reg_prod"]), int(meta["reg_cons"]), int(meta["consumer_wgs"])
         pool = 128 * (prod + wgs * cons)
         if pool > threads * cap:
@@ -157,7 +160,7 @@ class Hopper(KernelFamily):
                                         "lower BLOCK_N or use OVERLAP=0 (fewer live accumulator registers)")
         if report.registers != cap:
             return ("launch_registers", f"ptxas reports {report.registers} registers, expected the launch cap {cap} "
-                                        f"of __launch_bounds__({threads}, 1) that setmaxnreg redistributes: "
+                                        f"of __launch_bounds__({threads}, {ctas}) that setmaxnreg redistributes: "
                                         "the kernel was not built as the family expects; rebuild (clear the cache)")
         return None
 
@@ -198,15 +201,17 @@ class Hopper(KernelFamily):
             if pq is not None and po is not None:
                 q, o, group = pq, po, 1
                 B, H, Sq, D = q.shape
-        panels = D // 64
         p = Params()
-        maps = [("tm_q", q, meta["block_m"], panels), ("tm_k", k, meta["block_n"], panels),
-                ("tm_v", v, meta["block_n"], panels)]
-        if int(meta.get("splits", 1)) <= 1:   # split-KV writes O through o_ptr, never through the map
-            maps.append(("tm_o", o, meta["o_box_rows"], 1))
-        for field, view, rows, pan in maps:
-            data = encode_tensor_map(view.ptr, view.shape, view.strides, args.dtype, rows, pan, name=field[3:])
-            getattr(p, field).opaque[:] = memoryview(data).cast("Q").tolist()
+        splits = int(meta.get("splits", 1))
+        # split-KV writes O through o_ptr, never through the map
+        maps = (launch.MAP_Q, launch.MAP_K, launch.MAP_V) if splits > 1 else range(len(launch.MAP_NAMES))
+        for which in maps:
+            view = (q, k, v, o)[which]
+            box = launch.map_box(which, meta["block_m"], meta["block_n"], meta["o_box_rows"], D)
+            name = launch.MAP_NAMES[which]
+            data = encode_tensor_map(view.ptr, view.shape, view.strides, args.dtype, box["rows"], box["panels"],
+                                     name=name)
+            getattr(p, f"tm_{name}").opaque[:] = memoryview(data).cast("Q").tolist()
         p.lse = lse.ptr if lse is not None else None
         if packed is not None:   # the maps hold the packed rows; the grid spans the longest sequence
             p.cu_seqlens_q, p.cu_seqlens_k = packed.cu_seqlens_q, packed.cu_seqlens_k
@@ -224,8 +229,6 @@ class Hopper(KernelFamily):
             p.tile_counter = args.workspace
         else:
             p.tile_counter = None
-        m_blocks = math.ceil(Sq / meta["block_m"])
-        splits = int(meta.get("splits", 1))
         if splits > 1:
             if not args.scratch:
                 raise EvotunerError(f"hopper SPLITS={splits}: no scratch for the partial results "
@@ -234,8 +237,9 @@ class Hopper(KernelFamily):
             p.scratch = args.scratch
             p.o_ptr = o.ptr
             p.o_batch_stride, p.o_head_stride, p.o_row_stride = o.strides[0], o.strides[1], o.strides[2]
-        grid = (m_blocks * splits, H, B) if sched == 0 else (max(1, min(device.sm_count, m_blocks * H * B)), 1, 1)
-        return LaunchSpec(args=(bytes(p),), grid=grid, block=(meta["threads"], 1, 1), smem_bytes=meta["smem_bytes"])
+        g = launch.launch_grid(sched, Sq, meta["block_m"], splits, H, B, device.sm_count, meta.get("ctas_per_sm", 1))
+        return LaunchSpec(args=(bytes(p),), grid=(g["x"], g["y"], g["z"]), block=(meta["threads"], 1, 1),
+                          smem_bytes=meta["smem_bytes"])
 
 
 def uses_split_space(problem: Problem) -> bool:
@@ -257,9 +261,11 @@ def recommended_splits(problem: Problem, block_m: int, block_n: int, sms: int = 
     blocks = -(-s.seqlen_k // block_n)
     if tiles >= 0.8 * sms:
         return 1
-    # The combining CTA walks its rows one warp each, splits one after another (split.cuh):
-    # rows per warp x splits dependent loads; past COMBINE_CHAIN that chain costs more than the
-    # split saves (H100: 16 packed rows per warp x 16 splits took 143 µs where 4 splits took 24).
+    # The combining CTA walks its rows one warp each (split.cuh). With the splits one after
+    # another, rows per warp x splits dependent loads, past COMBINE_CHAIN that chain cost more
+    # than the split saved (H100: 16 packed rows per warp x 16 splits took 143 µs where 4
+    # splits took 24). split.cuh now loads 8 splits' partials at once (cost.py's COMBINE_LOADS);
+    # the cap stays at what was measured until scripts/bench_decode.py times the new combine.
     rows_per_warp = -(-min(block_m, s.seqlen_q) // (block_m // 16))
     usable = [n for n in SPLIT_CHOICES if n == 1 or (blocks >= 2 * n and rows_per_warp * n <= COMBINE_CHAIN)]
     efficiency = {n: tiles * n / (-(-tiles * n // sms) * sms) for n in usable}

@@ -18,6 +18,7 @@
 //   #define HOPPER_VARLEN 0          // optional (default 0); 1: packed variable-length batches (a problem property)
 //   #define HOPPER_SPLITS 1          // optional (default 1); k > 1: split-KV over k CTAs per tile (needs SCHED 0)
 //   #define HOPPER_PACK_GQA 0        // optional (default 0); 1: the host packs a K/V head's query heads into one
+//   #define HOPPER_CTAS_PER_SM 1     // optional (default 1); 2: two CTAs per SM (__launch_bounds__ min blocks)
 //   #include "hopper/instantiate.cuh"
 //
 // Optional: HOPPER_BLOCK_M (if given it must equal 64*CONSUMER_WGS),
@@ -73,6 +74,9 @@
 #ifndef HOPPER_PACK_GQA
 #define HOPPER_PACK_GQA 0
 #endif
+#ifndef HOPPER_CTAS_PER_SM
+#define HOPPER_CTAS_PER_SM 1
+#endif
 #ifndef HOPPER_KERNEL_NAME
 #define HOPPER_KERNEL_NAME hopper_fwd
 #endif
@@ -105,7 +109,7 @@ using HOPPER_TRAITS_ = hopper::Traits<HOPPER_HEAD_DIM, HOPPER_BLOCK_N, HOPPER_ST
                                       HOPPER_REG_PROD, HOPPER_REG_CONS, HOPPER_OVERLAP, HOPPER_PINGPONG,
                                       HOPPER_SCHED, HOPPER_IS_CAUSAL != 0, HOPPER_ELEMENT_, HOPPER_RESCALE_LOG2,
                                       HOPPER_EXP_EMU, HOPPER_VARLEN != 0, HOPPER_SPLITS,
-                                      HOPPER_PACK_GQA>;
+                                      HOPPER_PACK_GQA, HOPPER_CTAS_PER_SM>;
 
 // Braces: a definition on both the host and device side (see flashcore/instantiate.cuh).
 extern "C" {
@@ -131,10 +135,11 @@ __constant__ int32_t HOPPER_META_NAME[HOPPER_META_LEN] = {
     HOPPER_TRAITS_::kVarlen,        // HOPPER_META_VARLEN
     HOPPER_TRAITS_::kSplits,        // HOPPER_META_SPLITS
     HOPPER_TRAITS_::kPackGqa,       // HOPPER_META_PACK_GQA
+    HOPPER_TRAITS_::kCtasPerSm,     // HOPPER_META_CTAS_PER_SM
 };
 }
 
-extern "C" __global__ void __launch_bounds__(HOPPER_TRAITS_::kThreads, 1)
+extern "C" __global__ void __launch_bounds__(HOPPER_TRAITS_::kThreads, HOPPER_TRAITS_::kCtasPerSm)
     HOPPER_KERNEL_NAME(const __grid_constant__ hopper::Params params) {
     hopper::fwd<HOPPER_TRAITS_>(params, HOPPER_META_NAME);
 }
@@ -160,5 +165,6 @@ extern "C" __global__ void __launch_bounds__(HOPPER_TRAITS_::kThreads, 1)
 #undef HOPPER_VARLEN
 #undef HOPPER_SPLITS
 #undef HOPPER_PACK_GQA
+#undef HOPPER_CTAS_PER_SM
 #undef HOPPER_KERNEL_NAME
 #undef HOPPER_META_NAME

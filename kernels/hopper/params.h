@@ -2,7 +2,7 @@
 //
 // Launch:
 //   grid  = SCHED 0: (ceil(seqlen_q / BLOCK_M), heads, batch)        BLOCK_M = 64 * CONSUMER_WGS
-//           SCHED 1, 2: (min(#SMs, ceil(seqlen_q / BLOCK_M) * heads * batch), 1, 1)   (persistent;
+//           SCHED 1, 2: (min(#SMs * CTAS_PER_SM, ceil(seqlen_q / BLOCK_M) * heads * batch), 1, 1)   (persistent;
 //           2 = dynamic: needs Params::tile_counter zeroed before each launch)
 //   block = (THREADS, 1, 1)                                 THREADS = 128 * (CONSUMER_WGS + 1)
 //   dynamic shared memory = SMEM_BYTES                      (raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
@@ -25,7 +25,7 @@
 #include <stdint.h>
 #include <cuda.h>  // CUtensorMap (alignas(128), 128 bytes); no driver call is made from device code
 
-#define HOPPER_ABI_VERSION 4
+#define HOPPER_ABI_VERSION 5
 
 namespace hopper {
 
@@ -89,10 +89,11 @@ static_assert(alignof(Params) == 128, "Params must be 128-byte aligned (CUtensor
 #define HOPPER_META_OVERLAP 12
 #define HOPPER_META_PINGPONG 13
 #define HOPPER_META_O_BOX_ROWS 14 /* rows of the O map's box (64) */
-#define HOPPER_META_SCHED 15 /* 0: grid (ceil(Sq/BLOCK_M), H, B); 1, 2: grid (min(#SMs, tiles), 1, 1); 2: zeroed tile_counter */
+#define HOPPER_META_SCHED 15 /* 0: grid (ceil(Sq/BLOCK_M), H, B); 1, 2: grid (min(#SMs x CTAS_PER_SM, tiles), 1, 1); 2: zeroed tile_counter */
 #define HOPPER_META_RESCALE_LOG2 16
 #define HOPPER_META_EXP_EMU 17
 #define HOPPER_META_VARLEN 18 /* 1: packed variable-length batches (Params::cu_seqlens_q/k) */
 #define HOPPER_META_SPLITS 19 /* 1: off; k > 1: split-KV, grid x = m blocks * k, Params::scratch */
 #define HOPPER_META_PACK_GQA 20 /* 1: the host may launch a K/V head's G query heads as one head of G*Sq rows */
-#define HOPPER_META_LEN 21
+#define HOPPER_META_CTAS_PER_SM 21 /* __launch_bounds__ min blocks; persistent grids take min(#SMs x this, tiles) */
+#define HOPPER_META_LEN 22

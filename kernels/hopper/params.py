@@ -4,10 +4,8 @@ and compares every offset), the ``hopper_meta`` table layout, and the four TMA t
 maps encoded through the driver API (``cuTensorMapEncodeTiled``), cached per
 (pointer, shape, strides, dtype, box).
 
-Tensor-map rules (params.h): X seen as [B, H, S, D] with element strides (sb, sh, ss, 1),
-rank 5, dims {64, S, D/64, H, B}, byte strides {ss*2, 128, sh*2, sb*2} (each a multiple
-of 16 and < 2^40; an extent-1 dim takes the row stride), base 16-B aligned, box
-{64, rows, panels, 1, 1}, SWIZZLE_128B, L2_256B, OOB fill none.
+The tensor-map rules (dims, strides, box, modes, refused layouts) are launch.py's, the one
+description the production extension's C++ shares (extension/launch_rules.h).
 """
 
 from __future__ import annotations
@@ -20,27 +18,22 @@ from ctypes import POINTER, c_int, c_int32, c_uint, c_uint32, c_uint64, c_void_p
 
 from evotuner.abi import ABI_VERSION, DTYPE_NAMES, MetaError
 from evotuner.errors import ShapeError
+from evotuner.kernels.hopper import launch
 from evotuner.runtime import cuda  # torch-free; the driver is opened on first use
 
 #: HOPPER_ABI_VERSION (params.h): the kernel's own table version.
-HOPPER_ABI_VERSION = 4
+HOPPER_ABI_VERSION = 5
 #: ``hopper_meta`` entries in index order (HOPPER_META_* in params.h).
 HOPPER_META = ("abi", "threads", "smem_bytes", "block_m", "block_n", "head_dim", "is_causal", "dtype",
                "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong", "o_box_rows",
-               "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa")
+               "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa", "ctas_per_sm")
 #: The family's own fields as the generic stages see them (after evotuner.abi's common ones).
 META_FIELDS = ("block_m", "block_n", "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong",
-               "o_box_rows", "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa")
-#: __launch_bounds__(THREADS, 1) in instantiate.cuh.
-LAUNCH_MIN_BLOCKS = 1
+               "o_box_rows", "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa", "ctas_per_sm")
 
-# CUtensorMapDataType / enums (cuda.h)
-TMA_DTYPE = {"fp16": 6, "bf16": 9}
-_INTERLEAVE_NONE = 0
-_SWIZZLE_128B = 3
-_L2_PROMOTION_256B = 3
-_OOB_FILL_NONE = 0
-_MAX_STRIDE = 1 << 40
+# cuTensorMapEncodeTiled's enumerators, as launch.py names them (their values: launch.CUDA_ENUMS)
+TMA_DTYPE = {dt: launch.CUDA_ENUMS[name] for dt, name in launch.TMA_DATA_TYPE.items()}
+_MODES = tuple(launch.CUDA_ENUMS[f"{kind}_{name}"] for kind, name in launch.TMA_MODES.items())
 
 
 class CUtensorMap(ctypes.Structure):
@@ -76,7 +69,7 @@ def decode_hopper_meta(raw: bytes, *, source: str = "hopper_meta") -> dict[str, 
 
     The kernel keeps its own layout (HOPPER_META_* in params.h, version HOPPER_ABI_VERSION);
     ``abi`` is reported as evotuner's ABI_VERSION once the kernel's own version checked out,
-    and ``min_blocks`` is the kernel's fixed ``__launch_bounds__(THREADS, 1)``."""
+    and ``min_blocks`` is the kernel's ``__launch_bounds__(THREADS, CTAS_PER_SM)``."""
     n = len(HOPPER_META)
     if len(raw) != 4 * n:
         raise MetaError(f"{source}: table has {len(raw)} bytes, expected {4 * n} ({n} int32, HOPPER_META_LEN)",
@@ -85,10 +78,11 @@ def decode_hopper_meta(raw: bytes, *, source: str = "hopper_meta") -> dict[str, 
     if t["abi"] != HOPPER_ABI_VERSION:
         raise MetaError(f"{source}: HOPPER_ABI_VERSION {t['abi']}, this evotuner expects {HOPPER_ABI_VERSION}",
                         "rebuild the cubin (clear the build cache) or update evotuner")
-    if t["dtype"] not in DTYPE_NAMES or t["is_causal"] not in (0, 1) or t["threads"] <= 0 or t["head_dim"] <= 0:
+    if (t["dtype"] not in DTYPE_NAMES or t["is_causal"] not in (0, 1) or t["threads"] <= 0 or t["head_dim"] <= 0
+            or t["ctas_per_sm"] not in (1, 2)):
         raise MetaError(f"{source}: inconsistent table {t}", "rebuild the cubin (clear the build cache)")
     meta = {"abi": ABI_VERSION, "threads": t["threads"], "smem_bytes": t["smem_bytes"], "head_dim": t["head_dim"],
-            "is_causal": t["is_causal"], "dtype": t["dtype"], "min_blocks": LAUNCH_MIN_BLOCKS}
+            "is_causal": t["is_causal"], "dtype": t["dtype"], "min_blocks": t["ctas_per_sm"]}
     meta.update({f: t[f] for f in META_FIELDS})
     return meta
 
@@ -101,25 +95,28 @@ class TmaStrideError(ShapeError):
 
 
 def check_tma_view(name: str, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
-    """Raise TmaStrideError naming the offending stride/pointer of a [B, H, S, D] view."""
+    """Raise TmaStrideError naming the offending stride/pointer of a [B, H, S, D] view
+    (the rules: launch.tma_fault)."""
     B, H, S, D = shape
-    if D % 64:
+    sb, sh, ss, sd = strides
+    fault = launch.tma_fault(ptr, B, H, D, sb, sh, ss, sd)
+    if fault == launch.FAULT_NONE:
+        return
+    if fault == launch.FAULT_HEAD_DIM:
         raise TmaStrideError(f"{name}: head dim D={D} is not a multiple of 64 (128-byte swizzle panels)",
                              "use D=64 or 128 with the hopper family, or the flashcore family")
-    if strides[3] != 1:
-        raise TmaStrideError(f"{name}: D stride is {strides[3]}, TMA needs it 1 (contiguous head dim)",
+    if fault == launch.FAULT_D_STRIDE:
+        raise TmaStrideError(f"{name}: D stride is {sd}, TMA needs it 1 (contiguous head dim)",
                              "make the tensor's last dim contiguous (.contiguous())")
-    if ptr % 16:
+    if fault == launch.FAULT_BASE:
         raise TmaStrideError(f"{name}: base pointer {ptr:#x} is not 16-byte aligned (TMA)",
                              "use a 16-byte aligned tensor (e.g. .contiguous() / .clone())")
-    for dim, extent, stride in (("batch", B, strides[0]), ("head", H, strides[1]), ("row (S)", S, strides[2])):
-        if extent == 1 and dim != "row (S)":
-            continue
-        if (stride * 2) % 16 or stride <= 0 or stride * 2 >= _MAX_STRIDE:
-            raise TmaStrideError(
-                f"{name}: {dim} stride {stride} elements ({stride * 2} B) is not a positive multiple of "
-                f"16 bytes below 2^40 (TMA tensor-map rule)",
-                "make the tensor contiguous (.contiguous()), or run it with the flashcore family")
+    stride = {launch.FAULT_BATCH_STRIDE: sb, launch.FAULT_HEAD_STRIDE: sh, launch.FAULT_ROW_STRIDE: ss}[fault]
+    size = launch.ELEMENT_BYTES
+    raise TmaStrideError(
+        f"{name}: {launch.FAULT_SUBJECTS[fault]} {stride} elements ({stride * size} B) is not a positive multiple of "
+        f"16 bytes below 2^40 (TMA tensor-map rule)",
+        "make the tensor contiguous (.contiguous()), or run it with the flashcore family")
 
 
 _cache_lock = threading.Lock()
@@ -157,16 +154,16 @@ def encode_tensor_map(ptr: int, shape: tuple[int, ...], strides: tuple[int, ...]
             return hit
     check_tma_view(name, ptr, shape, strides)
     B, H, S, D = shape
-    sb, sh, ss, _ = strides
-    dims = (c_uint64 * 5)(64, S, D // 64, H, B)
-    bstr = (c_uint64 * 4)(ss * 2, 128, (sh if H > 1 else ss) * 2, (sb if B > 1 else ss) * 2)
-    box = (c_uint32 * 5)(64, box_rows, box_panels, 1, 1)
-    estr = (c_uint32 * 5)(1, 1, 1, 1, 1)
+    view = launch.tma_view(B, H, S, D, strides[0], strides[1], strides[2], box_rows, box_panels)
+    dims = (c_uint64 * launch.TMA_RANK)(*view["dims"])
+    bstr = (c_uint64 * (launch.TMA_RANK - 1))(*view["byte_strides"])
+    box = (c_uint32 * launch.TMA_RANK)(*view["box"])
+    estr = (c_uint32 * launch.TMA_RANK)(*view["element_strides"])
     # cuda.h declares CUtensorMap alignas(64) (128 in hopper::Params): encode into a 128-B aligned slot
     buf = ctypes.create_string_buffer(2 * ctypes.sizeof(CUtensorMap))
     addr = (ctypes.addressof(buf) + PARAMS_ALIGN - 1) & ~(PARAMS_ALIGN - 1)
-    code = _driver_encode()(c_void_p(addr), TMA_DTYPE[dtype], 5, c_void_p(ptr), dims, bstr, box, estr,
-                            _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_256B, _OOB_FILL_NONE)
+    code = _driver_encode()(c_void_p(addr), TMA_DTYPE[dtype], launch.TMA_RANK, c_void_p(ptr), dims, bstr, box, estr,
+                            *_MODES)
     if code != 0:
         cuda.check(code, f"cuTensorMapEncodeTiled({name}: shape {tuple(shape)}, strides {tuple(strides)}, "
                          f"box {box_rows}x{box_panels})")

@@ -80,45 +80,65 @@ __device__ __forceinline__ void Consumer<T>::finish_split() {
     __threadfence();   // the other shares' partials (read below through L2: __ldcg)
 
     constexpr int kCols = D / 32;    // columns per lane: 4 (D=128) or 2 (D=64)
+    // Lane l holds the LSE partials of splits l, l + 32, ...; the O partials are loaded
+    // kChunk splits at a time, every load of a chunk in flight before the first is used (the
+    // combine is a chain of L2 round trips otherwise: one per split and row).
+    constexpr int kPerLane = (T::kSplits + 31) / 32;
+    constexpr int kChunk = T::kSplits < 8 ? T::kSplits : 8;
     const int lane_col = lane * kCols;
     const int row_end = min(t.m0 + T::kBlockM, t.seqlen_q);
+    const int64_t split_stride = static_cast<int64_t>(p.seqlen_q) * D;   // O partial of split s + 1
     auto* out = static_cast<typename T::Element*>(p.o_ptr);
     for (int row = t.m0 + ctid / 32; row < row_end; row += kConsumers / 32) {
         const float* lse_row = sc.lse + bh * T::kSplits * p.seqlen_q + row;   // split s at + s*Sq
+        float v[kPerLane];
         float mx = -INFINITY;
-        for (int s = lane; s < T::kSplits; s += 32) mx = fmaxf(mx, __ldcg(lse_row + static_cast<int64_t>(s) * p.seqlen_q));
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) {
+            const int s = 32 * j + lane;
+            v[j] = s < T::kSplits ? __ldcg(lse_row + static_cast<int64_t>(s) * p.seqlen_q) : -INFINITY;
+            mx = fmaxf(mx, v[j]);
+        }
 #pragma unroll
         for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, d));
         float sum = 0.f;
         if (mx != -INFINITY) {
-            for (int s = lane; s < T::kSplits; s += 32) {
-                const float v = __ldcg(lse_row + static_cast<int64_t>(s) * p.seqlen_q);
-                sum += v == -INFINITY ? 0.f : exp2f(v - mx);
-            }
+#pragma unroll
+            for (int j = 0; j < kPerLane; ++j) sum += v[j] == -INFINITY ? 0.f : exp2f(v[j] - mx);
         }
 #pragma unroll
         for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
         const float lse = sum > 0.f ? mx + __log2f(sum) : -INFINITY;
+        float w[kPerLane];   // each split's weight 2^(lse_s - lse); 0 for an empty share
+#pragma unroll
+        for (int j = 0; j < kPerLane; ++j) w[j] = sum > 0.f && v[j] != -INFINITY ? exp2f(v[j] - lse) : 0.f;
         float acc[kCols];
 #pragma unroll
         for (int j = 0; j < kCols; ++j) acc[j] = 0.f;
-        if (sum > 0.f) {
-#pragma unroll 1
-            for (int s = 0; s < T::kSplits; ++s) {
-                const float v = __ldcg(lse_row + static_cast<int64_t>(s) * p.seqlen_q);
-                if (v == -INFINITY) continue;   // an empty share (warp-uniform)
-                const float w = exp2f(v - lse);
-                const float* src = sc.o + ((bh * T::kSplits + s) * p.seqlen_q + row) * D + lane_col;
-                if constexpr (kCols == 4) {
-                    const float4 x = __ldcg(reinterpret_cast<const float4*>(src));
-                    acc[0] += w * x.x; acc[1] += w * x.y; acc[2] += w * x.z; acc[3] += w * x.w;
-                } else {
+        const float* src = sc.o + (bh * T::kSplits * p.seqlen_q + row) * D + lane_col;
 #pragma unroll
-                    for (int j = 0; j < kCols; j += 2) {
-                        const float2 x = __ldcg(reinterpret_cast<const float2*>(src + j));
-                        acc[j] += w * x.x; acc[j + 1] += w * x.y;
-                    }
+        for (int s0 = 0; s0 < T::kSplits; s0 += kChunk) {
+            float x[kChunk][kCols];
+#pragma unroll
+            for (int u = 0; u < kChunk; ++u) {
+                if (s0 + u >= T::kSplits) break;
+                const float* at = src + (s0 + u) * split_stride;
+                if constexpr (kCols == 4) {
+                    const float4 q = __ldcg(reinterpret_cast<const float4*>(at));
+                    x[u][0] = q.x; x[u][1] = q.y; x[u][2] = q.z; x[u][3] = q.w;
+                } else {
+                    const float2 q = __ldcg(reinterpret_cast<const float2*>(at));
+                    x[u][0] = q.x; x[u][1] = q.y;
                 }
+            }
+#pragma unroll
+            for (int u = 0; u < kChunk; ++u) {
+                const int s = s0 + u;
+                if (s >= T::kSplits) break;
+                const float ws = __shfl_sync(0xffffffffu, w[s / 32], s % 32);
+                // an empty share's partial is never read into the sum (it may hold anything)
+#pragma unroll
+                for (int j = 0; j < kCols; ++j) acc[j] = ws != 0.f ? fmaf(ws, x[u][j], acc[j]) : acc[j];
             }
         }
         auto* dst = out + t.batch * p.o_batch_stride + t.head * p.o_head_stride + row * p.o_row_stride + lane_col;

@@ -14,7 +14,7 @@ template <> struct ElementInfo<__nv_bfloat16> { static constexpr int kDtype = 1;
 
 template <int HEAD_DIM_, int BLOCK_N_, int STAGES_, int CONSUMER_WGS_, int REG_PROD_, int REG_CONS_, int OVERLAP_,
           int PINGPONG_, int SCHED_, bool IS_CAUSAL_, typename Element_, int RESCALE_LOG2_ = 0, int EXP_EMU_ = 0,
-          bool VARLEN_ = false, int SPLITS_ = 1, int PACK_GQA_ = 0>
+          bool VARLEN_ = false, int SPLITS_ = 1, int PACK_GQA_ = 0, int CTAS_PER_SM_ = 1>
 struct Traits {
     using Element = Element_;
     static constexpr int kDtype = ElementInfo<Element>::kDtype;
@@ -62,9 +62,14 @@ struct Traits {
 
     // One producer warpgroup (one elected thread issues TMA) + kWGs consumers.
     static constexpr int kThreads = 128 * (kWGs + 1);
-    // Registers per thread at launch (__launch_bounds__(kThreads, 1)): the pool
+    // CTAs resident per SM (__launch_bounds__(kThreads, kCtasPerSm)): 2 lets one CTA's
+    // prologue, epilogue and barrier waits run under the other's GEMMs (few waves of 64-row
+    // tiles), at half the registers and shared memory each.
+    static constexpr int kCtasPerSm = CTAS_PER_SM_;
+    // Registers per thread at launch (__launch_bounds__(kThreads, kCtasPerSm)): the pool
     // setmaxnreg redistributes. ptxas does not check the pool: we do.
-    static constexpr int kLaunchRegs = (65536 / kThreads / 8) * 8 > 255 ? 255 : (65536 / kThreads / 8) * 8;
+    static constexpr int kLaunchRegs = (65536 / (kThreads * kCtasPerSm) / 8) * 8 > 255
+                                           ? 255 : (65536 / (kThreads * kCtasPerSm) / 8) * 8;
     static constexpr int kPool = kThreads * kLaunchRegs;
     static constexpr int kPoolUsed = 128 * (kRegProd + kWGs * kRegCons);
 
@@ -113,6 +118,10 @@ struct Traits {
     static_assert(kSched >= 0 && kSched <= 2, "SCHED must be 0 (one CTA per tile), 1 (persistent) or 2 (dynamic)");
     static_assert(kSmemBytes <= 232448,
                   "shared memory ((1+SCHED)*BLOCK_M*HEAD_DIM*2 + 2*STAGES*BLOCK_N*HEAD_DIM*2 + barriers + 1 KiB) exceeds 227 KiB");
+    static_assert(kCtasPerSm == 1 || kCtasPerSm == 2, "CTAS_PER_SM must be 1 or 2");
+    static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 233472,
+                  "CTAS_PER_SM CTAs' shared memory (each + 1 KiB reserved) exceeds the SM's 228 KiB: lower STAGES or BLOCK_N");
+    static_assert(kCtasPerSm * kThreads <= 2048, "CTAS_PER_SM x threads exceeds the SM's 2048 threads");
     static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-B (swizzle atom) alignment");
 };
 

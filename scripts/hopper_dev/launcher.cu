@@ -11,6 +11,7 @@
 #include <string.h>
 #include <cuda.h>
 
+#include "hopper/extension/launch_rules.h"
 #include "hopper/params.h"
 
 #define STR_(x) #x
@@ -75,28 +76,28 @@ int init() {
     return 0;
 }
 
-// X viewed as [B, H, S, D], element strides (sb, sh, ss, 1): see kernels/hopper/params.h.
+// X viewed as [B, H, S, D], element strides (sb, sh, ss, 1), a box of rows x panels: refused
+// and encoded by the runtime's rules (kernels/hopper/launch.py, rendered as hopper/extension/launch_rules.h).
 int encode(CUtensorMap* map, int dtype, const void* base, long long S, int D, long long H, long long B, long long sb,
            long long sh, long long ss, int box_rows, int box_panels) {
-    if (D % 64 != 0) return fail_msg("head_dim must be a multiple of 64 for the hopper family");
-    if ((reinterpret_cast<uintptr_t>(base) & 15) != 0) return fail_msg("tensor base pointer is not 16-byte aligned");
-    const long long esz = 2;
-    if ((ss * esz) % 16 || (sh * esz) % 16 || (sb * esz) % 16) {
-        snprintf(g_err, sizeof g_err, "strides (batch %lld, head %lld, row %lld elements) must be multiples of 8 elements",
-                 sb, sh, ss);
+    const int64_t fault = hopper_tma_fault(static_cast<int64_t>(reinterpret_cast<uintptr_t>(base)), B, H, D, sb, sh, ss, 1);
+    if (fault != 0) {
+        snprintf(g_err, sizeof g_err, "TMA refuses the view: %s (strides batch %lld, head %lld, row %lld elements)",
+                 kHopperTmaFaultSubjects[fault], sb, sh, ss);
         return -1;
     }
-    cuuint64_t dims[5] = {64, static_cast<cuuint64_t>(S), static_cast<cuuint64_t>(D / 64), static_cast<cuuint64_t>(H),
-                          static_cast<cuuint64_t>(B)};
-    // A dimension of extent 1 still needs a legal stride (< 2^40, % 16): use the row stride.
-    cuuint64_t strides[4] = {static_cast<cuuint64_t>(ss * esz), 128, static_cast<cuuint64_t>((H > 1 ? sh : ss) * esz),
-                             static_cast<cuuint64_t>((B > 1 ? sb : ss) * esz)};
-    cuuint32_t box[5] = {64, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(box_panels), 1, 1};
-    cuuint32_t estr[5] = {1, 1, 1, 1, 1};
-    CUresult r = api.TensorMapEncodeTiled(
-        map, dtype == 0 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 5, const_cast<void*>(base),
-        dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    const HopperTmaView t = hopper_tma_view(B, H, S, D, sb, sh, ss, box_rows, box_panels);
+    cuuint64_t dims[kHopperTmaRank], strides[kHopperTmaRank - 1];
+    cuuint32_t box[kHopperTmaRank], estr[kHopperTmaRank];
+    for (int i = 0; i < kHopperTmaRank; ++i) {
+        dims[i] = static_cast<cuuint64_t>(t.dims[i]);
+        box[i] = static_cast<cuuint32_t>(t.box[i]);
+        estr[i] = static_cast<cuuint32_t>(t.element_strides[i]);
+        if (i < kHopperTmaRank - 1) strides[i] = static_cast<cuuint64_t>(t.byte_strides[i]);
+    }
+    CUresult r = api.TensorMapEncodeTiled(map, dtype == 0 ? HOPPER_TMA_FP16 : HOPPER_TMA_BF16, kHopperTmaRank,
+                                          const_cast<void*>(base), dims, strides, box, estr, HOPPER_TMA_INTERLEAVE,
+                                          HOPPER_TMA_SWIZZLE, HOPPER_TMA_L2_PROMOTION, HOPPER_TMA_FLOAT_OOB_FILL);
     if (r != CUDA_SUCCESS) return fail("cuTensorMapEncodeTiled", r);
     return 0;
 }
@@ -144,15 +145,19 @@ int hop_fwd(void* fn, const int32_t* meta, const void* q, const void* k, const v
     if (meta[HOPPER_META_ABI] != HOPPER_ABI_VERSION) return fail_msg("hopper_meta ABI mismatch");
     if (meta[HOPPER_META_HEAD_DIM] != D) return fail_msg("head_dim differs from the kernel's HEAD_DIM");
     const int dtype = meta[HOPPER_META_DTYPE];
-    const int bm = meta[HOPPER_META_BLOCK_M], bn = meta[HOPPER_META_BLOCK_N];
     hopper::Params p;
     memset(&p, 0, sizeof p);
-    int e;
-    if ((e = encode(&p.tm_q, dtype, q, Sq, D, H, B, q_str[0], q_str[1], q_str[2], bm, D / 64))) return e;
-    if ((e = encode(&p.tm_k, dtype, k, Sk, D, H, B, k_str[0], k_str[1], k_str[2], bn, D / 64))) return e;
-    if ((e = encode(&p.tm_v, dtype, v, Sk, D, H, B, v_str[0], v_str[1], v_str[2], bn, D / 64))) return e;
-    if ((e = encode(&p.tm_o, dtype, o, Sq, D, H, B, o_str[0], o_str[1], o_str[2], meta[HOPPER_META_O_BOX_ROWS], 1)))
-        return e;
+    const void* views[4] = {q, k, v, o};
+    const long long* strides[4] = {q_str, k_str, v_str, o_str};
+    CUtensorMap* maps[4] = {&p.tm_q, &p.tm_k, &p.tm_v, &p.tm_o};
+    for (int m = 0; m < 4; ++m) {
+        const HopperMapBox b = hopper_map_box(m, meta[HOPPER_META_BLOCK_M], meta[HOPPER_META_BLOCK_N],
+                                              meta[HOPPER_META_O_BOX_ROWS], D);
+        const long long S = (m == kHopperMapK || m == kHopperMapV) ? Sk : Sq;
+        if (int e = encode(maps[m], dtype, views[m], S, D, H, B, strides[m][0], strides[m][1], strides[m][2],
+                           static_cast<int>(b.rows), static_cast<int>(b.panels)))
+            return e;
+    }
     p.lse = lse;
     p.batch = B;
     p.heads = H;
@@ -164,24 +169,22 @@ int hop_fwd(void* fn, const int32_t* meta, const void* q, const void* k, const v
     CUresult r = api.FuncSetAttribute(static_cast<CUfunction>(fn), CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem);
     if (r != CUDA_SUCCESS) return fail("cuFuncSetAttribute(max dynamic smem)", r);
     void* args[] = {&p};
-    unsigned gx = (Sq + bm - 1) / bm, gy = H, gz = B;
     if (meta[HOPPER_META_SCHED] == 2) {  // dynamic: the tile counter must be 0 at launch
         if (!g_counter && (r = api.MemAlloc(&g_counter, 4)) != CUDA_SUCCESS) return fail("cuMemAlloc(counter)", r);
         if ((r = api.MemsetD32Async(g_counter, 0, 1, static_cast<CUstream>(stream))) != CUDA_SUCCESS)
             return fail("cuMemsetD32Async(counter)", r);
         p.tile_counter = reinterpret_cast<int32_t*>(g_counter);
     }
-    if (meta[HOPPER_META_SCHED] >= 1) {  // persistent: one CTA per SM at most
-        if (!g_num_sms) {
-            CUdevice dev;
-            if ((r = api.CtxGetDevice(&dev)) != CUDA_SUCCESS) return fail("cuCtxGetDevice", r);
-            if ((r = api.DeviceGetAttribute(&g_num_sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) != CUDA_SUCCESS)
-                return fail("cuDeviceGetAttribute", r);
-        }
-        const long long tiles = static_cast<long long>(gx) * H * B;
-        gx = static_cast<unsigned>(tiles < g_num_sms ? tiles : g_num_sms);
-        gy = gz = 1;
+    if (meta[HOPPER_META_SCHED] >= 1 && !g_num_sms) {  // persistent: one CTA per SM at most
+        CUdevice dev;
+        if ((r = api.CtxGetDevice(&dev)) != CUDA_SUCCESS) return fail("cuCtxGetDevice", r);
+        if ((r = api.DeviceGetAttribute(&g_num_sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)) != CUDA_SUCCESS)
+            return fail("cuDeviceGetAttribute", r);
     }
+    const HopperLaunchGrid g = hopper_launch_grid(meta[HOPPER_META_SCHED], Sq, meta[HOPPER_META_BLOCK_M],
+                                                  meta[HOPPER_META_SPLITS], H, B, g_num_sms,
+                                                  meta[HOPPER_META_CTAS_PER_SM]);
+    const unsigned gx = static_cast<unsigned>(g.x), gy = static_cast<unsigned>(g.y), gz = static_cast<unsigned>(g.z);
     r = api.LaunchKernel(static_cast<CUfunction>(fn), gx, gy, gz, meta[HOPPER_META_THREADS], 1, 1, smem,
                          static_cast<CUstream>(stream), args, nullptr);
     if (r != CUDA_SUCCESS) return fail("cuLaunchKernel", r);

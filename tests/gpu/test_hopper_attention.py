@@ -2,7 +2,8 @@
 cubin -> driver, tensor maps encoded by kernels/hopper/params.py): the issue's
 correctness matrix with every recommended config (each size-limited entry too), every
 scheduler of the big-tile ones (incl. SCHED=2's
-per-launch tile counter), LSE, and evotuner.flash_attention's choice.
+per-launch tile counter), two CTAs per SM under every scheduler, LSE, and
+evotuner.flash_attention's choice.
 
 Every check draws fresh random inputs, poisons O and LSE with NaN and applies FA2's
 rule (evotuner.runtime.check). Skips cleanly without a GPU.
@@ -102,6 +103,24 @@ def test_every_scheduler_of_the_recommended_config(sched: int, head_dim: int, ca
         for rep in range(2):
             res = C.check(runner, problem, seed=500 + 10 * i + rep)
             _assert_ok(res, f"hopper SCHED={sched} {problem.shape} causal={causal} launch {rep + 1}")
+
+
+@pytest.mark.parametrize("sched", [0, 1, 2])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_two_ctas_per_sm(sched: int, head_dim: int, causal: bool) -> None:
+    """CTAS_PER_SM=2 (__launch_bounds__(256, 2), 64-row tiles, 2 x #SMs persistent CTAs):
+    ragged, Sq != Sk, more tiles than CTA slots, two launches per module (SCHED=2's counter)."""
+    cfg = KernelConfig.of(dict(BLOCK_N=64 if head_dim == 128 else 128, CONSUMER_WGS=1, STAGES=2, REG_PROD=24,
+                               REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=sched, RESCALE_LOG2=8, EXP_EMU=0,
+                               CTAS_PER_SM=2))
+    for i, (b, h, sq, sk) in enumerate(((3, 5, 97, 513), (2, 3, 2047, 2047), (1, 1, 1, 17), (4, 37, 513, 97))):
+        problem = Problem(Shape(b, h, sq, sk, head_dim), "bf16", causal)
+        assert SPACE.violated(cfg, problem) is None, cfg
+        runner = _runner(problem, cfg)
+        for rep in range(2):
+            res = C.check(runner, problem, seed=700 + 10 * i + rep)
+            _assert_ok(res, f"hopper CTAS_PER_SM=2 SCHED={sched} {problem.shape} causal={causal} launch {rep + 1}")
 
 
 def test_flash_attention_runs_hopper_where_it_is_recommended() -> None:

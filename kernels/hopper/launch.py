@@ -1,0 +1,108 @@
+"""The hopper kernel's launch description: how a call becomes four TMA tensor maps and a grid.
+
+One source for every launcher. The runtime (params.py, family.py) calls these functions;
+``extension/launch_rules.h`` is their C++ rendering (written by gen_launch.py through
+evotuner/compiler/cxx.py, kept equal by tests/test_hopper_launch.py), which the production
+extension's rows (extension/hopper_launch_row.cu.in) and the dev harness
+(scripts/hopper_dev/launcher.cu) include. Change a rule here, then run
+``python3 kernels/hopper/gen_launch.py``.
+
+The kernel's side of the contract is params.h: a tensor X of the call is seen as
+[B, H, S, D] with element strides (sb, sh, ss, sd); its map is rank 5 over
+{64 elements, S rows, D/64 panels, H, B}, 128-byte swizzled, so a box of ``rows`` x
+``panels`` lands in shared memory as the kernel's tiles expect.
+
+The functions are written in the subset evotuner/compiler/cxx.py translates (integer
+arithmetic on non-negative values, one return form per function).
+"""
+
+from __future__ import annotations
+
+#: Bytes per element (fp16 and bf16).
+ELEMENT_BYTES = 2
+#: The tensor maps' rank: {64 elements, rows, 64-element panels, heads, batch}.
+TMA_RANK = 5
+#: A map's byte strides must stay below this (cuTensorMapEncodeTiled).
+MAX_STRIDE_BYTES = 1 << 40
+
+#: The maps' modes, named as cuda.h names them (CU_TENSOR_MAP_<KIND>_<NAME>).
+TMA_MODES = {"INTERLEAVE": "NONE", "SWIZZLE": "128B", "L2_PROMOTION": "L2_256B", "FLOAT_OOB_FILL": "NONE"}
+#: cuda.h's values of those enumerators and of the data types (the Python launcher passes the
+#: numbers; tests/test_hopper_launch.py compiles cuda.h to check them).
+CUDA_ENUMS = {"INTERLEAVE_NONE": 0, "SWIZZLE_128B": 3, "L2_PROMOTION_L2_256B": 3, "FLOAT_OOB_FILL_NONE": 0,
+              "DATA_TYPE_FLOAT16": 6, "DATA_TYPE_BFLOAT16": 9}
+#: The maps' data type per dtype.
+TMA_DATA_TYPE = {"fp16": "DATA_TYPE_FLOAT16", "bf16": "DATA_TYPE_BFLOAT16"}
+
+#: The four maps, in hopper::Params order (tm_q, tm_k, tm_v, tm_o).
+MAP_Q, MAP_K, MAP_V, MAP_O = 0, 1, 2, 3
+MAP_NAMES = ("q", "k", "v", "o")
+
+#: What :func:`tma_fault` finds wrong with a view (0: nothing).
+FAULT_NONE, FAULT_HEAD_DIM, FAULT_D_STRIDE, FAULT_BASE, FAULT_BATCH_STRIDE, FAULT_HEAD_STRIDE, FAULT_ROW_STRIDE = range(7)
+#: Each fault's subject, as messages name it (index = fault code).
+FAULT_SUBJECTS = ("", "head dim", "D stride", "base pointer", "batch stride", "head stride", "row (S) stride")
+
+
+def legal_stride(stride):
+    """Whether an element stride is one a tensor map can hold: positive, a multiple of 16 bytes,
+    below 2^40 bytes."""
+    return stride > 0 and stride * ELEMENT_BYTES % 16 == 0 and stride * ELEMENT_BYTES < MAX_STRIDE_BYTES
+
+
+def tma_fault(base, B, H, D, sb, sh, ss, sd):
+    """The first rule a [B, H, S, D] view at byte address ``base`` with element strides
+    (sb, sh, ss, sd) breaks (a FAULT_* code), 0 when TMA can read or write it. A batch or head
+    extent of 1 never uses its stride (tma_view puts the row stride there)."""
+    if D % 64 != 0:
+        return FAULT_HEAD_DIM
+    if sd != 1:
+        return FAULT_D_STRIDE
+    if base % 16 != 0:
+        return FAULT_BASE
+    if B > 1 and not legal_stride(sb):
+        return FAULT_BATCH_STRIDE
+    if H > 1 and not legal_stride(sh):
+        return FAULT_HEAD_STRIDE
+    if not legal_stride(ss):
+        return FAULT_ROW_STRIDE
+    return FAULT_NONE
+
+
+def tma_view(B, H, S, D, sb, sh, ss, rows, panels):
+    """cuTensorMapEncodeTiled's arguments for a [B, H, S, D] view (element strides sb, sh, ss;
+    D contiguous) and a box of ``rows`` x ``panels``: dims innermost first, byte strides of
+    dims 1-4 (an extent-1 dim still needs a legal stride: the row stride), box, element strides."""
+    return {
+        "dims": (64, S, D // 64, H, B),
+        "byte_strides": (ss * ELEMENT_BYTES, 64 * ELEMENT_BYTES, (sh if H > 1 else ss) * ELEMENT_BYTES,
+                         (sb if B > 1 else ss) * ELEMENT_BYTES),
+        "box": (64, rows, panels, 1, 1),
+        "element_strides": (1, 1, 1, 1, 1),
+    }
+
+
+def map_box(which, block_m, block_n, o_box_rows, D):
+    """The box of map ``which`` (MAP_*) from the kernel's meta table: Q a BLOCK_M x D tile,
+    K and V BLOCK_N x D, O the epilogue's O_BOX_ROWS x one panel."""
+    return {
+        "rows": block_m if which == MAP_Q else (o_box_rows if which == MAP_O else block_n),
+        "panels": 1 if which == MAP_O else D // 64,
+    }
+
+
+def launch_grid(sched, seqlen_q, block_m, splits, heads, batch, sms, ctas_per_sm):
+    """The grid: one CTA per (query tile x split, head, batch) for SCHED 0; for the persistent
+    schedulers (SCHED 1 and 2) as many CTAs as the SMs hold (``ctas_per_sm`` each, the
+    kernel's CTAS_PER_SM), at most one per tile, at least one."""
+    m_blocks = (seqlen_q + block_m - 1) // block_m
+    persistent = sched != 0
+    return {
+        "x": max(1, min(sms * ctas_per_sm, m_blocks * heads * batch)) if persistent else m_blocks * splits,
+        "y": 1 if persistent else heads,
+        "z": 1 if persistent else batch,
+    }
+
+
+#: What gen_launch.py renders, in order (a rule may call those before it).
+RULES = (legal_stride, tma_fault, tma_view, map_box, launch_grid)

@@ -1,0 +1,159 @@
+"""The hopper launch description has one source (kernels/hopper/launch.py):
+
+* the shipped C++ rendering (launch_rules.h) is what gen_launch.py writes from it now;
+* the C++ computes what the Python computes, over edge and random inputs (a host program
+  built with nvcc -x c++ includes the header and prints every rule's result);
+* the enumerators the Python launcher passes are cuda.h's;
+* the production extension's row and the dev harness include the header and keep no rule of
+  their own (no hand-written dims, strides, box or grid);
+* the translator refuses Python it cannot render, naming the line.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import subprocess
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from evotuner.compiler.cxx import TranslationError, render
+from evotuner.kernels.hopper import gen_launch, launch
+
+KERNELS = Path(str(resources.files("evotuner.kernels")))
+HEADER = KERNELS / "hopper" / "extension" / "launch_rules.h"
+ROW = KERNELS / "hopper" / "extension" / "hopper_launch_row.cu.in"
+DEV_LAUNCHER = Path(__file__).resolve().parent.parent / "scripts" / "hopper_dev" / "launcher.cu"
+
+
+def test_the_shipped_header_is_what_the_generator_writes():
+    assert HEADER.read_text() == gen_launch.generate(), "run `python3 kernels/hopper/gen_launch.py`"
+
+
+def _cases(seed: int = 0) -> dict[str, list[tuple[int, ...]]]:
+    rng = random.Random(seed)
+    strides = [0, 1, 8, 12, 64, 68, 128, 4096, 1 << 39, (1 << 39) + 8, 5 * 64 * 97]
+    fault = [(base, B, H, D, sb, sh, ss, sd)
+             for base in (0x7F0000000000, 0x7F0000000008)
+             for B, H in ((1, 1), (1, 4), (3, 1), (2, 8))
+             for D in (64, 96, 128)
+             for sb, sh, ss in ((rng.choice(strides), rng.choice(strides), rng.choice(strides)) for _ in range(6))
+             for sd in (1, 2)]
+    fault += [(0x7F0000000000, 1, 1, 64, 12, 12, 64, 1), (0x7F0000000000, 2, 1, 64, 12, 12, 64, 1)]
+    view = [(B, H, S, D, sb, sh, ss, rows, panels)
+            for B, H in ((1, 1), (4, 1), (1, 8), (2, 32))
+            for S in (1, 97, 4096)
+            for D in (64, 128, 256)
+            for sb, sh, ss in ((S * H * D, S * D, D), (S * H * D, D, H * D))
+            for rows, panels in ((128, D // 64), (64, 1))]
+    box = [(w, bm, bn, ob, D) for w in range(4) for bm, bn, ob in ((128, 176, 64), (64, 128, 32)) for D in (64, 256)]
+    grid = [(sched, sq, bm, splits, H, B, sms, ctas)
+            for sched in (0, 1, 2) for sq in (0, 1, 128, 129, 8192) for bm in (64, 128)
+            for splits in (1, 3) for H, B in ((1, 1), (32, 4)) for sms in (0, 1, 132) for ctas in (1, 2)]
+    return {"tma_fault": fault, "tma_view": view, "map_box": box, "launch_grid": grid,
+            "legal_stride": [(s,) for s in strides]}
+
+
+def _flatten(value: object) -> list[int]:
+    if isinstance(value, dict):
+        return [x for v in value.values() for x in (v if isinstance(v, tuple) else (v,))]
+    return [int(value)]
+
+
+def _printer(fn_name: str, result_example: object) -> str:
+    if isinstance(result_example, dict):
+        parts = [f"r.{k}[{i}]" if isinstance(v, tuple) else f"r.{k}"
+                 for k, v in result_example.items() for i in (range(len(v)) if isinstance(v, tuple) else [0])]
+    else:
+        parts = ["r"]
+    return " ".join('std::printf("%lld ", (long long)' + p + ");" for p in parts) + ' std::printf("\\n");'
+
+
+def test_the_cxx_rules_compute_what_the_python_rules_compute(tmp_path):
+    nvcc = shutil.which("nvcc")
+    assert nvcc, "nvcc is needed (the build box has it)"
+    cases = _cases()
+    body = []
+    expected = []
+    for name, inputs in cases.items():
+        fn = getattr(launch, name)
+        for args in inputs:
+            result = fn(*args)
+            expected.append(_flatten(result))
+            call = f"hopper_{name}(" + ", ".join(f"INT64_C({a})" for a in args) + ")"
+            body.append(f"{{ const auto r = {call}; {_printer(name, result)} }}")
+    src = tmp_path / "rules.cpp"
+    src.write_text('#include <cstdio>\n#include "hopper/extension/launch_rules.h"\nint main() {\n'
+                   + "\n".join(body) + "\nreturn 0; }\n")
+    exe = tmp_path / "rules"
+    build = subprocess.run([nvcc, "-std=c++17", "-x", "c++", str(src), "-I", str(KERNELS), "-o", str(exe)],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    got = [[int(x) for x in line.split()] for line in out]
+    assert len(got) == len(expected) > 600
+    mismatches = [(i, g, e) for i, (g, e) in enumerate(zip(got, expected)) if g != e]
+    assert not mismatches, mismatches[:5]
+    # the inputs reach every fault code, so each rule of tma_fault was compared
+    codes = {launch.tma_fault(*args) for args in cases["tma_fault"]}
+    assert codes == set(range(len(launch.FAULT_SUBJECTS)))
+
+
+def test_the_enumerators_the_python_launcher_passes_are_cuda_h_s(tmp_path):
+    names = sorted(launch.CUDA_ENUMS)
+    src = tmp_path / "enums.cpp"
+    src.write_text('#include <cuda.h>\n#include "hopper/extension/launch_rules.h"\n'
+                   + "".join(f"static_assert(CU_TENSOR_MAP_{n} == {launch.CUDA_ENUMS[n]}, \"{n}\");\n" for n in names)
+                   + "static_assert(HOPPER_TMA_SWIZZLE == CU_TENSOR_MAP_SWIZZLE_128B, \"swizzle\");\n"
+                   + "int main() { return 0; }\n")
+    build = subprocess.run([shutil.which("nvcc"), "-std=c++17", "-x", "c++", str(src), "-I", str(KERNELS),
+                            "-o", str(tmp_path / "enums")], capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stderr
+
+
+@pytest.mark.parametrize("path", [ROW, DEV_LAUNCHER], ids=["extension row", "dev harness"])
+def test_the_cxx_launchers_take_their_rules_from_the_header(path):
+    text = path.read_text()
+    assert '#include "hopper/extension/launch_rules.h"' in text
+    for rule in ("hopper_tma_fault(", "hopper_tma_view(", "hopper_map_box(", "hopper_launch_grid("):
+        assert rule in text, f"{path.name} does not call {rule}"
+    # no hand-written copy of a rule: dims, strides, the swizzle, the grid's ceil-division
+    for copy in ("dims[5] = {64", "SWIZZLE_128B", "+ bm - 1", "static_cast<cuuint64_t>(S)", "(H > 1 ? sh : ss)"):
+        assert copy not in text, f"{path.name} still spells {copy!r} itself"
+
+
+@pytest.mark.parametrize("source, needle", [
+    ("def f(a):\n    return a / 2\n", "not translated"),
+    ("def f(a):\n    x = 1\n    x = 2\n    return x\n", "assigned twice"),
+    ("def f(a):\n    return 0 < a < 3\n", "one comparison operator"),
+    ("def f(a):\n    return a + UNKNOWN\n", "neither a parameter"),
+    ("def f(a):\n    if a:\n        return 1\n    return {'x': 1}\n", "same form"),
+    ("def f(a, b=1):\n    return a\n", "plain positional"),
+    ("def f(a):\n    return -1.5\n", "not a non-negative int64"),
+])
+def test_the_translator_refuses_what_it_cannot_render(tmp_path, source, needle):
+    probe = tmp_path / "probe.py"
+    probe.write_text("LIMIT = 7\n" + source)
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cxx_probe", probe)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(TranslationError, match=needle) as info:
+        render(mod, [mod.f], prefix="t", banner="probe")
+    assert "probe.py:" in str(info.value)
+
+
+def test_module_constants_are_inlined_and_earlier_rules_callable(tmp_path):
+    probe = tmp_path / "probe2.py"
+    probe.write_text("LIMIT = 7\n"
+                     "def g(a):\n    return min(a, LIMIT)\n"
+                     "def f(a, b):\n    c = g(a) * 2\n    return {'pair': (c, b if b > 0 else 0), 'one': c % 3}\n")
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("cxx_probe2", probe)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    text = render(mod, [mod.g, mod.f], prefix="t", banner="probe")
+    assert "std::min<int64_t>(a, INT64_C(7))" in text and "t_g(a)" in text
+    assert "struct TF {\n    int64_t pair[2];\n    int64_t one;\n};" in text
