@@ -210,6 +210,25 @@ def load_studies(url: str) -> TunedTable:
     return TunedTable(tuple(rows), where)
 
 
+def study_bests(url: str) -> dict[tuple[Problem, str], list[tuple[str, KernelConfig]]]:
+    """``{(problem, family): [(study, its best config), ...]}`` of the database at ``url``
+    (opened read-only): what a benchmark times beside the recommended config at exactly the
+    problem a study tuned (the benchmarks' ``--tuned``)."""
+    from evotuner import session   # storage is only reached through the session module
+
+    out: dict[tuple[Problem, str], list[tuple[str, KernelConfig]]] = {}
+    store = session.open_store(url, must_exist=True, read_only=True)
+    try:
+        for info in store.list_studies():
+            summary = store.summary(info.name)
+            if summary.best is not None and summary.best.kernel_config is not None:
+                out.setdefault((summary.problem, summary.kernel_family), []).append(
+                    (info.name, summary.best.kernel_config))
+    finally:
+        store.close()
+    return out
+
+
 _ROW_COMMENT = re.compile(r"^\s*// \[(\d+)\] study (.*), trial (\d+): ([0-9.]+) us")
 _DEVICE_COMMENT = re.compile(r"; device (.*?)\s*$")
 

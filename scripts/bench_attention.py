@@ -43,6 +43,7 @@ from evotuner.problem import Problem, Shape
 from evotuner.runtime import attention as A
 from evotuner.runtime import check as C
 from evotuner.runtime.timing import time_cuda
+from evotuner.tuned import study_bests
 
 #: (B, H, S, D, causal): the issue's standard shapes.
 STANDARD_SHAPES = (
@@ -73,23 +74,6 @@ def alternate(timed: list[tuple[dict[str, object], Any]], sdpa: Any, problem: Pr
         row.update(median_us=us, tflops=problem.tflops(us), rounds=len(mine), round_us=mine, sdpa_round_us=theirs,
                    sdpa_default_us=statistics.median(theirs),
                    speedup_vs_sdpa_default=statistics.median(t / m for t, m in zip(theirs, mine)))
-
-
-def tuned_configs(storage: str) -> dict[tuple[Problem, str], list[tuple[str, KernelConfig]]]:
-    """``{(problem, family): [(study, best config), ...]}`` of the studies in ``storage``."""
-    from evotuner import session
-
-    out: dict[tuple[Problem, str], list[tuple[str, KernelConfig]]] = {}
-    store = session.open_store(storage, read_only=True)
-    try:
-        for info in store.list_studies():
-            summary = store.summary(info.name)
-            if summary.best is not None and summary.best.kernel_config is not None:
-                out.setdefault((summary.problem, summary.kernel_family), []).append(
-                    (info.name, summary.best.kernel_config))
-    finally:
-        store.close()
-    return out
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
@@ -129,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     except EvotunerError as exc:
         print(f"bench_attention: {exc}", file=sys.stderr)
         return 2
-    tuned = tuned_configs(args.tuned) if args.tuned else {}
+    tuned = study_bests(args.tuned) if args.tuned else {}
     shapes = args.shapes or list(STANDARD_SHAPES)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     props = torch.cuda.get_device_properties(0)

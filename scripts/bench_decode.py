@@ -11,7 +11,11 @@ ring depth, SPLITS and (grouped heads) PACK_GQA. Every evotuner output is checke
 (fresh random inputs) where the reference fits; a wrong one stops the run.
 
     python3 scripts/bench_decode.py [--sq 1,4,16] [--sk 4096,32768,131072] [--batch 1,16]
-        [--heads 32] [--groups 1,8] [--rounds 3] [--output DIR]
+        [--heads 32] [--groups 1,8] [--rounds 3] [--bases NAME,...|none] [--tuned STORAGE] [--output DIR]
+
+``--tuned STORAGE`` also times the best config of every study in that database whose problem
+is the shape's (``evotuner search --shape B=..,H=..,HKV=..,SQ=..,SK=..,D=..``): the search's
+result beside the recommended config it started from, same run ("tuned x" and "tuned/rec").
 
 Prints one line per shape: the fastest SDPA backend, evotuner's choice (graph, eager),
 the grid's best config, and the ratios fastest-SDPA / ours (graph-timed, median of
@@ -35,8 +39,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import evotuner
+from evotuner.errors import EvotunerError
+from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
 from evotuner.runtime.timing import time_eager, time_graph
+from evotuner.tuned import study_bests
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
@@ -96,6 +103,11 @@ def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
     _, choice = evotuner.flash_attention(q, k, v, return_choice=True)
     ours: dict[str, Callable[[], object]] = {"evotuner": lambda: evotuner.flash_attention(q, k, v)}
     configs = {"evotuner": str(choice.config)}
+    problem = Problem(Shape(B, H, Sq, Sk, D, Hkv), "fp16", False)
+    for study, cfg in args.tuned.get((problem, "hopper"), []):
+        label = f"tuned:{study}"
+        ours[label] = lambda cfg=cfg: evotuner.flash_attention(q, k, v, config=cfg)
+        configs[label] = str(cfg)
     blocks = -(-Sk // 128)
     for base_name in args.bases:
         base = BASES[base_name]
@@ -133,7 +145,10 @@ def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
     sdpa_best = [min(rounds[n][r] for n in callees) for r in range(args.rounds)]
     med = {n: statistics.median(t) for n, t in rounds.items()}
     fastest_sdpa = min(callees, key=lambda n: med[n])
-    grid_best = min((n for n in ours if n != "evotuner"), key=lambda n: med[n])
+    grid = [n for n in ours if n != "evotuner" and not n.startswith("tuned:")]
+    grid_best = min(grid, key=lambda n: med[n]) if grid else None
+    tuned = [n for n in ours if n.startswith("tuned:")]
+    tuned_best = min(tuned, key=lambda n: med[n]) if tuned else None
 
     def ratio(name: str) -> float:
         return statistics.median(s / t for s, t in zip(sdpa_best, rounds[name]))
@@ -141,10 +156,17 @@ def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
     eager_sdpa_best = [min(eager[n][r] for n in callees) for r in range(args.rounds)]
     row = {"shape": dict(B=B, H=H, Hkv=Hkv, Sq=Sq, Sk=Sk, D=D), "checked": check, "choice": configs["evotuner"],
            "why": choice.why, "graph_us": med, "rounds": rounds, "eager_rounds": eager,
-           "fastest_sdpa": fastest_sdpa, "grid_best": grid_best, "grid_best_config": configs[grid_best],
-           "choice_graph_x": ratio("evotuner"), "grid_best_graph_x": ratio(grid_best),
+           "fastest_sdpa": fastest_sdpa, "grid_best": grid_best,
+           "grid_best_config": configs[grid_best] if grid_best else None,
+           "choice_graph_x": ratio("evotuner"), "grid_best_graph_x": ratio(grid_best) if grid_best else None,
            "choice_eager_x": statistics.median(s / t for s, t in zip(eager_sdpa_best, eager["evotuner"])),
-           "split1_best_graph_x": ratio(min((n for n in ours if n.endswith("-x1")), key=lambda n: med[n]))}
+           "split1_best_graph_x": ratio(min((n for n in grid if n.endswith("-x1")), key=lambda n: med[n]))
+           if any(n.endswith("-x1") for n in grid) else None,
+           "tuned_best": tuned_best, "tuned_best_config": configs[tuned_best] if tuned_best else None,
+           "tuned_graph_x": ratio(tuned_best) if tuned_best else None,
+           # the search's gain over the recommended config it started from, same run
+           "tuned_over_recommended": statistics.median(
+               c / t for c, t in zip(rounds["evotuner"], rounds[tuned_best])) if tuned_best else None}
     del q, k, v
     torch.cuda.empty_cache()
     return row
@@ -160,15 +182,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=20)
-    ap.add_argument("--bases", default=",".join(BASES), help=f"grid bases, of {', '.join(BASES)}")
+    ap.add_argument("--bases", default=",".join(BASES), help=f"grid bases, of {', '.join(BASES)}; none: no grid")
+    ap.add_argument("--tuned", metavar="STORAGE", default=None,
+                    help="also time each study's best config at the shape it tuned (a study database)")
     ap.add_argument("--output", type=Path, default=None)
     args = ap.parse_args(argv)
-    bases = [b for b in args.bases.split(",") if b]
+    bases = [b for b in args.bases.split(",") if b and b != "none"]
     unknown = [b for b in bases if b not in BASES]
     if unknown:
         print(f"error: --bases {unknown[0]!r} is not one of {', '.join(BASES)}", file=sys.stderr)
         return 2
     args.bases = bases
+    try:
+        args.tuned = study_bests(args.tuned) if args.tuned else {}
+    except EvotunerError as exc:
+        print(f"error: --tuned: {exc}", file=sys.stderr)
+        return 2
     warnings.filterwarnings("ignore", category=UserWarning)   # SDPA's notes on backends that decline
     if not torch.cuda.is_available():
         print("error: bench_decode needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
@@ -180,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{dev}, torch {torch.__version__}, fp16 D={args.head_dim}, {args.rounds} rounds; x = fastest SDPA "
           f"backend / ours (graph-timed, median of per-round ratios)")
     print(f"{'B':>3} {'H/Hkv':>6} {'Sq':>3} {'Sk':>7}  {'fastest SDPA':>18}  {'choice µs':>9} {'x':>6} {'eager x':>7}"
-          f"  {'grid best':>18} {'µs':>8} {'x':>6}  {'no split x':>10}")
+          f"  {'grid best':>18} {'µs':>8} {'x':>6}  {'no split x':>10}  {'tuned x':>7} {'tuned/rec':>9}")
     rows = []
     for B in args.batch:
         for g in args.groups:
@@ -189,11 +218,15 @@ def main(argv: list[str] | None = None) -> int:
                     row = bench_shape(B, args.heads, args.heads // g, Sq, Sk, args.head_dim, args)
                     rows.append(row)
                     m = row["graph_us"]
+                    gb = row["grid_best"]
+                    grid = (f"{gb:>18} {m[gb]:>8.1f} {row['grid_best_graph_x']:>6.3f}" if gb else f"{'-':>18} {'':>8} {'':>6}")
+                    split1 = row["split1_best_graph_x"]
+                    tuned = (f"{row['tuned_graph_x']:>7.3f} {row['tuned_over_recommended']:>9.3f}"
+                             if row["tuned_best"] else f"{'-':>7} {'-':>9}")
                     print(f"{B:>3} {args.heads:>3}/{args.heads // g:<2} {Sq:>3} {Sk:>7}  "
                           f"{row['fastest_sdpa']:>10} {m[row['fastest_sdpa']]:>7.1f}  {m['evotuner']:>9.1f} "
-                          f"{row['choice_graph_x']:>6.3f} {row['choice_eager_x']:>7.3f}  {row['grid_best']:>18} "
-                          f"{m[row['grid_best']]:>8.1f} {row['grid_best_graph_x']:>6.3f}  "
-                          f"{row['split1_best_graph_x']:>10.3f}", flush=True)
+                          f"{row['choice_graph_x']:>6.3f} {row['choice_eager_x']:>7.3f}  {grid}  "
+                          f"{split1 if split1 is None else format(split1, '.3f'):>10}  {tuned}", flush=True)
     if args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
         (args.output / "bench_decode.json").write_text(json.dumps({"device": dev, "torch": torch.__version__,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification a landing's note quotes, in one script (run on the H100 machine from the
 # project root, after `source .device/setup.sh` there). Logs go to $OUT (default out/verify).
-#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|shipped|gpus|throughput|all]...
+#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|shipped|gpus|throughput|kernels|midsize|decode|all]...
 set -uo pipefail
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
@@ -222,6 +222,70 @@ for what in "${@:-all}"; do
         timeout 200 python3 scripts/bench_gpus.py --trials 64 --causal --runs none --extra="$extra" --run-timeout 180 \
           --workdir "/tmp/evotuner-throughput-$mode" -o "$out/throughput_$mode.json" 2>&1 | tee "$out/throughput_$mode.log" | tail -25
       done ;;
+    kernels)
+      # The kernel changes of 2026-11-26 (issue 25): two CTAs per SM (CTAS_PER_SM=2) under every scheduler and the
+      # split-KV combine that loads 8 splits' partials at once: their GPU tests, compute-sanitizer on each, then the
+      # decode grid (the combine's cost: many splits over packed rows) and CTAS_PER_SM=2 beside the recommended
+      # configs at the mid-size shapes, same run.
+      step "GPU tests: two CTAs per SM, split-KV, launch description (extension rows)"
+      timeout 300 python3 -m pytest -q -rs -m gpu tests/gpu/test_hopper_attention.py::test_two_ctas_per_sm \
+        tests/gpu/test_split_kv.py tests/test_export.py 2>&1 | tee "$out/kernels_tests.log" | tail -8
+      for tool in memcheck racecheck synccheck; do
+        step "compute-sanitizer $tool: split and ctas cases"
+        timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_paths.py --only split \
+          2>&1 | tail -3 | tee -a "$out/kernels_sanitize.log"
+        timeout 200 compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_paths.py --only ctas \
+          2>&1 | tail -3 | tee -a "$out/kernels_sanitize.log"
+      done
+      step "bench_decode: the new combine (1 and 2 warpgroups, every split count)"
+      timeout 240 python3 scripts/bench_decode.py --rounds 2 --sk 4096,131072 --sq 1,16 --bases 1wg-n128-s2,2wg-n128-s2 \
+        --output "$out/decode_combine" 2>&1 | tee "$out/decode_combine.log" | tail -20
+      step "CTAS_PER_SM=2 beside the recommended configs at mid-size shapes"
+      two=OVERLAP=1,EXP_EMU=0,CONSUMER_WGS=1,REG_PROD=24,REG_CONS=232,PINGPONG=0,RESCALE_LOG2=0,CTAS_PER_SM=2
+      timeout 240 python3 scripts/bench_attention.py --family hopper --dtypes fp16 --rounds 3 \
+        --config "$two,BLOCK_N=64,STAGES=2,SCHED=0" --config "$two,BLOCK_N=64,STAGES=2,SCHED=2" \
+        --config "$two,BLOCK_N=128,STAGES=2,SCHED=0" \
+        --shapes 2,16,1024,64,0 --shapes 4,16,1024,64,1 --shapes 1,16,2048,128,0 --shapes 2,16,2048,128,1 \
+        --shapes 1,8,1024,128,0 --shapes 1,16,1024,64,1 --output "$out/ctas" 2>&1 | tee "$out/ctas.log" | tail -30 ;;
+    midsize)
+      # Issue 25's mid-size bar: a <= 64-trial search (hopper.toml, the default sampler) at six shapes of 8k-64k query
+      # rows, D 64 and 128, causal and not (MIDSIZE_RUNS "B,H,S,D,causal|- ..."), then bench_attention --tuned: each
+      # study's best beside the recommended config it started from and SDPA, same run (graph-timed).
+      mdb="sqlite:////tmp/evotuner-midsize.db"; shapes=""
+      for sh in ${MIDSIZE_RUNS:-2,16,1024,64,- 4,16,1024,64,causal 1,16,2048,128,- 2,16,2048,128,causal \
+                 1,8,1024,128,- 1,16,1024,64,causal}; do
+        IFS=, read b h s d c <<< "$sh"; cf=""; [ "$c" = causal ] && cf=--causal
+        shapes="$shapes --shapes $b,$h,$s,$d,$([ "$c" = causal ] && echo 1 || echo 0)"
+        step "64-trial search $sh"
+        timeout 110 evotuner search --study "mid_${b}_${h}_${s}_${d}_${c}" --shape "B=$b,H=$h,S=$s,D=$d" $cf \
+          --trials ${MIDSIZE_TRIALS:-64} --storage "$mdb" > "$out/midsize_${b}_${h}_${s}_${d}_${c}.log" 2>&1
+        echo "rc=$? $(grep -E '^(study|tuning|best)' "$out/midsize_${b}_${h}_${s}_${d}_${c}.log" | tail -2 | tr '\n' ' ' | cut -c1-220)"
+      done
+      step "bench_attention --tuned: recommended, the searches' best, SDPA"
+      timeout 240 python3 scripts/bench_attention.py --family hopper --tuned "$mdb" $shapes --dtypes fp16 --rounds 3 \
+        --output "$out/midsize_bench" 2>&1 | tee "$out/midsize_bench.log" | tail -30
+      cp /tmp/evotuner-midsize.db "$out/midsize.db"
+      tar czf "$out/midsize_logs.tgz" "$out"/midsize_*_*.log && rm -f "$out"/midsize_*_*.log ;;
+    decode)
+      # Issue 25's decoding bar: a <= 64-trial search per decode shape (DECODE_RUNS "B,H,HKV,SQ,SK ...", D=128; the
+      # hopper_split space is picked for them), then bench_decode --tuned --bases none: each study's best beside the
+      # recommended config and the fastest SDPA backend, same run (graph-timed).
+      ddb="sqlite:////tmp/evotuner-decode.db"; t0=$SECONDS
+      for sh in ${DECODE_RUNS:-1,32,32,1,4096 1,32,4,1,4096 1,32,32,1,131072 1,32,4,1,131072 16,32,32,16,4096 \
+                 16,32,4,16,4096 16,32,32,1,32768 16,32,4,4,32768 1,32,4,16,131072 16,32,32,4,131072}; do
+        IFS=, read b h hkv sq sk <<< "$sh"
+        [ $((SECONDS - t0)) -gt ${DECODE_BUDGET_S:-420} ] && { echo "out of time: skip $sh"; continue; }
+        step "64-trial search $sh"
+        timeout 100 evotuner search --study "dec_${b}_${h}_${hkv}_${sq}_${sk}" \
+          --shape "B=$b,H=$h,HKV=$hkv,SQ=$sq,SK=$sk,D=128" --trials ${DECODE_TRIALS:-64} --storage "$ddb" \
+          > "$out/decode_$sh.log" 2>&1
+        echo "rc=$? $(grep -E '^(study|tuning|best)' "$out/decode_$sh.log" | tail -2 | tr '\n' ' ' | cut -c1-220)"
+      done
+      step "bench_decode --tuned: the searches' best vs the recommended config and the fastest SDPA backend"
+      timeout 300 python3 scripts/bench_decode.py --tuned "$ddb" --bases none --rounds 3 --sq 1,4,16 \
+        --sk 4096,32768,131072 --batch 1,16 --output "$out/decode_tuned" 2>&1 | tee "$out/decode_tuned.log" | tail -40
+      cp /tmp/evotuner-decode.db "$out/decode.db"
+      tar czf "$out/decode_logs.tgz" "$out"/decode_*,*.log && rm -f "$out"/decode_*,*.log ;;
     workers|all)
       step "two search processes on one study (exact budget, nothing measured twice)"
       timeout 240 python3 scripts/two_workers.py --trials 24 --gpus 0 --workdir /tmp/evotuner-two 2>&1 | tee "$out/two_workers.log" | tail -12 ;;

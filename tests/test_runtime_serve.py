@@ -14,7 +14,7 @@ import pytest
 
 from evotuner import defaults, session
 from evotuner.config import KernelConfig
-from evotuner.errors import SpaceError
+from evotuner.errors import EvotunerError, SpaceError
 from evotuner.family import AttentionArgs, DeviceInfo, TensorView, get_family
 from evotuner.problem import Problem, Shape
 from evotuner.runtime import attention as A
@@ -183,6 +183,16 @@ def replayed_db(tmp_path_factory):
     best = store.summary("d64").best
     store.close()
     return url, best
+
+
+def test_the_benchmarks_find_each_studys_best_at_its_exact_problem(replayed_db):
+    """What bench_attention/bench_decode --tuned time: a study's best at the very problem it
+    tuned, keyed by (problem, family); a missing database is one clear error."""
+    url, best = replayed_db
+    bests = tuned.study_bests(url)
+    assert bests == {(Problem(Shape.parse("B=16,H=16,S=2048,D=64")), "hopper"): [("d64", best.kernel_config)]}
+    with pytest.raises(EvotunerError):
+        tuned.study_bests("sqlite:////nonexistent/dir/none.db")
 
 
 def test_tune_then_use_serves_the_studys_best_config(replayed_db, monkeypatch):
