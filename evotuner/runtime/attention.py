@@ -14,7 +14,8 @@ layout, lse, family) validates, chooses, builds the cubin through
 driver and derives a :class:`_Plan`: the launch geometry and the kernel's argument bytes
 with the places of the pointers in them. A later call with the same key allocates the
 output, checks the pointers' alignment, writes them into the bytes and launches on torch's
-current stream: a few µs of host time. Under ``torch.compile`` the call is the custom op
+current stream: in C++ (:mod:`evotuner.runtime.fastpath`, which the Python path registers
+its plans with), else here, in Python. Under ``torch.compile`` the call is the custom op
 ``evotuner::flash_attention`` (registered at the end of this module).
 """
 

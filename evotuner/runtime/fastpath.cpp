@@ -4,7 +4,7 @@
 // and its ArgBinder) and then registers the plan here, under a key this file computes from
 // the call's own tensors and flags; the same function computes the key of every later call,
 // so registration and look-up cannot drift. A hit allocates the output (and LSE), writes the
-// pointers into a per-call copy of the argument bytes, zeroes the SCHED=2 workspace and
+// pointers into a per-call copy of the argument bytes, zeroes the family's workspace (a tile counter) and
 // launches with cuLaunchKernelEx on torch's current stream of the tensors' device, all
 // without Python code. Anything unusual (a tensor subclass, an unknown key or stream, grad,
 // odd pointers, a flag of a type whose equality could run Python code, another current

@@ -2,8 +2,8 @@
 
 A call whose plan is known (same shapes, strides, dtypes, device and flags as an earlier call)
 runs entirely in C++: the key, the plan look-up, the output's allocation, the pointers written
-into a copy of the plan's argument bytes, the SCHED=2 workspace reset and ``cuLaunchKernelEx``
-on torch's current stream. Everything else (a new key, a new stream, grad, odd pointers, a
+into a copy of the plan's argument bytes, the family's workspace reset (a tile counter) and
+``cuLaunchKernelEx`` on torch's current stream. Everything else (a new key, a new stream, grad, odd pointers, a
 tensor subclass, a flag such as an OrderedDict config) returns None there and takes the Python
 path of :mod:`evotuner.runtime.attention`, unchanged; that path then registers its plan here
 (:func:`publish`) under the key the C++ side computes itself from the same call, so the two
@@ -14,7 +14,7 @@ ninja; no CUDA toolkit, no CUDA torch) in a child process, with a timeout, kille
 timeout, into ``<build cache>/fastpath/<key>/`` (:func:`evotuner.compiler.cache.default_cache_root`),
 ``<key>`` a hash of the source, the torch version and build, and the Python ABI: a stale build
 is never loaded. The first eager call of a process starts it: a build already in the cache is
-loaded there and then (milliseconds); otherwise it compiles in the background (about a minute
+loaded there and then (milliseconds); otherwise it compiles in the background (about 20 s
 on 2 cores, once per torch version) while calls take the Python path, and they switch to C++ once
 it loaded. :func:`build` builds and loads synchronously (``evotuner.runtime.build_fastpath``).
 
@@ -55,7 +55,7 @@ from evotuner.runtime import cuda
 SOURCE = Path(__file__).with_name("fastpath.cpp")
 ENV_VAR = "EVOTUNER_FASTPATH"
 DEBUG_ENV = "EVOTUNER_FASTPATH_DEBUG"
-#: The build compiles torch's ATen headers once (about a minute on 2 cores); this is a guard.
+#: The build compiles torch's ATen headers once (about 20 s on 2 cores); this is a guard.
 BUILD_TIMEOUT_S = 600.0
 #: Bumped when the build's recipe (not the source, which is hashed) changes.
 FORMAT = 1
@@ -139,7 +139,7 @@ def start() -> None:
     if how == "sync":
         build()
         return
-    _set(f"building in the background into {where} (once per torch version, about a minute); "
+    _set(f"building in the background into {where} (once per torch version, about 20 s on 2 cores); "
          "calls take the Python path until it is ready")
     threading.Thread(target=build, name="evotuner-fastpath-build", daemon=True).start()
 
