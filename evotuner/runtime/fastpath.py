@@ -216,6 +216,7 @@ def _compile(where: Path, timeout_s: float) -> str | None:
         os.rename(tmp, where)
     except OSError:              # another process published the same key first: use theirs
         shutil.rmtree(tmp, ignore_errors=True)
+    where.with_name(where.name + ".failed").unlink(missing_ok=True)   # a retry that succeeded
     return None
 
 
