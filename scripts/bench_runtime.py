@@ -12,7 +12,10 @@ Per shape (fp16 unless --dtype), after one correctness check of each callee agai
 fp32 reference (fresh random inputs):
 
 * **host µs/call**: wall time of 200 back-to-back calls with no synchronisation, divided by
-  200 (the public call as a user makes it: validation or plan look-up, allocation, launch);
+  200 (the public call as a user makes it: validation or plan look-up, allocation, launch),
+  through the C++ fast path (``evotuner.runtime.fastpath``, built here first if it is not
+  cached; ``EVOTUNER_FASTPATH=0`` turns it off) and, in the "py" column, the same public call
+  with the fast path switched off for the 200 calls (the Python path);
 * **eager µs**: CUDA events around 200 back-to-back calls, divided by 200 (no L2 flush): a
   call whose host time exceeds its kernel time shows here as the host time;
 * **graph µs**: one call captured in a CUDA graph, its replays timed by
@@ -40,6 +43,7 @@ import torch.nn.functional as F
 import evotuner
 from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
+from evotuner.runtime import fastpath
 from evotuner.runtime.timing import time_eager, time_graph
 
 #: (B, H, S, D, causal): the six standard shapes, then mid-size ones (8k-64k query rows).
@@ -81,6 +85,16 @@ def host_us(fn: Callable[[], object]) -> float:
     return (t1 - t0) / CALLS * 1e6
 
 
+def python_path_host_us(fn: Callable[[], object]) -> float:
+    """host_us of ``fn`` with the C++ fast path switched off (the Python path)."""
+    native, fastpath.run = fastpath.run, None
+    try:
+        fn()
+        return host_us(fn)
+    finally:
+        fastpath.run = native
+
+
 def check(name: str, out: torch.Tensor, q, k, v, causal: bool, scale: float) -> float:
     ref, _ = C.reference(q, k, v, causal, scale)
     tol = C.tolerance(C.torch_low_precision(q, k, v, causal, scale), ref)
@@ -109,6 +123,7 @@ def bench_shape(shape, dtype: str, args: argparse.Namespace, ext) -> dict:
         callees["extension"] = lambda: ext.attention(q, k, v, causal, scale)
         errors["extension"] = check("the extension", callees["extension"](), q, k, v, causal, scale)
     rounds: dict[str, dict[str, list[float]]] = {n: {"host": [], "eager": [], "graph": []} for n in callees}
+    python_host: list[float] = []
     for fn in callees.values():                    # warm-up: module loads, plans, cuDNN's plan cache
         for _ in range(20):
             fn()
@@ -122,10 +137,12 @@ def bench_shape(shape, dtype: str, args: argparse.Namespace, ext) -> dict:
                 rounds[name]["host"].append(host_us(fn))
                 rounds[name]["eager"].append(time_eager(fn, CALLS))
                 rounds[name]["graph"].append(time_graph(fn, args.reps))
+            python_host.append(python_path_host_us(callees["evotuner"]))
     finally:
         gc.enable()
     row: dict = {"shape": [B, H, S, D], "heads_kv": Hkv, "causal": causal, "dtype": dtype, "family": choice.family,
-                 "config": str(choice.config), "why": choice.why, "max_error": errors, "rounds": rounds}
+                 "config": str(choice.config), "why": choice.why, "max_error": errors, "rounds": rounds,
+                 "python_host_us": statistics.median(python_host), "python_host_rounds": python_host}
     for name, r in rounds.items():
         for what in ("host", "eager", "graph"):
             row[f"{name}_{what}_us"] = statistics.median(r[what])
@@ -160,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         if ext is None:
             return 1
     rows = []
+    print(f"fast path: {fastpath.build()}")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, {args.rounds} rounds; "
           f"x = SDPA time / ours (median of per-round ratios)")
-    head = f"{'shape':20s} {'host µs ev/sdpa/ext':>21s} {'eager µs ev/sdpa':>17s} {'eager x':>7s} " \
+    head = f"{'shape':20s} {'host µs ev/py/sdpa/ext':>27s} {'eager µs ev/sdpa':>17s} {'eager x':>7s} " \
            f"{'graph µs ev/sdpa':>17s} {'graph x':>7s}"
     print(head)
     with torch.no_grad():
@@ -173,15 +191,18 @@ def main(argv: list[str] | None = None) -> int:
             H = f"{H}/{r['heads_kv']}" if r["heads_kv"] != H else H
             ext_host = f"{r['extension_host_us']:.1f}" if "extension_host_us" in r else "-"
             print(f"{f'{B},{H},{S},{D}' + (' c' if r['causal'] else ''):20s} "
-                  f"{r['evotuner_host_us']:6.1f}/{r['sdpa_host_us']:5.1f}/{ext_host:>6s}  "
+                  f"{r['evotuner_host_us']:6.1f}/{r['python_host_us']:5.1f}/{r['sdpa_host_us']:5.1f}/{ext_host:>6s}  "
                   f"{r['evotuner_eager_us']:8.1f}/{r['sdpa_eager_us']:8.1f} {r['evotuner_eager_x']:7.3f} "
                   f"{r['evotuner_graph_us']:8.1f}/{r['sdpa_graph_us']:8.1f} {r['evotuner_graph_x']:7.3f}", flush=True)
     hosts = [r["evotuner_host_us"] for r in rows]
-    print(f"evotuner host µs/call: median {statistics.median(hosts):.1f}, max {max(hosts):.1f}")
+    py = [r["python_host_us"] for r in rows]
+    print(f"evotuner host µs/call: median {statistics.median(hosts):.1f}, max {max(hosts):.1f} "
+          f"(Python path: median {statistics.median(py):.1f}, max {max(py):.1f})")
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.with_suffix(".json").write_text(json.dumps(
-            {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows}, indent=1))
+            {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "fastpath": fastpath.status(),
+             "rows": rows}, indent=1))
     return 0
 
 

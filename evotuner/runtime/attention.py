@@ -14,7 +14,8 @@ layout, lse, family) validates, chooses, builds the cubin through
 driver and derives a :class:`_Plan`: the launch geometry and the kernel's argument bytes
 with the places of the pointers in them. A later call with the same key allocates the
 output, checks the pointers' alignment, writes them into the bytes and launches on torch's
-current stream: a few µs of host time. Under ``torch.compile`` the call is the custom op
+current stream: in C++ (:mod:`evotuner.runtime.fastpath`, which the Python path registers
+its plans with), else here, in Python. Under ``torch.compile`` the call is the custom op
 ``evotuner::flash_attention`` (registered at the end of this module).
 """
 
@@ -35,7 +36,7 @@ from evotuner.defaults import (config_family, default_config, fastest_recommende
 from evotuner.errors import BuildError, EvotunerError, ShapeError
 from evotuner.family import DEFAULT_FAMILY, get_family
 from evotuner.problem import Problem, Shape
-from evotuner.runtime import choice, cuda
+from evotuner.runtime import choice, cuda, fastpath
 from evotuner.runtime.binder import POINTER_LIMIT, ArgBinder
 from evotuner.runtime.choice import Choice, choose, resolve_config, served_tables  # noqa: F401 (public names)
 from evotuner.runtime.inputs import ALIGN_BYTES, LAYOUTS, validate  # noqa: F401 (public names)
@@ -92,6 +93,7 @@ def use_tuned(source: str | Path | None = None, *, shipped: bool = True) -> Tune
     says how) and forget the plans resolved with the tables before."""
     table = choice.use_tuned(source, shipped=shipped)
     _plans.clear()
+    fastpath.clear()
     return table
 
 
@@ -120,12 +122,13 @@ class _Plan:
 
     __slots__ = ("choice", "module", "device", "torch_device", "dtype", "out_shape", "lse_shape", "layout", "scale",
                  "binder", "args", "params", "geometry", "workspace", "workspaces", "lock", "launch", "memset",
-                 "function", "config", "config_ref", "stream", "like_q", "sizes", "scratch", "scratches")
+                 "function", "config", "config_ref", "stream", "like_q", "sizes", "scratch", "scratches", "spec")
 
     def __init__(self, choice: Choice, module: KernelModule, q: torch.Tensor, layout: str, scale: float,
                  return_lse: bool, views: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
         self.choice = choice
         self.module = module
+        self.spec: Any = None   # what the C++ hot path serves it from (fastpath.plan_spec), False: none
         self.device = module.device
         self.torch_device = q.device
         self.dtype = q.dtype
@@ -346,6 +349,9 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise forward_only_error()
     out, lse = plan.run(q, k, v)
+    if key is not None and fastpath.mode() != "off":
+        fastpath.publish(plan, _current_stream(plan.device), q, k, v, causal, scale, config, layout, return_lse,
+                         family)
     return out, lse, plan.choice
 
 
@@ -381,6 +387,11 @@ def flash_attention(
     """
     if torch.compiler.is_compiling():
         return _compiled(q, k, v, causal, scale, config, layout, return_lse, family, return_choice)
+    native = fastpath.run
+    if native is not None:   # the C++ hot path: the result, or None for the path below
+        result = native(q, k, v, causal, scale, config, layout, return_lse, family, return_choice)
+        if result is not None:
+            return result
     out, lse, choice = _forward(q, k, v, causal, scale, config, layout, return_lse, family)
     if return_choice:
         return (out, lse, choice) if return_lse else (out, choice)
@@ -417,6 +428,11 @@ OP_SCHEMA = ("(Tensor q, Tensor k, Tensor v, bool causal, float? scale, str? con
 
 @torch.library.custom_op("evotuner::flash_attention", mutates_args=(), device_types="cuda", schema=OP_SCHEMA)
 def _op(q, k, v, causal, scale, config, layout, return_lse, family):  # type: ignore[no-untyped-def]
+    native = fastpath.run
+    result = native(q, k, v, causal, scale, config, layout, return_lse, family, False) if native is not None else None
+    if result is not None:
+        out, lse = result if return_lse else (result, None)
+        return out, (lse if lse is not None else out.new_empty((0,), dtype=torch.float32))
     out, lse, _ = _forward(q, k, v, causal, scale, config, layout, return_lse, family)
     return out, (lse if lse is not None else out.new_empty((0,), dtype=torch.float32))
 
