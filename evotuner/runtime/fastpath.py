@@ -53,6 +53,8 @@ from evotuner.errors import BuildError, EvotunerError
 from evotuner.runtime import cuda
 
 SOURCE = Path(__file__).with_name("fastpath.cpp")
+#: Every file the build reads (the source includes the header beside it): all are in the build key.
+SOURCES = (SOURCE, SOURCE.with_name("fastpath_table.h"))
 ENV_VAR = "EVOTUNER_FASTPATH"
 DEBUG_ENV = "EVOTUNER_FASTPATH_DEBUG"
 #: The build compiles torch's ATen headers once (about 20 s on 2 cores); this is a guard.
@@ -91,7 +93,7 @@ def mode() -> str:
 def build_key() -> str:
     """sha256 of the source, the torch build and the Python ABI (what makes a build loadable)."""
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__, str(torch.version.cuda),
+    for part in (*(p.read_bytes() for p in SOURCES), torch.__version__, str(torch.version.cuda),
                  str(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", "")), sys.implementation.cache_tag,
                  str(sysconfig.get_config_var("EXT_SUFFIX")), platform.machine(), str(FORMAT)):
         h.update(part if isinstance(part, bytes) else part.encode())
