@@ -152,6 +152,23 @@ def _check_lengths(lengths: object, what: str) -> tuple[int, ...]:
     return out
 
 
+def _check_sequences(lengths_q: object, lengths_k: object | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A packed batch's (query, key) lengths, checked together (``lengths_k`` None: the query
+    lengths): one key length per sequence, some query and some key rows; else ShapeError."""
+    lq = _check_lengths(lengths_q, "--lengths")
+    lk = lq if lengths_k is None else _check_lengths(lengths_k, "--lengths-k")
+    if len(lk) != len(lq):
+        raise ShapeError(f"--lengths-k: {len(lk)} key lengths for {len(lq)} sequences",
+                         "give one key length per query length, or drop --lengths-k (keys as long as queries)")
+    if not max(lq):
+        raise ShapeError("--lengths: every sequence is empty; there is nothing to tune",
+                         "give at least one sequence a length above 0")
+    if not max(lk):
+        raise ShapeError("--lengths-k: no sequence has a key; every output would be zeros",
+                         "give at least one sequence a key length above 0")
+    return lq, lk
+
+
 def describe_lengths(lengths: tuple[int, ...]) -> str:
     """``128,4096`` for a few sequences; ``128..8192 (total 61440)`` for more."""
     if len(lengths) <= LISTED_LENGTHS:
@@ -221,17 +238,7 @@ class Problem:
                              "make it with Problem.packed(...) (varlen=True), or drop the lengths")
         if not self.lengths_q:
             raise ShapeError("--lengths-k: key lengths without query lengths", "give --lengths too")
-        lq = _check_lengths(self.lengths_q, "--lengths")
-        lk = _check_lengths(self.lengths_k, "--lengths-k") if self.lengths_k else lq
-        if len(lk) != len(lq):
-            raise ShapeError(f"--lengths-k: {len(lk)} key lengths for {len(lq)} sequences",
-                             "give one key length per query length, or drop --lengths-k (keys as long as queries)")
-        if not max(lq):
-            raise ShapeError("--lengths: every sequence is empty; there is nothing to tune",
-                             "give at least one sequence a length above 0")
-        if not max(lk):
-            raise ShapeError("--lengths-k: no sequence has a key; every output would be zeros",
-                             "give at least one sequence a key length above 0")
+        lq, lk = _check_sequences(self.lengths_q, self.lengths_k or None)
         s = self.shape
         derived = (len(lq), max(lq), max(lk))
         if (s.batch, s.seqlen_q, s.seqlen_k) != derived:
@@ -247,17 +254,7 @@ class Problem:
                causal: bool = False) -> "Problem":
         """A packed variable-length problem of these sequences: batch, Sq and Sk derived
         from the lengths (the number of sequences and the longest of each)."""
-        lq = _check_lengths(lengths_q, "--lengths")
-        lk = lq if lengths_k is None else _check_lengths(lengths_k, "--lengths-k")
-        if not max(lq):
-            raise ShapeError("--lengths: every sequence is empty; there is nothing to tune",
-                             "give at least one sequence a length above 0")
-        if not max(lk):
-            raise ShapeError("--lengths-k: no sequence has a key; every output would be zeros",
-                             "give at least one sequence a key length above 0")
-        if len(lk) != len(lq):
-            raise ShapeError(f"--lengths-k: {len(lk)} key lengths for {len(lq)} sequences",
-                             "give one key length per query length, or drop --lengths-k (keys as long as queries)")
+        lq, lk = _check_sequences(lengths_q, lengths_k)
         shape = Shape(len(lq), heads, max(lq), max(lk), head_dim, heads_kv)
         return cls(shape, dtype, causal, varlen=True, lengths_q=lq, lengths_k=lk)
 

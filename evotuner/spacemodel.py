@@ -210,10 +210,11 @@ class SearchSpace:
 
     def environment(self, config: KernelConfig, problem: Problem) -> dict[str, int]:
         """Every name an expression may use, evaluated for ``config`` and ``problem``."""
+        config = self.complete(config)
         self.validate(config)
         env: dict[str, int] = dict(problem_env(problem))
         env.update(self.device.as_dict())
-        env.update(self.complete(config).as_dict())
+        env.update(config.as_dict())
         for d in self.derived:
             env[d.name] = d.expr.evaluate(env)
         return env

@@ -349,9 +349,8 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise forward_only_error()
     out, lse = plan.run(q, k, v)
-    if key is not None and fastpath.mode() != "off":
-        fastpath.publish(plan, _current_stream(plan.device), q, k, v, causal, scale, config, layout, return_lse,
-                         family)
+    if key is not None:
+        fastpath.publish(plan, _current_stream, q, k, v, causal, scale, config, layout, return_lse, family)
     return out, lse, plan.choice
 
 

@@ -47,6 +47,15 @@ uint64_t current_stream(const c10::Device& device) {
     return reinterpret_cast<uint64_t>(impl->getStream(device).native_handle());
 }
 
+// A call's q, k, v (args[0..2]) into t, when they are plain tensors and its flags (args[3..8])
+// are of the kinds the table compares without Python code; false: the Python path's call.
+bool call_tensors(PyObject* const* args, at::Tensor* t) {
+    if (!plain_tensor(args[0]) || !plain_tensor(args[1]) || !plain_tensor(args[2]) || !flags_ok(args + 3))
+        return false;
+    for (int i = 0; i < 3; ++i) t[i] = THPVariable_Unpack(args[i]);
+    return true;
+}
+
 PyObject* wrap(at::Tensor t) { return THPVariable_Wrap(std::move(t)); }
 
 // ---------------------------------------------------------------- run
@@ -58,9 +67,8 @@ PyObject* run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "run: expected 10 arguments");
         return nullptr;
     }
-    if (!plain_tensor(args[0]) || !plain_tensor(args[1]) || !plain_tensor(args[2]) || !flags_ok(args + 3))
-        Py_RETURN_NONE;
-    const at::Tensor t[3] = {THPVariable_Unpack(args[0]), THPVariable_Unpack(args[1]), THPVariable_Unpack(args[2])};
+    at::Tensor t[3];
+    if (!call_tensors(args, t)) Py_RETURN_NONE;
     if (c10::GradMode::is_enabled() && (t[0].requires_grad() || t[1].requires_grad() || t[2].requires_grad()))
         Py_RETURN_NONE;  // Python raises forward_only_error()
     int want_choice = args[9] == Py_True ? 1 : args[9] == Py_False ? 0 : PyObject_IsTrue(args[9]);
@@ -227,13 +235,12 @@ PyObject* register_plan(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "register: expected 13 arguments");
         return nullptr;
     }
-    if (!plain_tensor(args[0]) || !plain_tensor(args[1]) || !plain_tensor(args[2]) || !flags_ok(args + 3))
-        Py_RETURN_FALSE;
+    at::Tensor t[3];
+    if (!call_tensors(args, t)) Py_RETURN_FALSE;
     StreamBuffers buffers{};
     if (!read_u64(args[10], &buffers.stream) || !read_u64(args[11], &buffers.workspace) ||
         !read_u64(args[12], &buffers.scratch))
         return nullptr;
-    const at::Tensor t[3] = {THPVariable_Unpack(args[0]), THPVariable_Unpack(args[1]), THPVariable_Unpack(args[2])};
     {   // known already: only this stream's buffers may be new
         std::lock_guard<std::mutex> lock(g_mu);
         const int id = find_flags(args + 3);
@@ -316,9 +323,8 @@ PyObject* key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         PyErr_SetString(PyExc_TypeError, "key: expected 9 arguments");
         return nullptr;
     }
-    if (!plain_tensor(args[0]) || !plain_tensor(args[1]) || !plain_tensor(args[2]) || !flags_ok(args + 3))
-        Py_RETURN_NONE;
-    const at::Tensor t[3] = {THPVariable_Unpack(args[0]), THPVariable_Unpack(args[1]), THPVariable_Unpack(args[2])};
+    at::Tensor t[3];
+    if (!call_tensors(args, t)) Py_RETURN_NONE;
     int id;
     {
         std::lock_guard<std::mutex> lock(g_mu);

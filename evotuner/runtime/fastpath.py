@@ -317,15 +317,18 @@ def _address(fn: Any) -> int:
     return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
 
 
-def publish(plan: Any, stream: int, q: Any, k: Any, v: Any, causal: Any, scale: Any, config: Any, layout: Any,
-            return_lse: Any, family: Any) -> None:
-    """Register ``plan`` (just run on ``stream`` by the Python path) for calls like this one;
-    starts the fast path on the first call of the process. Never raises for the fast path's sake."""
+def publish(plan: Any, current_stream: Callable[[int], int], q: Any, k: Any, v: Any, causal: Any, scale: Any,
+            config: Any, layout: Any, return_lse: Any, family: Any) -> None:
+    """Register ``plan`` (just run by the Python path on ``current_stream(plan.device)``) for
+    calls like this one; starts the fast path on the first call of the process (``$EVOTUNER_FASTPATH``
+    is read then, once). Never raises for the fast path's sake; costs one check while the fast
+    path is off or not loaded yet."""
     if not _started:
         start()
     native = _native
     if native is None or plan.spec is False:
         return
+    stream = current_stream(plan.device)
     if plan.spec is None:
         plan.spec = plan_spec(plan) or False
         if plan.spec is False:

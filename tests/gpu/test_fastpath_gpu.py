@@ -11,7 +11,6 @@ never asserted. Skips without a GPU.
 
 from __future__ import annotations
 
-import math
 import time
 
 import pytest
@@ -20,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 import evotuner  # noqa: E402
 from evotuner.runtime import attention as A  # noqa: E402
-from evotuner.runtime import check as C  # noqa: E402
+from reference_check import assert_like_reference as _ref_ok  # noqa: E402
 from evotuner.runtime import fastpath  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -41,18 +40,6 @@ def _qkv(B, H, S, D, dtype=torch.float16, layout="bhsd", Sk=None, Hk=None):
     sk = (B, Sk or S, Hk or H, D) if layout == "bshd" else (B, Hk or H, Sk or S, D)
     return (torch.randn(sq, device="cuda", dtype=dtype), torch.randn(sk, device="cuda", dtype=dtype),
             torch.randn(sk, device="cuda", dtype=dtype))
-
-
-def _ref_ok(out, q, k, v, causal, layout="bhsd", lse=None):
-    t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
-    qv, kv, vv, ov = t(q), t(k), t(v), t(out)
-    scale = 1 / math.sqrt(q.shape[-1])
-    ref, ref_lse = C.reference(qv, kv, vv, causal, scale)
-    tol = C.tolerance(C.torch_low_precision(qv, kv, vv, causal, scale), ref)
-    err = float((ov.float() - ref).abs().max())
-    assert math.isfinite(err) and err <= tol, (err, tol)
-    if lse is not None:
-        assert torch.allclose(lse, ref_lse, atol=1e-3)
 
 
 def _python_path(monkeypatch, **kw):
@@ -97,7 +84,7 @@ def test_the_fast_path_equals_the_python_path_and_the_reference(monkeypatch, nat
         assert torch.equal(fast_out, slow_out), name
         if fast_lse is not None:
             assert torch.equal(fast_lse, slow_lse)
-        _ref_ok(fast_out, q, k, v, causal, layout, fast_lse)
+        _ref_ok(fast_out, q, k, v, causal, layout=layout, lse=fast_lse)
         A._plans.clear()
     assert evotuner.flash_attention(q, k, v, **kw, return_choice=True)[-1] == choice
 

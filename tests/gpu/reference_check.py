@@ -1,0 +1,24 @@
+"""The GPU tests' one comparison of an attention output (and its LSE) with the fp32
+reference, by FA2's rule (evotuner.runtime.check): NaN or an error past the bound fails."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from evotuner.runtime import check as C
+
+
+def assert_like_reference(out, q, k, v, causal, scale=None, layout="bhsd", lse=None) -> None:
+    """``out`` (and ``lse``, natural log) of attention over q, k, v in ``layout``, against
+    the fp32 reference; ``scale`` defaults to 1/sqrt(D)."""
+    t = (lambda x: x.transpose(1, 2)) if layout == "bshd" else (lambda x: x)
+    qv, kv, vv, ov = t(q), t(k), t(v), t(out)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    ref, ref_lse = C.reference(qv, kv, vv, causal, scale)
+    tol = C.tolerance(C.torch_low_precision(qv, kv, vv, causal, scale), ref)
+    err = float((ov.float() - ref).abs().max())
+    assert math.isfinite(err) and err <= tol, (err, tol)
+    if lse is not None:
+        assert torch.allclose(lse, ref_lse, atol=1e-3)
