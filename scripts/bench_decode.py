@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{B:>3} {args.heads:>3}/{args.heads // g:<2} {Sq:>3} {Sk:>7}  "
                           f"{row['fastest_sdpa']:>10} {m[row['fastest_sdpa']]:>7.1f}  {m['evotuner']:>9.1f} "
                           f"{row['choice_graph_x']:>6.3f} {row['choice_eager_x']:>7.3f}  {grid}  "
-                          f"{split1 if split1 is None else format(split1, '.3f'):>10}  {tuned}", flush=True)
+                          f"{'-' if split1 is None else format(split1, '.3f'):>10}  {tuned}", flush=True)
     if args.output is not None:
         args.output.mkdir(parents=True, exist_ok=True)
         (args.output / "bench_decode.json").write_text(json.dumps({"device": dev, "torch": torch.__version__,

@@ -115,11 +115,27 @@ def _dense(family: str | None, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: in
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=("all", *GROUPS), default="all")
+    ap.add_argument("--case", action="append", default=[], metavar="B,H,HKV,SQ,SK,D,CAUSAL,CONFIG",
+                    help="run only this hopper case (CONFIG: 'NAME=value,...', or '-' for the recommended one); "
+                         "repeatable")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 1
     bad = 0
+    if args.case:
+        for spec in args.case:
+            try:
+                *dims, causal, config = spec.split(",", 7)
+                B, H, Hkv, Sq, Sk, D = (int(x) for x in dims)
+            except ValueError:
+                print(f"error: --case {spec!r}: expected B,H,HKV,SQ,SK,D,CAUSAL,CONFIG", file=sys.stderr)
+                return 2
+            ok, reason = _dense("hopper", B, H, Hkv, Sq, Sk, D, causal not in ("0", "False", "false"),
+                                None if config == "-" else config)
+            bad += not ok
+            print(f"case {spec}: {'ok' if ok else 'WRONG ' + reason}")
+        return 1 if bad else 0
     for group, cases in GROUPS.items():
         if args.only not in ("all", group):
             continue

@@ -36,7 +36,6 @@ PLACES = {"q": (16, 4), "k": (64, 40), "v": (96, 4), "o": (160, 28), "lse": (200
           "scratch": (256, 4)}
 GEOMETRY = (3, 2, 1, 384, 1, 1, 4096)
 LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-MEMSET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p)
 
 
 def _make(roles, size=320, seed=7):
@@ -80,13 +79,12 @@ def native():
 
 
 class FakeDriver:
-    """cuLaunchKernelEx and cuMemsetD8Async stand-ins: record what the C++ side passed."""
+    """A cuLaunchKernelEx stand-in: records what the C++ side passed."""
 
     def __init__(self, nbytes, code=0):
         self.nbytes, self.code, self.local = nbytes, code, threading.local()
-        self.launches, self.memsets = [], []
+        self.launches = []
         self.launch = LAUNCH(self._launch)
-        self.memset = MEMSET(self._memset)
 
     def _launch(self, config, function, params, extra):
         fields = ctypes.cast(config, ctypes.POINTER(ctypes.c_uint * 7)).contents
@@ -96,19 +94,14 @@ class FakeDriver:
         self.launches.append((tuple(fields), stream, function, extra))
         return self.code
 
-    def _memset(self, ptr, value, nbytes, stream):
-        self.memsets.append((ptr, value, nbytes, stream or 0))
-        return 0
-
-    def addresses(self):
-        return (ctypes.cast(self.launch, ctypes.c_void_p).value, ctypes.cast(self.memset, ctypes.c_void_p).value)
+    def address(self):
+        return ctypes.cast(self.launch, ctypes.c_void_p).value
 
 
 def _spec(binder, driver, q, *, lse=False, workspace=0, scratch=False, owner=None, choice="choice"):
     B, H, Sq, _ = q.shape
-    launch, memset = driver.addresses()
-    return (binder.template, _fields(binder), lse, bool(workspace), workspace, scratch, GEOMETRY, 0xF00D0,
-            launch, memset, tuple(q.shape), (B, H, Sq) if lse else None, owner, choice)
+    return (binder.template, _fields(binder), lse, bool(workspace), scratch, GEOMETRY, 0xF00D0, driver.address(),
+            tuple(q.shape), (B, H, Sq) if lse else None, owner, choice)
 
 
 def _qkv(B=2, H=4, S=64, D=64, dtype=torch.float16, Sk=None, Hk=None):
@@ -147,7 +140,6 @@ def test_a_whole_call_runs_through_the_table(native):
             "workspace": 1 << 20}
     assert driver.local.args == binder.bind(ptrs)
     assert driver.launches == [(GEOMETRY, 0, 0xF00D0, None)]
-    assert driver.memsets == [(1 << 20, 0, 64, 0)]
     out2, lse2 = native.run(q2, k2, v2, *FLAGS[:4], True, None, False)
     assert out2.data_ptr() != out.data_ptr() and len(driver.launches) == 2
     # the same plan under return_lse=False is another key

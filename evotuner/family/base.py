@@ -102,8 +102,9 @@ class AttentionArgs:
     lse: TensorView | None
     dtype: str
     scale: float
-    #: Device pointer to :meth:`KernelFamily.workspace_bytes` bytes that the runtime zeroed
-    #: on the launch stream just before this launch (0 when the family asks for none).
+    #: Device pointer to :meth:`KernelFamily.workspace_bytes` bytes that are zero when this
+    #: launch starts: the runtime zeroed them on the launch stream at least once, and every
+    #: launch of the family leaves them zero when it ends (0 when the family asks for none).
     workspace: int = 0
     #: Device pointer to :meth:`KernelFamily.scratch_bytes` bytes for this launch's shapes,
     #: zeroed once when the runtime allocated them (the kernel leaves what it relies on as
@@ -253,8 +254,9 @@ class KernelFamily(abc.ABC):
         return None
 
     def workspace_bytes(self, meta: Mapping[str, int]) -> int:
-        """Device bytes one launch needs zeroed on its stream before it starts (e.g. a
-        dynamic scheduler's tile counter); the runtime passes them as ``AttentionArgs.workspace``."""
+        """Device bytes one launch needs zero when it starts (e.g. a dynamic scheduler's tile
+        counter); the runtime passes them as ``AttentionArgs.workspace``, zeroed once per
+        stream: the family's kernels must leave them zero when they end."""
         return 0
 
     def scratch_bytes(self, meta: Mapping[str, int], batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> int:

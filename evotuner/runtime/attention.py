@@ -92,9 +92,15 @@ def use_tuned(source: str | Path | None = None, *, shipped: bool = True) -> Tune
     """Serve tuned configs from ``source`` (:func:`evotuner.runtime.choice.use_tuned`, which
     says how) and forget the plans resolved with the tables before."""
     table = choice.use_tuned(source, shipped=shipped)
+    forget_plans()
+    return table
+
+
+def forget_plans() -> None:
+    """Forget every resolved plan, the Python path's and the C++ fast path's: the next call of
+    each key resolves again (validation, choice, module)."""
     _plans.clear()
     fastpath.clear()
-    return table
 
 
 # --------------------------------------------------------------------------- the hot path
@@ -121,7 +127,7 @@ class _Plan:
     output, checks the pointers' alignment, writes them into the bytes and launches."""
 
     __slots__ = ("choice", "module", "device", "torch_device", "dtype", "out_shape", "lse_shape", "layout", "scale",
-                 "binder", "args", "params", "geometry", "workspace", "workspaces", "lock", "launch", "memset",
+                 "binder", "args", "params", "geometry", "workspace", "workspaces", "lock", "launch",
                  "function", "config", "config_ref", "stream", "like_q", "sizes", "scratch", "scratches", "spec")
 
     def __init__(self, choice: Choice, module: KernelModule, q: torch.Tensor, layout: str, scale: float,
@@ -139,12 +145,11 @@ class _Plan:
         self.lse_shape = (B, H, Sq) if return_lse else None
         self.lock = threading.Lock()
         cuda.ensure_context(self.device)
-        self.workspace = module.family.workspace_bytes(module.meta)   # bytes zeroed before each launch
+        self.workspace = module.family.workspace_bytes(module.meta)   # zeroed once: the kernel leaves it zero
         self.workspaces: dict[int, int] = {}                          # stream -> its workspace pointer
         self.sizes = (B, H, Sq, views[1].shape[2])
         self.scratch = module.family.scratch_bytes(module.meta, *self.sizes)   # zeroed once, reused
         self.scratches: dict[int, Any] = {}                           # stream -> its scratch buffer
-        self.memset = cuda.driver().cuMemsetD8Async
         self.function = ctypes.c_void_p(module.function)
         # q contiguous: empty_like(q) is the output (contiguous in q's layout), and the cheapest allocation
         self.like_q = q.is_contiguous()
@@ -199,8 +204,6 @@ class _Plan:
                 ws = self.workspaces.get(stream)
                 if ws is None:
                     ws = self._workspace_for(stream)
-                if self.memset(ws, 0, self.workspace, stream):
-                    return self._run_slow(q, k, v, out, lse)
                 ptrs = (*ptrs, ws)
             if self.scratch:
                 sc = self.scratches.get(stream)

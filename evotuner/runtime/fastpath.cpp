@@ -5,14 +5,15 @@
 // and its ArgBinder) and then registers the plan here, under a key this file computes from
 // the call's own tensors and flags; the same function computes the key of every later call,
 // so registration and look-up cannot drift. A hit allocates the output (and LSE), writes the
-// pointers into a per-call copy of the argument bytes, zeroes the family's workspace (a tile counter) and
-// launches with cuLaunchKernelEx on torch's current stream of the tensors' device, all
+// pointers into a per-call copy of the argument bytes (the family's workspace, a tile counter,
+// is this stream's buffer, zeroed once: the kernel leaves it as it found it) and launches with
+// cuLaunchKernelEx on torch's current stream of the tensors' device, all
 // without Python code. Anything unusual (a tensor subclass, an unknown key or stream, grad,
 // odd pointers, a flag of a type whose equality could run Python code, another current
 // context) returns None and Python takes its own path, unchanged.
 //
-// No CUDA header and no CUDA library: the driver's entry points (cuLaunchKernelEx,
-// cuMemsetD8Async) are addresses Python passes with each plan (from the libcuda it already
+// No CUDA header and no CUDA library: the driver's entry point (cuLaunchKernelEx) is an
+// address Python passes with each plan (from the libcuda it already
 // loaded), CUlaunchConfig is mirrored below (checked against cuda.h where the compiler sees
 // one), and torch's current stream comes from the device-generic c10 guard interface (in
 // libc10), so the module builds against any torch, the CPU wheel included.
@@ -113,10 +114,6 @@ PyObject* run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         std::memcpy(buf, plan->args.data(), plan->args.size());
         bind_into(buf, plan->fields, ptrs);
         void* stream_handle = reinterpret_cast<void*>(stream);
-        if (plan->workspace) {
-            const int code = plan->memset(ws, 0, plan->workspace_bytes, stream_handle);
-            if (code) Py_RETURN_NONE;  // another current context: Python's path sets it
-        }
         LaunchConfig config{{plan->geometry[0], plan->geometry[1], plan->geometry[2]},
                             {plan->geometry[3], plan->geometry[4], plan->geometry[5]},
                             plan->geometry[6], stream_handle, nullptr, 0};
@@ -171,19 +168,17 @@ bool read_shape(PyObject* o, std::vector<int64_t>* shape) {
 // Plan from the spec tuple fastpath.py builds (plan_spec()).
 std::shared_ptr<Plan> read_plan(PyObject* spec) {
     PyObject *args, *fields, *geometry, *out_shape, *lse_shape, *owner, *choice;
-    unsigned long long function, launch, memset, ws_bytes;
+    unsigned long long function, launch;
     int lse, workspace, scratch;
-    if (!PyArg_ParseTuple(spec, "SOppKpOKKKOOOO", &args, &fields, &lse, &workspace, &ws_bytes, &scratch, &geometry,
-                          &function, &launch, &memset, &out_shape, &lse_shape, &owner, &choice))
+    if (!PyArg_ParseTuple(spec, "SOpppOKKOOOO", &args, &fields, &lse, &workspace, &scratch, &geometry, &function,
+                          &launch, &out_shape, &lse_shape, &owner, &choice))
         return nullptr;
     auto plan = std::make_shared<Plan>();
     const char* bytes = PyBytes_AS_STRING(args);
     plan->args.assign(bytes, bytes + PyBytes_GET_SIZE(args));
     plan->lse = lse, plan->workspace = workspace, plan->scratch = scratch;
-    plan->workspace_bytes = ws_bytes;
     plan->function = reinterpret_cast<void*>(function);
     plan->launch = reinterpret_cast<LaunchFn>(launch);
-    plan->memset = reinterpret_cast<MemsetFn>(memset);
     plan->owner = Ref(owner), plan->choice = Ref(choice);
     if (!PyArg_ParseTuple(geometry, "IIIIIII", &plan->geometry[0], &plan->geometry[1], &plan->geometry[2],
                           &plan->geometry[3], &plan->geometry[4], &plan->geometry[5], &plan->geometry[6]))
@@ -203,8 +198,7 @@ std::shared_ptr<Plan> read_plan(PyObject* spec) {
     }
     Py_DECREF(seq);
     const size_t want = 4 + plan->lse + plan->workspace + plan->scratch;
-    bool fits = plan->args.size() <= kMaxArgBytes && plan->fields.size() == want && plan->launch != nullptr &&
-                (!plan->workspace || plan->memset != nullptr);
+    bool fits = plan->args.size() <= kMaxArgBytes && plan->fields.size() == want && plan->launch != nullptr;
     for (const Field& f : plan->fields)
         fits = fits && (f.width == 8 || f.width == 16) && f.shift + 44 <= f.width * 8 &&
                f.offset + f.width <= plan->args.size();

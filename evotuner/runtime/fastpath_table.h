@@ -42,7 +42,6 @@ static_assert(offsetof(LaunchConfig, stream) == offsetof(CUlaunchConfig, hStream
 static_assert(offsetof(LaunchConfig, num_attrs) == offsetof(CUlaunchConfig, numAttrs), "CUlaunchConfig layout");
 #endif
 using LaunchFn = int (*)(const LaunchConfig*, void*, void**, void**);
-using MemsetFn = int (*)(uint64_t, unsigned char, size_t, void*);
 
 constexpr int kWrongContext = 201;  // CUDA_ERROR_INVALID_CONTEXT
 constexpr int kInvalidHandle = 400; // CUDA_ERROR_INVALID_HANDLE
@@ -84,11 +83,9 @@ struct Plan {
     std::vector<uint8_t> args;      // the template argument bytes
     std::vector<Field> fields;      // q, k, v, o, [lse], [workspace], [scratch]
     bool lse = false, workspace = false, scratch = false;
-    uint64_t workspace_bytes = 0;
     unsigned geometry[7] = {};      // grid xyz, block xyz, dynamic shared bytes
     void* function = nullptr;
     LaunchFn launch = nullptr;
-    MemsetFn memset = nullptr;
     std::vector<int64_t> out_shape, lse_shape;
     Ref owner, choice;              // the Python plan (kept alive: it owns the buffers) and its Choice
 };

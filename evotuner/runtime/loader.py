@@ -59,7 +59,7 @@ class KernelModule:
         self.source = source
         self.dtype = _TORCH_DTYPES[DTYPE_NAMES[meta["dtype"]]]
         self._sm_count: int | None = None
-        # stream handle -> the family's workspace buffer (zeroed on that stream before each launch)
+        # stream handle -> the family's workspace buffer (zeroed on that stream by zeroed_workspace)
         self._workspace: dict[int, torch.Tensor] = {}
         # (stream handle, sizes) -> the family's scratch for launches of those sizes on that
         # stream (zeroed once, when allocated; the oldest goes past MAX_SCRATCHES)
@@ -257,15 +257,16 @@ class KernelModule:
                            what=f"cuLaunchKernel({self.entry} from {self.source})")
 
     def zeroed_workspace(self, stream: int) -> int:
-        """The family's workspace for a launch on ``stream``, zeroed on that stream (stream
-        order makes the previous launch's use finish first); 0 when the family needs none."""
+        """The family's workspace for launches on ``stream``: zeroed on that stream when it is
+        allocated, then reused as every launch leaves it (zero: the family's contract,
+        ``KernelFamily.workspace_bytes``); 0 when the family needs none."""
         nbytes = self.family.workspace_bytes(self.meta)
         if nbytes <= 0:
             return 0
         buf = self._workspace.get(stream)
         if buf is None or buf.numel() < nbytes:
             buf = self._workspace[stream] = torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{self.device}")
-        cuda.memset_d8_async(buf.data_ptr(), 0, nbytes, stream)
+            cuda.memset_d8_async(buf.data_ptr(), 0, nbytes, stream)
         return buf.data_ptr()
 
     def scratch(self, stream: int, batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> int:

@@ -3,7 +3,8 @@
 // Launch:
 //   grid  = SCHED 0: (ceil(seqlen_q / BLOCK_M), heads, batch)        BLOCK_M = 64 * CONSUMER_WGS
 //           SCHED 1, 2: (min(#SMs * CTAS_PER_SM, ceil(seqlen_q / BLOCK_M) * heads * batch), 1, 1)   (persistent;
-//           2 = dynamic: needs Params::tile_counter zeroed before each launch)
+//           2 = dynamic: needs Params::tile_counter zero at launch; the kernel leaves it zero,
+//           so a buffer zeroed once serves every later launch on its stream)
 //   block = (THREADS, 1, 1)                                 THREADS = 128 * (CONSUMER_WGS + 1)
 //   dynamic shared memory = SMEM_BYTES                      (raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
 // with THREADS, SMEM_BYTES, BLOCK_M, BLOCK_N read from the cubin's `hopper_meta`
@@ -43,8 +44,8 @@ struct alignas(128) Params {
     // Query heads per key/value head (GQA/MQA; 1: one K/V head per query head). Query
     // head h reads K/V head h / kv_group; tm_k and tm_v have heads / kv_group heads.
     int32_t kv_group;
-    // SCHED 2 only: a device int32 that is 0 at launch (the host zeroes it on the
-    // launch stream before each launch); the kernel counts handed-out tiles in it.
+    // SCHED 2 only: a device int32 that is 0 at launch; the kernel counts handed-out tiles
+    // in it and its last fetch puts it back to 0 (the host zeroes it once per stream).
     int32_t* tile_counter;
     // Packed variable-length batches (kernels built with HOPPER_VARLEN=1 only; ignored else). Sequence b's query rows are
     // cu_seqlens_q[b] .. cu_seqlens_q[b+1]-1 of the packed Q/O, its keys cu_seqlens_k[b] ..

@@ -10,6 +10,17 @@
 
 namespace hopper {
 
+// SCHED 2: the tile after this CTA's current one, from the counter. Every tile index below
+// num_tiles is held by exactly one CTA (blockIdx.x, or gridDim.x + a value fetched here), and
+// each held tile, worked or skipped, fetches exactly once, so a launch makes num_tiles fetches
+// with values 0 .. num_tiles-1. The one that gets the last value puts the counter back to zero
+// for the next launch on the stream, so the runtime zeroes it once, not before every launch.
+__device__ __forceinline__ int next_dynamic_tile(int* counter, int num_tiles) {
+    const int fetched = atomicAdd(counter, 1);
+    if (fetched == num_tiles - 1) atomicExch(counter, 0);
+    return int(gridDim.x) + fetched;
+}
+
 template <class T>
 __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int num_tiles) {
     prefetch_tmap(&p.tm_q);
@@ -24,7 +35,7 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
         if constexpr (T::kPersistent) {
             // Packed batches: tiles past their sequence's end are skipped here and by
             // the consumers alike (static: the same walk; dynamic: never published).
-            for (; tile < num_tiles; tile = T::kDynamic ? int(gridDim.x) + atomicAdd(p.tile_counter, 1)
+            for (; tile < num_tiles; tile = T::kDynamic ? next_dynamic_tile(p.tile_counter, num_tiles)
                                                         : tile + int(gridDim.x)) {
                 t = tile_info<T>(p, tile);
                 if (p.cu_seqlens_q == nullptr || !t.empty()) break;
@@ -47,7 +58,7 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
         tma_load_5d(sm.q, &p.tm_q, sm.q_full(), 0, t.q_row + t.m0, 0, t.head, t.tb);
         const int kv_head = t.head / p.kv_group;  // GQA/MQA: the K/V head this query head reads
         // Next tile: fetched now so the atomic's latency hides behind this tile.
-        const int next = T::kDynamic ? int(gridDim.x) + atomicAdd(p.tile_counter, 1) : tile + int(gridDim.x);
+        const int next = T::kDynamic ? next_dynamic_tile(p.tile_counter, num_tiles) : tile + int(gridDim.x);
         for (int it = 0; it < t.n_blocks; ++it, ++kv) {
             const int n = t.n_top - 1 - it;
             const int s = stage_of<T>(kv);

@@ -91,7 +91,7 @@ def test_cross_lengths(head_dim: int, dtype: str, causal: bool) -> None:
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_every_scheduler_of_the_recommended_config(sched: int, head_dim: int, causal: bool) -> None:
-    # SCHED=2 needs its tile counter zeroed before every launch: launch twice on one module.
+    # SCHED=2's tile counter must be back at zero after a launch: launch twice on one module.
     for i, (sq, sk) in enumerate(((97, 513), (2047, 2047), (1, 17), (513, 97))):
         b, h = _batch_heads(sq, sk)
         problem = Problem(Shape(b, h, sq, sk, head_dim), "bf16", causal)
@@ -103,6 +103,44 @@ def test_every_scheduler_of_the_recommended_config(sched: int, head_dim: int, ca
         for rep in range(2):
             res = C.check(runner, problem, seed=500 + 10 * i + rep)
             _assert_ok(res, f"hopper SCHED={sched} {problem.shape} causal={causal} launch {rep + 1}")
+
+
+@pytest.mark.parametrize("ctas", [1, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_dynamic_schedulers_counter_is_zero_after_every_launch(ctas: int, causal: bool) -> None:
+    """SCHED=2 hands tiles out from a counter the runtime zeroes once per stream; the launch's
+    last fetch puts it back to zero. Fewer tiles than CTAs, many more, and a packed batch
+    whose empty sequences' tiles are skipped: after each launch it reads 0 and the next
+    launch on the same buffer is still right."""
+    cfg = dict(BLOCK_N=128, CONSUMER_WGS=1, STAGES=2, REG_PROD=24, REG_CONS=232 if ctas == 2 else 256, OVERLAP=1,
+               PINGPONG=0, SCHED=2, RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=ctas)
+    stream = torch.cuda.current_stream().cuda_stream
+    for i, (b, h, sq, sk) in enumerate(((1, 1, 1, 17), (3, 5, 97, 513), (4, 37, 513, 97), (2, 40, 1000, 300))):
+        problem = Problem(Shape(b, h, sq, sk, 64), "fp16", causal)
+        module = A.kernel_module(KernelConfig.of(cfg), problem, torch.cuda.current_device(), family="hopper")
+        for rep in range(3):
+            res = C.check(module.launch, problem, seed=900 + 10 * i + rep)
+            _assert_ok(res, f"hopper SCHED=2 CTAS_PER_SM={ctas} {problem.shape} causal={causal} launch {rep + 1}")
+            torch.cuda.synchronize()
+            assert int(module._workspace[stream][:4].view(torch.int32)[0]) == 0, f"{problem.shape} launch {rep + 1}"
+    lengths = [0, 700, 1, 0, 129]
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device="cuda")
+    problem = Problem.packed(lengths, lengths, heads=4, head_dim=64, dtype="fp16", causal=causal)
+    module = A.kernel_module(KernelConfig.of(cfg), problem, torch.cuda.current_device(), family="hopper")
+    q, k, v = (torch.randn(sum(lengths), 4, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    for rep in range(3):
+        o = torch.full_like(q, float("nan"))
+        module.launch_varlen(q, k, v, o, None, 0.125, cu, cu, max(lengths), max(lengths))
+        torch.cuda.synchronize()
+        assert int(module._workspace[stream][:4].view(torch.int32)[0]) == 0, f"packed launch {rep + 1}"
+        for s in range(len(lengths)):
+            rows = slice(int(cu[s]), int(cu[s + 1]))
+            if lengths[s]:
+                qb, kb, vb = (t[rows].transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+                ref, _ = C.reference(qb, kb, vb, causal, 0.125)
+                tol = C.tolerance(C.torch_low_precision(qb, kb, vb, causal, 0.125), ref)
+                ok, _, reason, _ = C.compare(o[rows].transpose(0, 1).unsqueeze(0), ref, tol)
+                assert ok, f"packed launch {rep + 1}, sequence {s}: {reason}"
 
 
 @pytest.mark.parametrize("sched", [0, 1, 2])
