@@ -72,6 +72,10 @@ def test_recommended_splits_follow_the_wave_rule():
     assert HF.recommended_splits(_decode(H=4, Hkv=4, Sk=1024), 64, 128) == 4
     # tiles filling 80% of the SMs: no split
     assert HF.recommended_splits(_decode(B=16, H=32, Sq=16), 64, 128) == 1
+    # keys fewer than 4x the query rows (prefill-like): no split, however few the tiles
+    assert HF.recommended_splits(_decode(H=8, Hkv=8, Sq=512, Sk=512), 64, 128) == 1
+    assert HF.recommended_splits(_decode(H=8, Hkv=8, Sq=512, Sk=2047), 64, 128) == 1
+    assert HF.recommended_splits(_decode(H=8, Hkv=8, Sq=512, Sk=2048), 64, 128) > 1
     # the combine's chain: 128 packed rows on 8 warps (16 each) x at most 4 splits (H100: x16 took
     # 143 µs where x4 took 24 at 1,32/4,16,4096)
     packed = HF.packed_problem(_decode(Hkv=4, Sq=16, Sk=4096))

@@ -40,6 +40,11 @@ SPLIT_CHOICES = (1, 2, 4, 8, 16, 32)
 SPLIT_SMS = 132
 #: Longest chain of (row, split) steps one warp of the combining CTA may walk (split.cuh).
 COMBINE_CHAIN = 64
+#: The recommended config splits the keys only where they are at least this many times the
+#: (packed) query rows: decoding and long-context chunks. Where Sq ~ Sk the combine costs
+#: more than the idle SMs (H100, 2026-11-26, bench_attention: 1,8,512,64 with 2 splits 0.64x
+#: SDPA, one split 1.2x; 1,8,1024,128 with 2 splits 0.78x, 64-row tiles unsplit 1.23x).
+SPLIT_MIN_KEYS_PER_ROW = 4
 
 
 def launch_registers(threads: int, regs_per_sm: int = 65536, unit: int = 8, cap: int = 255,
@@ -252,14 +257,15 @@ def uses_split_space(problem: Problem) -> bool:
 def recommended_splits(problem: Problem, block_m: int, block_n: int, sms: int = SPLIT_SMS) -> int:
     """The split count a new study of ``problem`` tries first (the search then tunes it):
     FlashAttention-3's rule (hopper/heuristics.h) over :data:`SPLIT_CHOICES`: none when the
-    tiles fill 80% of the SMs, else the fewest splits whose wave efficiency (CTAs over the
+    tiles fill 80% of the SMs or the keys are fewer than :data:`SPLIT_MIN_KEYS_PER_ROW` times
+    the query rows, else the fewest splits whose wave efficiency (CTAs over the
     SM slots of the waves they take) is within 85% of the best, each split keeping at
     least two key blocks and the combine's serial chain (rows per warp x splits) at most
     :data:`COMBINE_CHAIN`."""
     s = problem.shape
     tiles = -(-s.seqlen_q // block_m) * s.heads * s.batch
     blocks = -(-s.seqlen_k // block_n)
-    if tiles >= 0.8 * sms:
+    if tiles >= 0.8 * sms or s.seqlen_k < SPLIT_MIN_KEYS_PER_ROW * s.seqlen_q:
         return 1
     # The combining CTA walks its rows one warp each (split.cuh). With the splits one after
     # another, rows per warp x splits dependent loads, past COMBINE_CHAIN that chain cost more
