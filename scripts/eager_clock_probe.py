@@ -1,34 +1,74 @@
 #!/usr/bin/env python3
-"""A probe (H100, one process): 200 back-to-back calls of flash_attention and SDPA at
-16,16,2048,64 (eager) with the SM clock and power sampled mid-run, then the same calls one at a
-time after an L2 flush and a pause. Run: python3 scripts/eager_clock_probe.py"""
-# Why the eager and graph figures of one big kernel differ: is the eager-vs-graph gap at 16,16,2048,64 the GPU's clock under a continuous load? Times 200
-# back-to-back calls (eager), then the same calls one at a time with an L2-sized memset and a
-# pause between (low duty cycle), for evotuner and SDPA, sampling the SM clock with nvidia-smi.
-import subprocess, time, statistics, torch, evotuner
+"""Why the eager and graph figures of one big kernel differ (H100, one process): 200
+back-to-back calls of ``evotuner.flash_attention`` and SDPA at 16,16,2048,64 fp16 (eager,
+the SM clock and power sampled mid-run), then the same calls one at a time after an L2 flush
+and a pause (a low duty cycle, like a graph replay under bench_runtime's timer).
+
+    python3 scripts/eager_clock_probe.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
 import torch.nn.functional as F
-q, k, v = (torch.randn(16, 16, 2048, 64, device="cuda", dtype=torch.float16) for _ in range(3))
-fns = {"evotuner": lambda: evotuner.flash_attention(q, k, v), "sdpa": lambda: F.scaled_dot_product_attention(q, k, v)}
-flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-def clocks():
+
+import evotuner
+
+
+def _clocks() -> str:
+    """The SM clock (MHz) and power draw (W), as nvidia-smi reads them now."""
     out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
-                         capture_output=True, text=True, timeout=10).stdout.strip()
-    return out
-for name, fn in fns.items():
-    for _ in range(20): fn()
+                         capture_output=True, text=True, timeout=10)
+    return out.stdout.strip()
+
+
+def _elapsed_us(fn, calls: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
     torch.cuda.synchronize()
-for rnd in range(2):
-    for name, fn in fns.items():
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(200): fn()
-        e.record(); time.sleep(0.06); c = clocks(); torch.cuda.synchronize()
-        eager = s.elapsed_time(e) * 1000 / 200
-        ts = []
-        for _ in range(50):
-            flush.zero_(); torch.cuda.synchronize(); time.sleep(0.002)
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record(); fn(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b) * 1000)
-        c2 = clocks()
-        print(f"round {rnd} {name:9s} eager back-to-back {eager:7.1f} us/call (clock,power mid-run: {c}) | "
-              f"one at a time, L2 flushed, paused: median {statistics.median(ts):7.1f} us (after: {c2})", flush=True)
+    return start.elapsed_time(end) * 1000 / calls
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("error: needs a CUDA GPU", file=sys.stderr)
+        return 1
+    q, k, v = (torch.randn(16, 16, 2048, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    fns = {"evotuner": lambda: evotuner.flash_attention(q, k, v),
+           "sdpa": lambda: F.scaled_dot_product_attention(q, k, v)}
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    for fn in fns.values():
+        _elapsed_us(fn, 20)
+    for rnd in range(2):
+        for name, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(200):
+                fn()
+            end.record()
+            time.sleep(0.06)             # the 200 calls are still running: sample the clock now
+            mid = _clocks()
+            torch.cuda.synchronize()
+            eager = start.elapsed_time(end) * 1000 / 200
+            single = []
+            for _ in range(50):
+                flush.zero_()
+                torch.cuda.synchronize()
+                time.sleep(0.002)
+                single.append(_elapsed_us(fn, 1))
+            print(f"round {rnd} {name:9s} back to back {eager:7.1f} µs/call (clock MHz, power W mid-run: {mid}) | "
+                  f"one at a time, L2 flushed, paused: median {statistics.median(single):7.1f} µs "
+                  f"(after: {_clocks()})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
