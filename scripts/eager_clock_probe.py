@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import evotuner
+from evotuner.runtime.timing import l2_flush_buffer, time_eager
 
 
 def _clocks() -> str:
@@ -27,16 +28,6 @@ def _clocks() -> str:
     return out.stdout.strip()
 
 
-def _elapsed_us(fn, calls: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / calls
-
-
 def main() -> int:
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
@@ -44,9 +35,9 @@ def main() -> int:
     q, k, v = (torch.randn(16, 16, 2048, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     fns = {"evotuner": lambda: evotuner.flash_attention(q, k, v),
            "sdpa": lambda: F.scaled_dot_product_attention(q, k, v)}
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    flush = l2_flush_buffer()
     for fn in fns.values():
-        _elapsed_us(fn, 20)
+        time_eager(fn, 20)
     for rnd in range(2):
         for name, fn in fns.items():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -63,7 +54,7 @@ def main() -> int:
                 flush.zero_()
                 torch.cuda.synchronize()
                 time.sleep(0.002)
-                single.append(_elapsed_us(fn, 1))
+                single.append(time_eager(fn, 1))
             print(f"round {rnd} {name:9s} back to back {eager:7.1f} µs/call (clock MHz, power W mid-run: {mid}) | "
                   f"one at a time, L2 flushed, paused: median {statistics.median(single):7.1f} µs "
                   f"(after: {_clocks()})", flush=True)

@@ -124,6 +124,19 @@ def test_bind_equals_argbinder_byte_for_byte(native):
             assert want == _make(roles)(ptrs)
 
 
+def test_fields_that_do_not_fit_are_refused_by_bind_and_register(native):
+    binder, driver = _binder(ROLES[:4]), FakeDriver(320)
+    n = len(binder.template)
+    for bad in ((n - 4, 8, 0, 0, 0), (0, 12, 0, 0, 0), (0, 8, 21, 0, 0)):   # past the end, odd width, shift
+        fields = [bad, *_fields(binder)[1:]]
+        with pytest.raises(ValueError, match="bind: a field does not fit"):
+            native.bind(binder.template, fields, [16] * 4)
+        spec = _spec(binder, driver, _qkv()[0])
+        spec = (spec[0], fields, *spec[2:])
+        with pytest.raises(ValueError, match="register: a field does not fit"):
+            native.register(*_qkv(), *FLAGS[:4], False, None, spec, 0, 0, 0)
+
+
 def test_a_whole_call_runs_through_the_table(native):
     native.clear()
     roles = ROLES[:5] + ("workspace",)

@@ -165,6 +165,30 @@ bool read_shape(PyObject* o, std::vector<int64_t>* shape) {
     return true;
 }
 
+// The binder's fields ((offset, width, shift, keep_lo, keep_hi) each) into *out, each checked
+// to fit `arg_bytes` argument bytes and to hold a pointer's 44 significant bits; false with a
+// Python error set (`what` names the caller) otherwise.
+bool read_fields(PyObject* fields, size_t arg_bytes, const char* what, std::vector<Field>* out) {
+    PyObject* seq = PySequence_Fast(fields, "fields: expected a sequence");
+    if (seq == nullptr) return false;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
+        unsigned offset, width, shift;
+        unsigned long long lo, hi;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IIIKK", &offset, &width, &shift, &lo, &hi)) {
+            Py_DECREF(seq);
+            return false;
+        }
+        if ((width != 8 && width != 16) || shift + 44 > width * 8 || offset + width > arg_bytes) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "%s: a field does not fit the argument bytes", what);
+            return false;
+        }
+        out->push_back({offset, width, shift, (static_cast<unsigned __int128>(hi) << 64) | lo});
+    }
+    Py_DECREF(seq);
+    return true;
+}
+
 // Plan from the spec tuple fastpath.py builds (plan_spec()).
 std::shared_ptr<Plan> read_plan(PyObject* spec) {
     PyObject *args, *fields, *geometry, *out_shape, *lse_shape, *owner, *choice;
@@ -185,24 +209,9 @@ std::shared_ptr<Plan> read_plan(PyObject* spec) {
         return nullptr;
     if (!read_shape(out_shape, &plan->out_shape)) return nullptr;
     if (plan->lse && !read_shape(lse_shape, &plan->lse_shape)) return nullptr;
-    PyObject* seq = PySequence_Fast(fields, "fields: expected a sequence");
-    if (seq == nullptr) return nullptr;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
-        unsigned offset, width, shift;
-        unsigned long long lo, hi;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IIIKK", &offset, &width, &shift, &lo, &hi)) {
-            Py_DECREF(seq);
-            return nullptr;
-        }
-        plan->fields.push_back({offset, width, shift, (static_cast<unsigned __int128>(hi) << 64) | lo});
-    }
-    Py_DECREF(seq);
+    if (!read_fields(fields, plan->args.size(), "register", &plan->fields)) return nullptr;
     const size_t want = 4 + plan->lse + plan->workspace + plan->scratch;
-    bool fits = plan->args.size() <= kMaxArgBytes && plan->fields.size() == want && plan->launch != nullptr;
-    for (const Field& f : plan->fields)
-        fits = fits && (f.width == 8 || f.width == 16) && f.shift + 44 <= f.width * 8 &&
-               f.offset + f.width <= plan->args.size();
-    if (!fits) {
+    if (plan->args.size() > kMaxArgBytes || plan->fields.size() != want || plan->launch == nullptr) {
         PyErr_SetString(PyExc_ValueError, "register: the plan's fields do not fit its argument bytes");
         return nullptr;
     }
@@ -337,26 +346,9 @@ PyObject* bind(PyObject*, PyObject* args) {
     PyObject *tmpl, *fields, *pointers;
     if (!PyArg_ParseTuple(args, "SOO", &tmpl, &fields, &pointers)) return nullptr;
     std::vector<Field> parsed;
-    PyObject* seq = PySequence_Fast(fields, "fields: expected a sequence");
-    if (seq == nullptr) return nullptr;
+    if (!read_fields(fields, static_cast<size_t>(PyBytes_GET_SIZE(tmpl)), "bind", &parsed)) return nullptr;
     std::vector<uint64_t> ptrs;
-    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
-        unsigned offset, width, shift;
-        unsigned long long lo, hi;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IIIKK", &offset, &width, &shift, &lo, &hi)) {
-            Py_DECREF(seq);
-            return nullptr;
-        }
-        if ((width != 8 && width != 16) || shift + 44 > width * 8 ||
-            offset + width > static_cast<size_t>(PyBytes_GET_SIZE(tmpl))) {
-            Py_DECREF(seq);
-            PyErr_SetString(PyExc_ValueError, "bind: a field does not fit the template");
-            return nullptr;
-        }
-        parsed.push_back({offset, width, shift, (static_cast<unsigned __int128>(hi) << 64) | lo});
-    }
-    Py_DECREF(seq);
-    seq = PySequence_Fast(pointers, "pointers: expected a sequence");
+    PyObject* seq = PySequence_Fast(pointers, "pointers: expected a sequence");
     if (seq == nullptr) return nullptr;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
         ptrs.push_back(PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(seq, i)));

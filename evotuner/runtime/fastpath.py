@@ -2,8 +2,9 @@
 
 A call whose plan is known (same shapes, strides, dtypes, device and flags as an earlier call)
 runs entirely in C++: the key, the plan look-up, the output's allocation, the pointers written
-into a copy of the plan's argument bytes, the family's workspace reset (a tile counter) and
-``cuLaunchKernelEx`` on torch's current stream. Everything else (a new key, a new stream, grad, odd pointers, a
+into a copy of the plan's argument bytes (the family's workspace, a tile counter, is this
+stream's buffer, zeroed once: the kernel leaves it zero) and ``cuLaunchKernelEx`` on torch's
+current stream. Everything else (a new key, a new stream, grad, odd pointers, a
 tensor subclass, a flag such as an OrderedDict config) returns None there and takes the Python
 path of :mod:`evotuner.runtime.attention`, unchanged; that path then registers its plan here
 (:func:`publish`) under the key the C++ side computes itself from the same call, so the two

@@ -22,3 +22,28 @@ def assert_like_reference(out, q, k, v, causal, scale=None, layout="bhsd", lse=N
     assert math.isfinite(err) and err <= tol, (err, tol)
     if lse is not None:
         assert torch.allclose(lse, ref_lse, atol=1e-3)
+
+
+def assert_graph_replays_like_eager(call, q, k, v, causal, layout="bhsd", warmups=1) -> None:
+    """``call()`` (attention over q, k, v returning (out, lse)) captured in a CUDA graph after
+    ``warmups`` calls on the capture stream: three replays on fresh inputs, the output poisoned
+    with NaN before each, each like the reference; then the last inputs through ``call()``
+    eagerly give the same bits."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):       # warm up on the capture stream (its workspace, its plans)
+        for _ in range(warmups):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = call()
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_like_reference(out, q, k, v, causal, layout=layout, lse=lse)
+    eager, eager_lse = call()
+    assert torch.equal(out, eager) and torch.equal(lse, eager_lse)

@@ -19,6 +19,7 @@ torch = pytest.importorskip("torch")
 
 import evotuner  # noqa: E402
 from evotuner.runtime import attention as A  # noqa: E402
+from reference_check import assert_graph_replays_like_eager  # noqa: E402
 from reference_check import assert_like_reference as _ref_ok  # noqa: E402
 from evotuner.runtime import fastpath  # noqa: E402
 
@@ -121,26 +122,13 @@ def test_a_misaligned_pointer_is_refused_not_launched(native):
 @pytest.mark.parametrize("config", [None, SCHED2])
 def test_cuda_graph_capture_and_replay_equal_eager(native, config):
     q, k, v = _qkv(2, 4, 333, 64)
-    kw = dict(causal=True, config=config, return_lse=True)
-    evotuner.flash_attention(q, k, v, **kw)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):     # the first registers the capture stream's buffers, the second is a C++ hit
-            evotuner.flash_attention(q, k, v, **kw)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = evotuner.flash_attention(q, k, v, **kw)
-    for _ in range(3):
-        for t in (q, k, v):
-            t.copy_(torch.randn_like(t))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        _ref_ok(out, q, k, v, True, lse=lse)
-    eager, eager_lse = evotuner.flash_attention(q, k, v, **kw)
-    assert torch.equal(out, eager) and torch.equal(lse, eager_lse)
+
+    def call():
+        return evotuner.flash_attention(q, k, v, causal=True, config=config, return_lse=True)
+
+    call()
+    # two warm-ups: the first registers the capture stream's buffers, the second is a C++ hit
+    assert_graph_replays_like_eager(call, q, k, v, True, warmups=2)
 
 
 def test_torch_compile_fullgraph_equals_eager(native):

@@ -24,18 +24,6 @@ PROBLEMS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
-    with Builder("hopper", cache_dir=tmp_path_factory.mktemp("cache")) as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
-def gpu() -> GpuMeasure:
-    with GpuMeasure(timeout_s=60.0, budget_s=0.3) as gm:
-        yield gm
-
-
 @pytest.mark.parametrize("sched", [None, 2])
 @pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"{p.shape}-{p.dtype}-causal{int(p.causal)}")
 def test_recommended_config_measures_sanely(builder: Builder, gpu: GpuMeasure, problem: Problem, sched) -> None:

@@ -31,12 +31,6 @@ def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
         yield b
 
 
-@pytest.fixture(scope="module")
-def gpu() -> GpuMeasure:
-    with GpuMeasure(timeout_s=60.0, budget_s=0.3) as gm:
-        yield gm
-
-
 def recommended(problem: Problem):
     from evotuner.runtime.attention import default_config
 

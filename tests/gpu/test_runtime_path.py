@@ -20,6 +20,7 @@ from evotuner import session  # noqa: E402
 from evotuner.errors import ShapeError  # noqa: E402
 from evotuner.problem import Problem, Shape  # noqa: E402
 from evotuner.runtime import attention as A  # noqa: E402
+from reference_check import assert_graph_replays_like_eager  # noqa: E402
 from reference_check import assert_like_reference as _ref_ok  # noqa: E402
 from evotuner.space import load_space  # noqa: E402
 
@@ -91,28 +92,13 @@ def test_inputs_that_require_grad_are_refused():
                                                     ("flashcore", None, "bhsd")])
 def test_cuda_graph_capture_and_replay_equal_eager(family, config, layout):
     q, k, v = _qkv(2, 4, 333, 64, layout=layout)
-    eager, eager_lse = evotuner.flash_attention(q, k, v, causal=True, family=family, config=config, layout=layout,
-                                                return_lse=True)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):               # warm up on the capture stream (its workspace too)
-        evotuner.flash_attention(q, k, v, causal=True, family=family, config=config, layout=layout, return_lse=True)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = evotuner.flash_attention(q, k, v, causal=True, family=family, config=config, layout=layout,
-                                            return_lse=True)
-    for _ in range(3):
-        for t in (q, k, v):
-            t.copy_(torch.randn_like(t))
-        out.fill_(float("nan"))
-        graph.replay()
-        torch.cuda.synchronize()
-        _ref_ok(out, q, k, v, True, layout=layout, lse=lse)
-    # the last replay's inputs through the eager call: the same bits
-    eager, eager_lse = evotuner.flash_attention(q, k, v, causal=True, family=family, config=config, layout=layout,
-                                                return_lse=True)
-    assert torch.equal(out, eager) and torch.equal(lse, eager_lse)
+
+    def call():
+        return evotuner.flash_attention(q, k, v, causal=True, family=family, config=config, layout=layout,
+                                        return_lse=True)
+
+    call()
+    assert_graph_replays_like_eager(call, q, k, v, True, layout=layout)
 
 
 def test_torch_compile_fullgraph_has_one_graph_and_matches_eager():

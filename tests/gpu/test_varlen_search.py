@@ -18,11 +18,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import evotuner  # noqa: E402
-from evotuner.compiler.builder import Builder  # noqa: E402
 from evotuner.config import KernelConfig  # noqa: E402
 from evotuner.family import get_family  # noqa: E402
 from evotuner.lengths import packed_problem  # noqa: E402
-from evotuner.measure import GpuMeasure, Measurement  # noqa: E402
+from evotuner.measure import Measurement  # noqa: E402
 from evotuner.problem import Problem  # noqa: E402
 from evotuner.runtime.attention import kernel_module  # noqa: E402
 from evotuner.runtime.packed import check_packed  # noqa: E402
@@ -33,18 +32,6 @@ HOPPER = get_family("hopper")
 MIXED = Problem.packed([0, 1, 97, 640, 129, 2048, 0, 1500], [5, 1, 300, 640, 0, 2048, 7, 800],
                        heads=8, heads_kv=2, head_dim=128, causal=True)
 BAR = packed_problem("H=32,HKV=8,D=128", "random:16:128..8192:seed=0", None, dtype="fp16", causal=True)
-
-
-@pytest.fixture(scope="module")
-def builder(tmp_path_factory: pytest.TempPathFactory) -> Builder:
-    with Builder("hopper", cache_dir=tmp_path_factory.mktemp("cache")) as b:
-        yield b
-
-
-@pytest.fixture(scope="module")
-def gpu() -> GpuMeasure:
-    with GpuMeasure(timeout_s=120.0, budget_s=0.3) as gm:
-        yield gm
 
 
 @pytest.mark.parametrize("problem", [MIXED, Problem.packed([333, 64, 1000], heads=4, head_dim=64, dtype="bf16")],
