@@ -262,6 +262,7 @@ def test_a_stalled_worker_is_reaped_and_carries_on(tmp_path: Path) -> None:
     that trial, so one config may be measured twice (as with SIGKILL); frozen after the
     record, its reaper tells the trial from it."""
     reaped_once = False
+    seen: list[str] = []    # per attempt: the worker rows' reasons and b's last words, for the failure's message
     trials = 60     # 30 were all done before the stall at 4.5 s on an idle 2-core machine (at the base commit too)
     for attempt in range(3):
         url = f"sqlite:///{tmp_path / f'stall{attempt}.db'}"
@@ -285,7 +286,8 @@ def test_a_stalled_worker_is_reaped_and_carries_on(tmp_path: Path) -> None:
         if any((r or "").startswith("reaped: no heartbeat") for r in reasons):
             reaped_once = True
             break
-    assert reaped_once, "a worker frozen past its heartbeat window was never reaped"
+        seen.append(f"attempt {attempt}: worker reasons {reasons}; b's stderr ends {err_b[-400:]!r}")
+    assert reaped_once, "a worker frozen past its heartbeat window was never reaped:\n" + "\n".join(seen)
 
 
 def test_workers_run_distinct_recorded_seeds(tmp_path: Path) -> None:
