@@ -3,20 +3,22 @@
 The loop hands over each config's build in proposal order; :class:`Judge` waits for it,
 applies the ptxas gate, times the artifact on the measure stage (racing the incumbent,
 evotuner/measure/racing.py), records the build and the measurement in the study, and answers
-with what the trial is to be told. It tells nothing itself and catches nothing: an exception
-is the loop's to turn into a FAIL.
+with what the trial is to be told. In two steps where the loop has work for the wait:
+:meth:`Judge.begin` submits the measurement (:class:`Submitted`) and :meth:`Judge.end` reads
+it. It tells nothing itself and catches nothing: an exception is the loop's to turn into a FAIL.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from evotuner import events as ev
 from evotuner.config import KernelConfig
 from evotuner.coordinator import Coordinator
 from evotuner.gate import apply_gate
-from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
+from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage, PendingMeasure
 from evotuner.measure.racing import Race, RaceRule
 from evotuner.problem import Problem
 from evotuner.startup import DeviceStart
@@ -25,6 +27,17 @@ from evotuner.vocabulary import DEVICE_ATTR, MEASURED_ATTRS, STOPPED_ATTR, measu
 
 #: (state, value, reason, attrs): what a trial is told.
 Verdict = tuple[str, float | None, str | None, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A config whose measurement :meth:`Judge.begin` submitted: ``pending`` (the stage's
+    :class:`~evotuner.measure.base.PendingMeasure`) is timed while the loop goes on."""
+
+    number: int
+    config: KernelConfig
+    race: Race | None
+    pending: PendingMeasure
 
 
 class Judge:
@@ -55,6 +68,13 @@ class Judge:
         """Trial ``number``'s verdict on ``config``, built by ``future``; None when the config is
         no longer this search's (taken over while it was built or timed: its new owner records
         and tells it)."""
+        step = self.begin(number, config, future)
+        return self.end(step) if isinstance(step, Submitted) else step
+
+    def begin(self, number: int, config: KernelConfig, future: Any) -> Verdict | Submitted | None:
+        """Wait for the build, gate it and submit its measurement: a :class:`Submitted` whose
+        :meth:`end` gives the verdict (the GPU times it meanwhile), or the verdict at once (a
+        failed build, a gated one, or None: no longer this search's)."""
         lap = self.clock.lap
         t = time.perf_counter()
         build = future.result()   # the Builder never raises for a compile error
@@ -67,19 +87,28 @@ class Judge:
         t = time.perf_counter()
         gate = apply_gate(build, self.space.gate)
         t = lap("gate", t)
-        self.store.record_build(self.study, number, build, gate)
-        t = lap("record", t)
-        if not gate.passed:
-            return "PRUNED", None, gate.reason, {}
-        if self.coordinator.reaped:      # known taken over already: time nothing for the new owner
-            return None
+        if not gate.passed or self.coordinator.reaped:
+            self.store.record_build(self.study, number, build, gate)
+            lap("record", t)
+            if not gate.passed:
+                return "PRUNED", None, gate.reason, {}
+            return None                  # known taken over already: time nothing for the new owner
         race = self.race()
-        if race is not None:
-            outcome = self.measure.measure(build.artifact, self.problem, race=race)
-        else:
-            outcome = self.measure.measure(build.artifact, self.problem)
+        pending = (self.measure.submit(build.artifact, self.problem, race=race) if race is not None
+                   else self.measure.submit(build.artifact, self.problem))
+        t = lap("measure", t)
+        self.store.record_build(self.study, number, build, gate)   # while the GPU times it
+        lap("record", t)
+        return Submitted(number, config, race, pending)
+
+    def end(self, submitted: Submitted) -> Verdict | None:
+        """The verdict of a measurement :meth:`begin` submitted (waits for it)."""
+        lap = self.clock.lap
+        t = time.perf_counter()
+        outcome = submitted.pending.result()
         self.measured += 1
         t = lap("measure", t)
+        number, config, race = submitted.number, submitted.config, submitted.race
         if not self.coordinator.holds(config):
             return None                  # taken over while it was built or timed: its new owner records it
         self.store.record_measurement(self.study, number, config, outcome)

@@ -52,6 +52,11 @@ results are told in proposal order and new trials are asked only at those
 points, so a seed reproduces the study (timings aside). The measure queue
 waits on the oldest build; builds keep compiling meanwhile and the GPU is
 rarely the stage that waits (a compile takes seconds, a measurement less).
+While a measure stage that runs in another process (the GPU worker) times a config,
+the loop asks the next trials (``_ask_ahead``): the sampler's time hides behind the
+GPU's, and the sampler proposes without that config's result, as it already does
+without those of the ``batch`` builds in flight. A stage that measures in-process
+(replay) is not asked ahead, so a replayed study is the same as before.
 """
 
 from __future__ import annotations
@@ -71,7 +76,7 @@ from evotuner.config import KernelConfig
 from evotuner.coordinator import Coordinator, StudyCoordinator
 from evotuner.errors import EvotunerError
 from evotuner.inflight import Flight, Followed, InFlight, fail_stranded
-from evotuner.judge import Judge
+from evotuner.judge import Judge, Submitted
 from evotuner.measure.base import MeasureStage
 from evotuner.measure.racing import DEFAULT_RULE, RaceRule
 from evotuner.problem import Problem
@@ -333,16 +338,17 @@ class _Search:
         count = getattr(self.builder, "in_flight", None)
         return count if isinstance(count, int) else self.flights.building()
 
-    def _fill(self) -> str | None:
+    def _fill(self, ahead: bool = False) -> str | None:
         """Ask trials until ``batch`` builds are in flight or the study's budget is all
         taken (each ask first takes a slot of the study's ``trials``), or until the
-        oldest build is done: the GPU never waits on asks it does not need yet.
+        oldest build is done: the GPU never waits on asks it does not need yet
+        (``ahead``: the GPU is busy timing, ask regardless).
 
         Returns ``exhausted`` or ``stalled`` when it stopped asking for that reason.
         """
         pending = self.flights.pending
         while len(pending) < self.batch:
-            if pending and pending[0].future.done():
+            if not ahead and pending and pending[0].future.done():
                 return None     # the oldest build is ready: measure it first, ask the rest after
             stop = self.tally.stop_reason(self.flights.configs())
             if stop is not None:
@@ -406,9 +412,16 @@ class _Search:
     # -- collecting ----------------------------------------------------------------------
 
     def _collect(self, flight: Flight) -> None:
-        """Wait for the oldest build, then gate, measure and tell it (and its followers)."""
+        """Wait for the oldest build, then gate, measure and tell it (and its followers). While
+        a measure stage in another process times it, the sampler proposes the next trials."""
+        deferred: Exception | None = None
         try:
-            told = self.judge(flight.trial.number, flight.config, flight.future)
+            step = self.judge.begin(flight.trial.number, flight.config, flight.future)
+            if isinstance(step, Submitted):
+                if step.pending.in_progress:
+                    deferred = self._ask_ahead()
+                step = self.judge.end(step)
+            told = step
         except KeyboardInterrupt:
             self.flights.pending.appendleft(flight)   # still in flight: _interrupt() fails it
             raise
@@ -417,12 +430,24 @@ class _Search:
         self.flights.by_config.pop(flight.config, None)
         if told is None:                      # taken from this search: its new owner tells it
             self.lost += 1 + len(flight.followers)
-            return
-        state, value, reason, attrs = told
-        self._finish(flight.trial, flight.config, state, value, reason, attrs)
-        for follower in flight.followers:
-            self._finish(follower, flight.config, state, value, reason, dict(attrs),
-                         duplicate_of=flight.trial.number)
+        else:
+            state, value, reason, attrs = told
+            self._finish(flight.trial, flight.config, state, value, reason, attrs)
+            for follower in flight.followers:
+                self._finish(follower, flight.config, state, value, reason, dict(attrs),
+                             duplicate_of=flight.trial.number)
+        if deferred is not None:
+            raise deferred        # what asking ahead raised, now that the measured trial is told
+
+    def _ask_ahead(self) -> Exception | None:
+        """Ask the trials the next collects need while the GPU times (the sampler's time is
+        hidden behind the measurement); what that raises is returned, to be raised once the
+        measurement in flight is told."""
+        try:
+            self._fill(ahead=True)
+        except Exception as exc:  # noqa: BLE001 -- re-raised by _collect after the tell
+            return exc
+        return None
 
     # -- telling -------------------------------------------------------------------------
 

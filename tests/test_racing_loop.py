@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import textwrap
 import time
@@ -20,7 +21,7 @@ from evotuner.compiler import Builder
 from evotuner.compiler.result import Artifact
 from evotuner.config import KernelConfig
 from evotuner.loop import run_search
-from evotuner.measure import GpuMeasure, Measurement
+from evotuner.measure import GpuMeasure, Measurement, PendingMeasure
 from evotuner.measure.protocol import ProtocolError, Reply, Request, measurement_from_wire
 from evotuner.measure.racing import DEFAULT_RULE, Race, RaceRule
 from evotuner.measure.worker import Worker
@@ -477,3 +478,52 @@ def test_resume_takes_full_timing(capsys, monkeypatch, tmp_path, build_cache_dir
                      "--storage", f"sqlite:///{tmp_path / 'c.db'}"], measure_factory=factory)
     assert code == 0, capsys.readouterr().err
     assert len(made) == 2 and all(r is None for m in made for r in m.races_seen)
+
+
+class LateScaffold(ScaffoldMeasure):
+    """The scaffold as a stage that measures in another process: ``submit`` returns at once
+    and the outcome is made when the loop reads it; ``log`` has the order of submits, reads
+    and (through the loop's events) asks."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.log: list[str] = []
+
+    def submit(self, artifact, problem, race=None):
+        self.log.append("submit")
+
+        def collect():
+            self.log.append("result")
+            return self.measure(artifact, problem)
+
+        return PendingMeasure(collect)
+
+
+def test_the_sampler_proposes_while_the_gpu_times_and_an_in_process_stage_is_not_asked_ahead(
+        store, space, builder):
+    _study(store, space, builder)
+    late = LateScaffold()
+    order: list[str] = []
+
+    def on_event(event):
+        if isinstance(event, ev.TrialStarted):
+            late.log.append("ask")
+            order.append("S")
+        elif isinstance(event, ev.TrialFinished):
+            order.append("F")
+
+    result = _run(store, space, builder, late, 6, events=on_event)
+    assert result.finished == 6 and result.measured == len(late.calls) >= 4
+    assert len(store.finished_trials("r")) == 6
+    windows = "".join({"submit": "s", "result": "r", "ask": "a"}[x] for x in late.log)
+    # every measurement but the last has an ask while it is timed (batch=1: the freed slot)
+    assert len(re.findall("sa+r", windows)) >= result.measured - 1, windows
+    assert "".join(order).startswith("SS"), order      # trial 1 is asked before trial 0 is told
+
+    # an in-process stage (replay): asked only after each tell, as before
+    sync_order: list[str] = []
+    _study(store, space, builder, name="s")
+    _run(store, space, builder, ScaffoldMeasure(), 6, name="s",
+         events=lambda e: sync_order.append("S" if isinstance(e, ev.TrialStarted) else "F")
+         if isinstance(e, (ev.TrialStarted, ev.TrialFinished)) else None)
+    assert "".join(sync_order) == "SF" * 6, sync_order

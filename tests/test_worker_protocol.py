@@ -65,7 +65,9 @@ FAKE_WORKER = textwrap.dedent(r'''
                    "sdpa_efficient": {"us": 20.0, "reason": None}})
         elif op == "measure":
             what = Path(msg["cubin"]).stem
-            if what == "ok":
+            if what == "slow":
+                time.sleep(0.6)
+            if what in ("ok", "slow"):
                 reply({"measurement": {"median_us": 100.0, "p20_us": 99.0, "p80_us": 101.0,
                                        "tflops": 1.5, "max_error": 1e-3, "tolerance": 2e-3,
                                        "repetitions": 50},
@@ -246,6 +248,32 @@ def test_measure_ok_baselines_and_fingerprint(tmp_path: Path, fake_worker: list[
         assert "flash cannot run" in gm.baseline_reasons["sdpa_flash"]
         assert gm.device()["name"] == "fake GPU"
         assert gm.spawns == 1
+    assert_clean(gm)
+
+
+def test_submit_returns_while_the_worker_times_and_replies_never_cross(tmp_path: Path, fake_worker: list[str]) -> None:
+    with GpuMeasure(worker_cmd=fake_worker, timeout_s=5.0, start_timeout_s=10.0) as gm:
+        gm.shutdown_grace_s = 0.5
+        assert gm.ping()
+        start = time.monotonic()
+        pending = gm.submit(artifact(tmp_path, "slow"), PROBLEM)
+        assert time.monotonic() - start < 0.4, "submit must not wait for the worker's answer"
+        assert pending.in_progress
+        # another request first collects the owed measurement: its reply is not taken for the fingerprint
+        assert gm.device()["name"] == "fake GPU"
+        assert not pending.in_progress
+        out = pending.result()
+        assert isinstance(out, Measurement) and out.median_us == 100.0 and pending.result() is out
+        assert time.monotonic() - start >= 0.6
+        # a second submit collects the first; each keeps its own outcome
+        first = gm.submit(artifact(tmp_path, "ok"), PROBLEM)
+        second = gm.submit(artifact(tmp_path, "nan"), PROBLEM)
+        assert second.result() == MeasureFailure("nan", "3 NaN")
+        assert isinstance(first.result(), Measurement)
+        # closing with a measurement owed (a hung kernel) settles it as lost, after the grace
+        hung = gm.submit(artifact(tmp_path, "hang"), PROBLEM)
+    out = hung.result()
+    assert isinstance(out, MeasureFailure) and out.kind == "crash" and "stopped before it answered" in out.reason
     assert_clean(gm)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Union
+from typing import Callable, Union
 
 from evotuner.compiler.result import Artifact
 from evotuner.problem import Problem
@@ -65,6 +65,44 @@ class MeasureFailure:
 MeasureOutcome = Union[Measurement, MeasureFailure]
 
 
+class PendingMeasure:
+    """A measurement a stage has taken on (:meth:`MeasureStage.submit`).
+
+    ``result()`` waits for its outcome, once (later calls return the same value);
+    ``in_progress`` is True while the outcome is being produced elsewhere (a GPU worker
+    process timing the kernel), so the caller may do other work before ``result()``.
+    """
+
+    __slots__ = ("_collect", "_outcome")
+
+    def __init__(self, collect: Callable[[], MeasureOutcome]) -> None:
+        self._collect: Callable[[], MeasureOutcome] | None = collect
+        self._outcome: MeasureOutcome | None = None
+
+    @classmethod
+    def ready(cls, outcome: MeasureOutcome) -> "PendingMeasure":
+        """A measurement whose outcome is already known."""
+        pending = cls(lambda: outcome)
+        pending.settle(outcome)
+        return pending
+
+    @property
+    def in_progress(self) -> bool:
+        return self._outcome is None
+
+    def settle(self, outcome: MeasureOutcome) -> None:
+        """Fix the outcome (the stage does, once it has read it or knows it is lost)."""
+        if self._outcome is None:
+            self._outcome, self._collect = outcome, None
+
+    def result(self) -> MeasureOutcome:
+        if self._outcome is None:
+            assert self._collect is not None
+            self.settle(self._collect())
+        assert self._outcome is not None
+        return self._outcome
+
+
 class MeasureStage(ABC):
     """Contract:
 
@@ -74,6 +112,12 @@ class MeasureStage(ABC):
       takes ``race`` (a :class:`~evotuner.measure.racing.Race`: the study's best so far
       and the stopping rule) and may stop timing a clearly slower config early
       (``Measurement.stopped_early``); the loop passes ``race`` to no other stage.
+    * ``submit`` takes the same arguments as ``measure`` and returns a
+      :class:`PendingMeasure`; a stage that measures in another process sends the request
+      and returns at once (its ``in_progress`` is True), so the loop asks the sampler while
+      the GPU times. At most one submitted measurement is outstanding: any other call on the
+      stage first collects it (its outcome stays with its PendingMeasure). The default
+      measures at once (``in_progress`` False).
     * ``start`` begins whatever is slow to start (the GPU worker's torch import and CUDA
       context) without waiting for it; the first call that needs it waits.
     * ``baselines`` measures SDPA's backends at the problem's shape on the same
@@ -92,6 +136,12 @@ class MeasureStage(ABC):
 
     @abstractmethod
     def measure(self, artifact: Artifact, problem: Problem) -> MeasureOutcome: ...
+
+    def submit(self, artifact: Artifact, problem: Problem, race: object = None) -> PendingMeasure:
+        """Take on one measurement (default: measure now; ``race`` is given only to a stage that races)."""
+        if race is None:
+            return PendingMeasure.ready(self.measure(artifact, problem))
+        return PendingMeasure.ready(self.measure(artifact, problem, race=race))  # type: ignore[call-arg]
 
     def start(self) -> None:
         """Begin starting up in the background (no-op unless the stage has a slow start)."""

@@ -32,7 +32,7 @@ from typing import Any, Sequence
 
 from evotuner.compiler.result import Artifact
 from evotuner.errors import NoGpuError
-from evotuner.measure.base import MeasureFailure, MeasureOutcome, MeasureStage
+from evotuner.measure.base import MeasureFailure, MeasureOutcome, MeasureStage, PendingMeasure
 from evotuner.measure.protocol import (
     FrameReader, FrameTimeout, PipeClosed, ProtocolError, Reply, Request, encode, measure_request,
     measurement_from_wire,
@@ -110,6 +110,8 @@ class GpuMeasure(MeasureStage):
         self._fingerprint: dict[str, object] | None = None
         #: ``start()`` sent ``init`` and nobody has read its reply yet.
         self._init_pending = False
+        #: The submitted measurement whose reply is not read yet (one at most).
+        self._owed: PendingMeasure | None = None
 
     #: The worker races (evotuner/measure/racing.py): ``measure`` takes the loop's ``race``.
     races = True
@@ -118,13 +120,49 @@ class GpuMeasure(MeasureStage):
     def measure(self, artifact: Artifact, problem: Problem, race: Race | None = None) -> MeasureOutcome:
         """Gate and time ``artifact`` in the worker; with ``race``, the worker may stop the
         timing early once the config is clearly slower than ``race.incumbent_us``."""
+        return self.submit(artifact, problem, race).result()
+
+    def submit(self, artifact: Artifact, problem: Problem, race: Race | None = None) -> PendingMeasure:
+        """Send the measure request and return at once: the worker checks and times the
+        config while the caller goes on; ``result()`` reads its reply (``timeout_s`` from
+        then). Any other request first collects it."""
         self._trials += 1
         request = measure_request(str(artifact.cubin), artifact.entry, dict(artifact.meta), problem.as_dict(),
                                   seed=self.seed + self._trials, budget_s=self.budget_s,
                                   key=artifact.key, sha256=artifact.sha256, family=artifact.family,
                                   race=race.to_wire() if race is not None else None)
+        with self._lock:
+            self._collect_owed()
+            try:
+                self._ensure_worker()
+                self._send(request)
+            except _WorkerLost as lost:
+                self.last_detail = {"worker": lost.kind}
+                return PendingMeasure.ready(MeasureFailure(lost.kind, lost.reason))
+            pending = self._owed = PendingMeasure(self._result_of_owed)
+        return pending
+
+    def _result_of_owed(self) -> MeasureOutcome:
+        # PendingMeasure calls this only while unsettled, i.e. while it is still the owed one
+        # (a collect by another call, or a kill, settles it first)
+        with self._lock:
+            outcome = self._collect_owed()
+        assert outcome is not None, "GpuMeasure: a measurement collected twice"
+        return outcome
+
+    def _collect_owed(self) -> MeasureOutcome | None:
+        """Read the reply of the outstanding measure request, if any (the lock held), settle
+        its PendingMeasure with it and return it."""
+        pending, self._owed = self._owed, None
+        if pending is None:
+            return None
+        outcome = self._read_measurement()
+        pending.settle(outcome)
+        return outcome
+
+    def _read_measurement(self) -> MeasureOutcome:
         try:
-            reply = self._call(request, self.timeout_s)
+            reply = self._read_reply("measure", self.timeout_s)
         except _WorkerLost as lost:
             self.last_detail = {"worker": lost.kind}
             return MeasureFailure(lost.kind, lost.reason)
@@ -136,8 +174,7 @@ class GpuMeasure(MeasureStage):
         try:
             measurement = measurement_from_wire(value.get("measurement"))
         except ProtocolError as exc:
-            with self._lock:
-                self._kill()
+            self._kill()
             return MeasureFailure("crash", f"worker sent a malformed measurement ({exc}); worker restarted")
         self.last_detail = dict(value.get("detail") or {})
         return measurement
@@ -265,14 +302,18 @@ class GpuMeasure(MeasureStage):
     # ------------------------------------------------------------ internals
     def _call(self, request: Request, timeout_s: float) -> Reply:
         with self._lock:
+            self._collect_owed()
             self._ensure_worker()
-            assert self._proc is not None and self._reader is not None and self._proc.stdin is not None
-            try:
-                self._proc.stdin.write(encode(request.to_wire()))
-                self._proc.stdin.flush()
-            except (BrokenPipeError, OSError) as exc:
-                raise self._lost("crash", f"could not send {request.op!r} to the worker ({exc})") from None
+            self._send(request)
             return self._read_reply(request.op, timeout_s)
+
+    def _send(self, request: Request) -> None:
+        assert self._proc is not None and self._reader is not None and self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(encode(request.to_wire()))
+            self._proc.stdin.flush()
+        except (BrokenPipeError, OSError) as exc:
+            raise self._lost("crash", f"could not send {request.op!r} to the worker ({exc})") from None
 
     def _read_reply(self, op: str, timeout_s: float) -> Reply:
         assert self._reader is not None and self._proc is not None
@@ -377,6 +418,9 @@ class GpuMeasure(MeasureStage):
         """Kill the worker's whole process group (it may have children), wait(), close pipes."""
         proc, self._proc, self._reader = self._proc, None, None
         self._init_pending = False
+        owed, self._owed = self._owed, None
+        if owed is not None:
+            owed.settle(MeasureFailure("crash", "the GPU worker was stopped before it answered this measurement"))
         if proc is not None:
             if proc.poll() is None:
                 try:
