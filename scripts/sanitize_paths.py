@@ -32,6 +32,8 @@ CASES = (
     ("flashcore", 1, 8, 2, 77, 131, 64, True), ("flashcore", 1, 4, 1, 33, 65, 128, False),
     ("hopper", 1, 2, 2, 97, 150, 192, True), ("hopper", 1, 2, 1, 70, 70, 192, False),
     ("hopper", 1, 2, 2, 97, 150, 256, True), ("hopper", 1, 2, 1, 70, 70, 256, False),
+    # D=96 (tiles padded to 128 columns, one TMA per panel): the recommended config, GQA, MQA
+    ("hopper", 1, 8, 2, 77, 131, 96, True), ("hopper", 2, 4, 1, 65, 33, 96, False),
 )
 
 
@@ -43,6 +45,8 @@ VARLEN = (
                                              "PINGPONG=1,RESCALE_LOG2=8,EXP_EMU=0,SCHED=2"),
     (64, True, [70, 1, 130], [70, 200, 1], "BLOCK_N=128,CONSUMER_WGS=3,STAGES=2,REG_PROD=32,REG_CONS=160,OVERLAP=1,"
                                            "PINGPONG=1,RESCALE_LOG2=0,EXP_EMU=0,SCHED=1"),
+    (96, True, [0, 1, 77, 200, 3], [0, 5, 77, 150, 0], None),
+    (96, False, [70, 1, 130], [70, 200, 1], None),
 )
 
 
@@ -87,6 +91,7 @@ SPLIT = (
     (1, 2, 1, 150, 150, 128, True, _TWO_WG + ",SPLITS=4"),             # causal with split
     (2, 8, 2, 5, 700, 128, False, _ONE_WG + ",SPLITS=1,PACK_GQA=1"),   # packed heads
     (1, 8, 1, 16, 900, 128, False, _ONE_WG + ",SPLITS=4,PACK_GQA=1"),  # packed heads (2 tiles) with split
+    (1, 2, 2, 1, 300, 96, False, _ONE_WG + ",SPLITS=8"),               # D=96: the combine's 3 columns per lane
 )
 _TWO_CTAS = "CONSUMER_WGS=1,REG_PROD=24,REG_CONS=232,OVERLAP=1,PINGPONG=0,RESCALE_LOG2=8,EXP_EMU=0,CTAS_PER_SM=2"
 #: (B, H, HKV, Sq, Sk, D, causal, config): two CTAs per SM, every scheduler (the persistent

@@ -54,9 +54,9 @@ def _problem(d: int, dtype: str = "fp16", causal: bool = False, s: int = 2048) -
 #: (D, dtype, causal, S): every (D, dtype, causal) at S=2048 (4x8 heads, 65536 query rows:
 #: [d128.mid] and [d128.causal.mid] at D=128), at S=16384 (524288 rows: the big entries), and
 #: the few-rows problems of defaults.toml's D=64 max_query_rows entries (4*8*256 = 8192 and
-#: 4*8*512 = 16384 query rows: [d64.short], [d64.mid]).
+#: 4*8*512 = 16384 query rows: [d64.short], [d64.mid]) and of [d96.short] (8192 rows).
 RECOMMENDED = [(d, dt, c, s) for d in HOPPER.head_dims for dt in DTYPES for c in (False, True) for s in (2048, 16384)] \
-    + [(64, dt, False, s) for dt in DTYPES for s in (256, 512)]
+    + [(64, dt, False, s) for dt in DTYPES for s in (256, 512)] + [(96, dt, False, 256) for dt in DTYPES]
 
 
 # --------------------------------------------------------------------------- space
@@ -90,9 +90,9 @@ def test_static_constraints_mirror_the_kernels_static_asserts(config, constraint
     assert violated is not None and violated.name == constraint, violated
 
 
-def test_head_dims_other_than_64_and_128_are_not_hopper_problems():
-    assert HOPPER.unsupported(_problem(96)) and HOPPER.recommended_configs(_problem(96)) == ()
-    assert HOPPER.unsupported(_problem(64)) is None
+def test_head_dims_the_kernel_does_not_build_are_not_hopper_problems():
+    assert HOPPER.unsupported(_problem(32)) and HOPPER.recommended_configs(_problem(32)) == ()
+    assert HOPPER.unsupported(_problem(64)) is None and HOPPER.unsupported(_problem(96)) is None
 
 
 def test_every_recommended_config_is_in_the_space_and_has_a_figure():
@@ -495,8 +495,8 @@ def test_flash_attention_chooses_hopper_where_it_is_recommended_and_falls_back_s
     for d, dt, c, s in RECOMMENDED:
         choice = attention.choose(_problem(d, dt, c, s))
         assert choice.family == "hopper" and choice.config == HOPPER.recommended_configs(_problem(d, dt, c, s))[0]
-    d96 = attention.choose(_problem(96))
-    assert d96.family == "flashcore" and "hopper: " in d96.why and "D=96" in d96.why
+    d32 = attention.choose(_problem(32))
+    assert d32.family == "flashcore" and "hopper: " in d32.why and "D=32" in d32.why
     refused = attention.choose(_problem(64), exclude={"hopper": "k: row (S) stride 68 elements (136 B) ..."})
     assert refused.family == "flashcore" and "row (S) stride 68" in refused.why
     assert attention.choose(_problem(64), family="flashcore").family == "flashcore"

@@ -38,17 +38,17 @@ def _cases(seed: int = 0) -> dict[str, list[tuple[int, ...]]]:
     fault = [(base, B, H, D, sb, sh, ss, sd)
              for base in (0x7F0000000000, 0x7F0000000008)
              for B, H in ((1, 1), (1, 4), (3, 1), (2, 8))
-             for D in (64, 96, 128)
+             for D in (64, 80, 96, 128)
              for sb, sh, ss in ((rng.choice(strides), rng.choice(strides), rng.choice(strides)) for _ in range(6))
              for sd in (1, 2)]
     fault += [(0x7F0000000000, 1, 1, 64, 12, 12, 64, 1), (0x7F0000000000, 2, 1, 64, 12, 12, 64, 1)]
     view = [(B, H, S, D, sb, sh, ss, rows, panels)
             for B, H in ((1, 1), (4, 1), (1, 8), (2, 32))
             for S in (1, 97, 4096)
-            for D in (64, 128, 256)
+            for D in (64, 96, 128, 256)
             for sb, sh, ss in ((S * H * D, S * D, D), (S * H * D, D, H * D))
-            for rows, panels in ((128, D // 64), (64, 1))]
-    box = [(w, bm, bn, ob, D) for w in range(4) for bm, bn, ob in ((128, 176, 64), (64, 128, 32)) for D in (64, 256)]
+            for rows, panels in ((128, max(1, D // 64)), (64, 1))]
+    box = [(w, bm, bn, ob, D) for w in range(4) for bm, bn, ob in ((128, 176, 64), (64, 128, 32)) for D in (64, 96, 256)]
     grid = [(sched, sq, bm, splits, H, B, sms, ctas)
             for sched in (0, 1, 2) for sq in (0, 1, 128, 129, 8192) for bm in (64, 128)
             for splits in (1, 3) for H, B in ((1, 1), (32, 4)) for sms in (0, 1, 132) for ctas in (1, 2)]

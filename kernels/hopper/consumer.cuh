@@ -42,7 +42,8 @@ struct Consumer {
 
     __device__ __forceinline__ void issue_qk(float (&s)[T::kSRegs], int stage) {
         // Descriptors: one base each, k-step offsets added to the address field
-        // (addresses stay < 256 KiB, so the 14-bit field cannot overflow).
+        // (addresses stay < 256 KiB, so the 14-bit field cannot overflow). D=96: six k-steps,
+        // the last two in panel 1's first 32 columns (its zero-filled 32 are never read).
         const uint64_t da0 = make_desc(q_base, 16, 1024);
         const uint64_t db0 = make_desc(sm.k_tile(stage), 16, 1024);
         pin(s);
@@ -66,7 +67,7 @@ struct Consumer {
         for (int kk = 0; kk < T::kKStepsPV; ++kk) {
             const uint32_t a[4] = {pr[4 * kk], pr[4 * kk + 1], pr[4 * kk + 2], pr[4 * kk + 3]};
             const uint64_t db = db0 + static_cast<uint64_t>((kk * 2048) >> 4);
-            Wgmma<D, DT>::rs(o, a, db, 1);
+            Wgmma<T::kPvCols, DT>::rs(o, a, db, 1);   // N = D (96: 1.5 of V's 64-column panels)
         }
         wgmma_commit();
         pin(o);

@@ -67,6 +67,7 @@ __device__ __forceinline__ void Consumer<T>::epilogue() {
             const int ch = i % 8;
             const int grow = q_row + slab + r;   // offsets that overrun the packed O write nothing
             if (slab + r >= seqlen_q || grow < 0 || grow >= p.total_q) continue;
+            if (T::kNarrow && pnl * 64 + ch * 8 >= D) continue;   // D=96: the padding columns
             const uint4 v = ld_shared_v4(o_base + pnl * T::kBlockM * 128 + r * 128 + ((ch ^ (r & 7)) * 16));
             const int64_t at = static_cast<int64_t>(grow) * p.o_row_stride +
                                static_cast<int64_t>(t.head) * p.o_head_stride + pnl * 64 + ch * 8;
@@ -77,7 +78,9 @@ __device__ __forceinline__ void Consumer<T>::epilogue() {
     if (warp == 0 && lane == 0) {
 #pragma unroll
         for (int pnl = 0; pnl < T::kPanels; ++pnl) {
-            tma_store_5d(&p.tm_o, o_base + pnl * T::kBlockM * 128, 0, q_row + slab, pnl, t.head, T::kVarlen ? 0 : t.batch);
+            // D=96: the map's inner extent is 96, the panel at x = 64 is clipped to 32 columns
+            tma_store_5d(&p.tm_o, o_base + pnl * T::kBlockM * 128, T::kNarrow ? 64 * pnl : 0, q_row + slab,
+                         T::kNarrow ? 0 : pnl, t.head, T::kVarlen ? 0 : t.batch);
         }
         tma_store_commit();
         // Non-persistent: the CTA exits next, so the smem must be read now.

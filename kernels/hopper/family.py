@@ -30,6 +30,9 @@ from evotuner.problem import Problem
 WGMMA_SERIALIZED = re.compile(r"^.*\(C751\d\).*$", re.M)
 #: Head dims tuned in search_spaces/hopper_wide.toml (the rest in hopper.toml).
 WIDE_HEAD_DIMS = (192, 256)
+#: Head dims tuned in search_spaces/hopper_d96.toml: D=96, tiles padded to 128 columns
+#: (kernels/hopper/traits.cuh kDimPad; launch.py NARROW_HEAD_DIM).
+NARROW_HEAD_DIMS = (launch.NARROW_HEAD_DIM,)
 #: Bytes of the SCHED=2 tile counter (one int32, zero at launch).
 TILE_COUNTER_BYTES = 4
 #: Problems of at most this many query rows (B*H*Sq: one wave of 64-row tiles on the
@@ -68,7 +71,7 @@ class Hopper(KernelFamily):
     echoed = {"BLOCK_N": "block_n", "CONSUMER_WGS": "consumer_wgs", "STAGES": "stages", "REG_PROD": "reg_prod",
               "REG_CONS": "reg_cons", "OVERLAP": "overlap", "PINGPONG": "pingpong", "SCHED": "sched",
               "RESCALE_LOG2": "rescale_log2", "EXP_EMU": "exp_emu", "CTAS_PER_SM": "ctas_per_sm"}
-    head_dims = (64, 128, 192, 256)
+    head_dims = (64, 96, 128, 192, 256)
     dtypes = ("fp16", "bf16")
     min_blocks_label = "blocks per SM (__launch_bounds__) "
     # split-KV and GQA query-head packing (hopper_split.toml), two CTAs per SM; the kernel's
@@ -82,10 +85,13 @@ class Hopper(KernelFamily):
 
     def space_for(self, problem: Problem) -> Path:
         """hopper.toml for D=64 and 128, hopper_wide.toml for D=192 and 256 (its tiles stop
-        at BLOCK_N=128; hopper.toml's recorded sweeps pin that file's constraints), and
-        hopper_split.toml (split-KV) for dense problems of under one wave of tiles."""
+        at BLOCK_N=128; hopper.toml's recorded sweeps pin that file's constraints),
+        hopper_d96.toml for D=96 (smem padded to D=128's), and hopper_split.toml (split-KV)
+        for dense D=64/128 problems of under one wave of tiles."""
         if problem.shape.head_dim in WIDE_HEAD_DIMS:
             return packaged("evotuner.search_spaces", "hopper_wide.toml")
+        if problem.shape.head_dim in NARROW_HEAD_DIMS:
+            return packaged("evotuner.search_spaces", "hopper_d96.toml")
         if uses_split_space(problem):
             return packaged("evotuner.search_spaces", "hopper_split.toml")
         return self.default_space()
@@ -120,11 +126,13 @@ class Hopper(KernelFamily):
         return (config,)
 
     def expected_speed(self, problem: Problem) -> float:
-        """The measured TFLOP/s noted next to the recommended config (defaults.toml)."""
+        """The measured TFLOP/s noted next to the recommended config (defaults.toml); an entry
+        not measured yet (D=96) gives its ``tflops_estimate`` (the cost model's figure), so
+        flash_attention still ranks the family above one that notes no figure at all."""
         if self.unsupported(problem):
             return 0.0
         table: Any = _raw().get(f"d{problem.shape.head_dim}", {})
-        speed = table.get(f"tflops_{problem.dtype}", 0.0)
+        speed = table.get(f"tflops_{problem.dtype}", table.get("tflops_estimate", 0.0))
         if problem.causal and isinstance(table.get("causal"), dict):
             speed = table["causal"].get(f"tflops_{problem.dtype}", speed)
         return float(speed)
@@ -250,7 +258,7 @@ class Hopper(KernelFamily):
 def uses_split_space(problem: Problem) -> bool:
     """Whether ``problem`` is searched with split-KV (hopper_split.toml): dense, D 64 or 128,
     at most :data:`SPLIT_SPACE_ROWS` query rows."""
-    return (not problem.varlen and problem.shape.head_dim not in WIDE_HEAD_DIMS
+    return (not problem.varlen and problem.shape.head_dim not in WIDE_HEAD_DIMS + NARROW_HEAD_DIMS
             and problem.query_rows <= SPLIT_SPACE_ROWS)
 
 

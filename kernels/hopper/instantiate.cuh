@@ -2,7 +2,7 @@
 //
 // The build stage writes a tiny .cu (include root = kernels/):
 //
-//   #define HOPPER_HEAD_DIM 128      // 64, 128 (192, 256 compile; untested)
+//   #define HOPPER_HEAD_DIM 128      // 64, 96, 128, 192, 256 (96: tiles padded to 128 columns)
 //   #define HOPPER_IS_CAUSAL 0       // 0 / 1 (top-left, SDPA's is_causal)
 //   #define HOPPER_DTYPE 0           // 0 fp16, 1 bf16
 //   #define HOPPER_BLOCK_N 128       // 16..256 step 16
@@ -21,13 +21,14 @@
 //   #define HOPPER_CTAS_PER_SM 1     // optional (default 1); 2: two CTAs per SM (__launch_bounds__ min blocks)
 //   #include "hopper/instantiate.cuh"
 //
-// Optional: HOPPER_BLOCK_M (if given it must equal 64*CONSUMER_WGS),
+// Optional: HOPPER_BLOCK_M (if given it must equal 64*CONSUMER_WGS), HOPPER_PV_PADDED (dev
+// switch, default 0: 1 makes D=96's PV wgmma N=128 over the zero-padded V columns),
 // HOPPER_KERNEL_NAME (default hopper_fwd), HOPPER_META_NAME (default hopper_meta).
 // Every HOPPER_* macro is #undef'd at the end (one TU may hold several configs).
 #include "hopper/kernel.cuh"
 
 #ifndef HOPPER_HEAD_DIM
-#error "HOPPER_HEAD_DIM is not defined: #define it (64 or 128) before including hopper/instantiate.cuh"
+#error "HOPPER_HEAD_DIM is not defined: #define it (64, 96, 128, 192 or 256) before including hopper/instantiate.cuh"
 #endif
 #ifndef HOPPER_IS_CAUSAL
 #error "HOPPER_IS_CAUSAL is not defined: #define it (0 or 1)"
@@ -166,5 +167,6 @@ extern "C" __global__ void __launch_bounds__(HOPPER_TRAITS_::kThreads, HOPPER_TR
 #undef HOPPER_SPLITS
 #undef HOPPER_PACK_GQA
 #undef HOPPER_CTAS_PER_SM
+#undef HOPPER_PV_PADDED
 #undef HOPPER_KERNEL_NAME
 #undef HOPPER_META_NAME

@@ -10,7 +10,10 @@ extension's rows (extension/hopper_launch_row.cu.in) and the dev harness
 The kernel's side of the contract is params.h: a tensor X of the call is seen as
 [B, H, S, D] with element strides (sb, sh, ss, sd); its map is rank 5 over
 {64 elements, S rows, D/64 panels, H, B}, 128-byte swizzled, so a box of ``rows`` x
-``panels`` lands in shared memory as the kernel's tiles expect.
+``panels`` lands in shared memory as the kernel's tiles expect. D=96 (a "narrow" last
+panel): the map is {96 elements, S rows, 1, H, B} with a box of 64 x ``rows`` x 1, and the
+kernel loads (stores) each 64-column panel with its own TMA at x = 64*panel: the second
+panel's columns 96..127 lie past the map's extent, so they load as zeros and are not stored.
 
 The functions are written in the subset evotuner/compiler/cxx.py translates (integer
 arithmetic on non-negative values, one return form per function).
@@ -38,6 +41,9 @@ TMA_DATA_TYPE = {"fp16": "DATA_TYPE_FLOAT16", "bf16": "DATA_TYPE_BFLOAT16"}
 MAP_Q, MAP_K, MAP_V, MAP_O = 0, 1, 2, 3
 MAP_NAMES = ("q", "k", "v", "o")
 
+#: The head dim that is not a multiple of 64 the kernel takes (its tiles padded to 128 columns).
+NARROW_HEAD_DIM = 96
+
 #: What :func:`tma_fault` finds wrong with a view (0: nothing).
 FAULT_NONE, FAULT_HEAD_DIM, FAULT_D_STRIDE, FAULT_BASE, FAULT_BATCH_STRIDE, FAULT_HEAD_STRIDE, FAULT_ROW_STRIDE = range(7)
 #: Each fault's subject, as messages name it (index = fault code).
@@ -54,7 +60,7 @@ def tma_fault(base, B, H, D, sb, sh, ss, sd):
     """The first rule a [B, H, S, D] view at byte address ``base`` with element strides
     (sb, sh, ss, sd) breaks (a FAULT_* code), 0 when TMA can read or write it. A batch or head
     extent of 1 never uses its stride (tma_view puts the row stride there)."""
-    if D % 64 != 0:
+    if D % 64 != 0 and D != NARROW_HEAD_DIM:
         return FAULT_HEAD_DIM
     if sd != 1:
         return FAULT_D_STRIDE
@@ -72,11 +78,13 @@ def tma_fault(base, B, H, D, sb, sh, ss, sd):
 def tma_view(B, H, S, D, sb, sh, ss, rows, panels):
     """cuTensorMapEncodeTiled's arguments for a [B, H, S, D] view (element strides sb, sh, ss;
     D contiguous) and a box of ``rows`` x ``panels``: dims innermost first, byte strides of
-    dims 1-4 (an extent-1 dim still needs a legal stride: the row stride), box, element strides."""
+    dims 1-4 (an extent-1 dim still needs a legal stride: the row stride), box, element strides.
+    D a multiple of 64: {64, S, D/64, H, B}; D=96: {96, S, 1, H, B} (one panel per box)."""
+    narrow = D % 64 != 0
     return {
-        "dims": (64, S, D // 64, H, B),
-        "byte_strides": (ss * ELEMENT_BYTES, 64 * ELEMENT_BYTES, (sh if H > 1 else ss) * ELEMENT_BYTES,
-                         (sb if B > 1 else ss) * ELEMENT_BYTES),
+        "dims": (D if narrow else 64, S, 1 if narrow else D // 64, H, B),
+        "byte_strides": (ss * ELEMENT_BYTES, (ss if narrow else 64) * ELEMENT_BYTES,
+                         (sh if H > 1 else ss) * ELEMENT_BYTES, (sb if B > 1 else ss) * ELEMENT_BYTES),
         "box": (64, rows, panels, 1, 1),
         "element_strides": (1, 1, 1, 1, 1),
     }
@@ -84,10 +92,11 @@ def tma_view(B, H, S, D, sb, sh, ss, rows, panels):
 
 def map_box(which, block_m, block_n, o_box_rows, D):
     """The box of map ``which`` (MAP_*) from the kernel's meta table: Q a BLOCK_M x D tile,
-    K and V BLOCK_N x D, O the epilogue's O_BOX_ROWS x one panel."""
+    K and V BLOCK_N x D, O the epilogue's O_BOX_ROWS x one panel; at D=96 every box is one
+    64-column panel (the kernel issues one TMA per panel)."""
     return {
         "rows": block_m if which == MAP_Q else (o_box_rows if which == MAP_O else block_n),
-        "panels": 1 if which == MAP_O else D // 64,
+        "panels": 1 if which == MAP_O or D % 64 != 0 else D // 64,
     }
 
 

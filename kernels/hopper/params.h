@@ -17,6 +17,8 @@
 // X a [B, H, S, D] view with element strides (sb, sh, ss, 1):
 //   dtype   CU_TENSOR_MAP_DATA_TYPE_FLOAT16 (6) or _BFLOAT16 (9), rank 5
 //   dims    {64, S, D/64, H, B}                      (S = seqlen_q for Q/O, seqlen_k for K/V)
+//           D=96: {96, S, 1, H, B}, every box one 64-column panel (the kernel issues one TMA
+//           per panel at x = 64*panel; columns 96..127 load as zeros, stores clip them)
 //   strides {ss*2, 128, sh*2, sb*2} bytes            (each % 16 == 0 and < 2^40; base 16-B aligned)
 //   box     Q {64, BLOCK_M, D/64, 1, 1}   K, V {64, BLOCK_N, D/64, 1, 1}   O {64, 64, 1, 1, 1}
 //   element strides {1,1,1,1,1}, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_L2_256B,

@@ -103,8 +103,8 @@ def check_tma_view(name: str, ptr: int, shape: tuple[int, ...], strides: tuple[i
     if fault == launch.FAULT_NONE:
         return
     if fault == launch.FAULT_HEAD_DIM:
-        raise TmaStrideError(f"{name}: head dim D={D} is not a multiple of 64 (128-byte swizzle panels)",
-                             "use D=64 or 128 with the hopper family, or the flashcore family")
+        raise TmaStrideError(f"{name}: head dim D={D} is neither 96 nor a multiple of 64 (128-byte swizzle panels)",
+                             "use D=64, 96, 128, 192 or 256 with the hopper family, or the flashcore family")
     if fault == launch.FAULT_D_STRIDE:
         raise TmaStrideError(f"{name}: D stride is {sd}, TMA needs it 1 (contiguous head dim)",
                              "make the tensor's last dim contiguous (.contiguous())")

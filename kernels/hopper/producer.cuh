@@ -21,6 +21,23 @@ __device__ __forceinline__ int next_dynamic_tile(int* counter, int num_tiles) {
     return int(gridDim.x) + fetched;
 }
 
+// One tile of `rows` rows at (row, head, batch) into `dst`. D a multiple of 64: one TMA of
+// the {64, rows, D/64} box. D=96 (kNarrow): the map's inner extent is D itself, so each
+// 64-column panel is a TMA of its own at x = 64*panel; the second one's columns 96..127 lie
+// past the extent and land as zeros (the tx count is the full box either way: kQBytes /
+// kKVBytes hold the padded width).
+template <class T, int kRows>
+__device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
+                                          int batch) {
+    if constexpr (T::kNarrow) {
+#pragma unroll
+        for (int pnl = 0; pnl < T::kPanels; ++pnl)
+            tma_load_5d(dst + pnl * kRows * 128, map, bar, 64 * pnl, row, 0, head, batch);
+    } else {
+        tma_load_5d(dst, map, bar, 0, row, 0, head, batch);
+    }
+}
+
 template <class T>
 __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int num_tiles) {
     prefetch_tmap(&p.tm_q);
@@ -55,7 +72,7 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
             if (tile >= num_tiles) break;
         }
         mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
-        tma_load_5d(sm.q, &p.tm_q, sm.q_full(), 0, t.q_row + t.m0, 0, t.head, t.tb);
+        load_tile<T, T::kBlockM>(sm.q, &p.tm_q, sm.q_full(), t.q_row + t.m0, t.head, t.tb);
         const int kv_head = t.head / p.kv_group;  // GQA/MQA: the K/V head this query head reads
         // Next tile: fetched now so the atomic's latency hides behind this tile.
         const int next = T::kDynamic ? next_dynamic_tile(p.tile_counter, num_tiles) : tile + int(gridDim.x);
@@ -65,10 +82,10 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
             const uint32_t ph = phase_of<T>(kv) ^ 1;  // first round passes on a fresh barrier
             mbar_wait(sm.k_empty(s), ph);
             mbar_arrive_expect_tx(sm.k_full(s), T::kKVBytes);
-            tma_load_5d(sm.k_tile(s), &p.tm_k, sm.k_full(s), 0, t.k_row + n * T::kBlockN, 0, kv_head, t.tb);
+            load_tile<T, T::kBlockN>(sm.k_tile(s), &p.tm_k, sm.k_full(s), t.k_row + n * T::kBlockN, kv_head, t.tb);
             mbar_wait(sm.v_empty(s), ph);
             mbar_arrive_expect_tx(sm.v_full(s), T::kKVBytes);
-            tma_load_5d(sm.v_tile(s), &p.tm_v, sm.v_full(s), 0, t.k_row + n * T::kBlockN, 0, kv_head, t.tb);
+            load_tile<T, T::kBlockN>(sm.v_tile(s), &p.tm_v, sm.v_full(s), t.k_row + n * T::kBlockN, kv_head, t.tb);
         }
         if constexpr (!T::kPersistent) break;
         tile = next;

@@ -55,6 +55,7 @@ __device__ __forceinline__ void Consumer<T>::store_partial() {
 #pragma unroll
         for (int i = 0; i < T::kORegs; i += 4) {
             const int c = 8 * (i >> 2) + 2 * (lane & 3);
+            if (T::kPvCols > D && c >= D) continue;   // HOPPER_PV_PADDED: D=96's zero columns
             *reinterpret_cast<float2*>(out + c) = make_float2(o[i + 2 * h] * inv, o[i + 2 * h + 1] * inv);
         }
     }
@@ -79,7 +80,7 @@ __device__ __forceinline__ void Consumer<T>::finish_split() {
     if (ld_shared_u32(sm.tile_slot()) == 0) return;
     __threadfence();   // the other shares' partials (read below through L2: __ldcg)
 
-    constexpr int kCols = D / 32;    // columns per lane: 4 (D=128) or 2 (D=64)
+    constexpr int kCols = D / 32;    // columns per lane: 4 (D=128), 3 (D=96) or 2 (D=64)
     // Lane l holds the LSE partials of splits l, l + 32, ...; the O partials are loaded
     // kChunk splits at a time, every load of a chunk in flight before the first is used (the
     // combine is a chain of L2 round trips otherwise: one per split and row).
@@ -126,9 +127,12 @@ __device__ __forceinline__ void Consumer<T>::finish_split() {
                 if constexpr (kCols == 4) {
                     const float4 q = __ldcg(reinterpret_cast<const float4*>(at));
                     x[u][0] = q.x; x[u][1] = q.y; x[u][2] = q.z; x[u][3] = q.w;
-                } else {
+                } else if constexpr (kCols == 2) {
                     const float2 q = __ldcg(reinterpret_cast<const float2*>(at));
                     x[u][0] = q.x; x[u][1] = q.y;
+                } else {   // D=96: 3 columns per lane, 4-byte aligned only
+#pragma unroll
+                    for (int j = 0; j < kCols; ++j) x[u][j] = __ldcg(at + j);
                 }
             }
 #pragma unroll
@@ -142,7 +146,14 @@ __device__ __forceinline__ void Consumer<T>::finish_split() {
             }
         }
         auto* dst = out + t.batch * p.o_batch_stride + t.head * p.o_head_stride + row * p.o_row_stride + lane_col;
-        uint32_t packed[kCols / 2];
+        if constexpr (kCols % 2 != 0) {   // D=96: 3 columns per lane, 2-byte aligned: one store each
+            auto* d16 = reinterpret_cast<uint16_t*>(dst);
+#pragma unroll
+            for (int j = 0; j < kCols; ++j) d16[j] = static_cast<uint16_t>(pack2<DT>(acc[j], 0.f) & 0xffffu);
+            if (p.lse != nullptr && lane == 0) p.lse[bh * p.seqlen_q + row] = lse * 0.69314718055994531f;
+            continue;
+        }
+        uint32_t packed[kCols / 2 > 0 ? kCols / 2 : 1];
 #pragma unroll
         for (int j = 0; j < kCols / 2; ++j) packed[j] = pack2<DT>(acc[2 * j], acc[2 * j + 1]);
         if constexpr (kCols == 4) {

@@ -73,18 +73,33 @@ struct Traits {
     static constexpr int kPool = kThreads * kLaunchRegs;
     static constexpr int kPoolUsed = 128 * (kRegProd + kWGs * kRegCons);
 
-    static constexpr int kPanels = kHeadDim / 64;          // 64-column (128-byte) swizzle panels
+    // 64-column (128-byte) swizzle panels; D=96 takes two, the second half-used: its tiles
+    // are laid out as D=128's ([2][rows][64]), the TMA loads zero-fill columns 96..127 (the
+    // maps' inner extent is 96), and no MMA reads them (QK^T stops at k = 96, PV at N = 96).
+    static constexpr int kPanels = (kHeadDim + 63) / 64;
+    static constexpr int kDimPad = 64 * kPanels;           // smem tile width (elements)
+    // D=96 ("narrow" last panel): the maps are {D, S, 1, H, B} and each 64-column panel is its
+    // own TMA (x coordinate 64*panel); else {64, S, D/64, H, B}, one TMA per tile (params.h).
+    static constexpr bool kNarrow = kHeadDim % 64 != 0;
     static constexpr int kKStepsQK = kHeadDim / 16;        // k16 steps of S = Q K^T
     static constexpr int kKStepsPV = kBlockN / 16;         // k16 steps of O += P V
+    // Columns of O the PV wgmma computes (its N): D. HOPPER_PV_PADDED=1 (a dev switch, not a
+    // space knob) computes D=96's padded 128 columns (the zero ones dropped by the epilogue),
+    // should N=96 over the 128B-swizzled MN-major V tile ever prove wrong on a GPU.
+#if defined(HOPPER_PV_PADDED) && HOPPER_PV_PADDED
+    static constexpr int kPvCols = kDimPad;
+#else
+    static constexpr int kPvCols = kHeadDim;
+#endif
     static constexpr int kSRegs = kBlockN / 2;             // fp32 S accumulator per thread
-    static constexpr int kORegs = kHeadDim / 2;            // fp32 O accumulator per thread
+    static constexpr int kORegs = kPvCols / 2;             // fp32 O accumulator per thread
     static constexpr int kPRegs = kBlockN / 4;             // packed 16-bit P per thread
 
     // Shared memory (bytes, from a 1024-B aligned base): Q, STAGES K, STAGES V,
     // the O staging tile (persistent only; else O is staged in Q's slab), then
-    // the mbarriers. Tiles are [panels][rows][64] as TMA writes them.
-    static constexpr int kQBytes = kBlockM * kHeadDim * 2;
-    static constexpr int kKVBytes = kBlockN * kHeadDim * 2;
+    // the mbarriers. Tiles are [panels][rows][64] as TMA writes them (D=96: padded to 128).
+    static constexpr int kQBytes = kBlockM * kDimPad * 2;
+    static constexpr int kKVBytes = kBlockN * kDimPad * 2;
     static constexpr int kOffK = kQBytes;
     static constexpr int kOffV = kOffK + kStages * kKVBytes;
     static constexpr int kOffO = kOffV + kStages * kKVBytes;
@@ -95,8 +110,8 @@ struct Traits {
     static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBar + kBarBytes;
 
     static_assert(sizeof(Element) == 2, "Element must be __half or __nv_bfloat16");
-    static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
-                  "HEAD_DIM must be a multiple of 64 (128B-swizzle panels) in 64..256");
+    static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                  "HEAD_DIM must be 64, 96, 128, 192 or 256 (128B-swizzle panels of 64 columns; 96 pads to 128)");
     static_assert(kWGs >= 1 && kWGs <= 3, "CONSUMER_WGS must be 1, 2 or 3 (BLOCK_M = 64*CONSUMER_WGS)");
     static_assert(kBlockN % 16 == 0 && kBlockN >= 16 && kBlockN <= 256,
                   "BLOCK_N must be a multiple of 16 in 16..256 (wgmma N, P's k16 slices, TMA box <= 256)");
@@ -117,7 +132,8 @@ struct Traits {
     static_assert(PACK_GQA_ == 0 || PACK_GQA_ == 1, "PACK_GQA must be 0 or 1");
     static_assert(kSched >= 0 && kSched <= 2, "SCHED must be 0 (one CTA per tile), 1 (persistent) or 2 (dynamic)");
     static_assert(kSmemBytes <= 232448,
-                  "shared memory ((1+SCHED)*BLOCK_M*HEAD_DIM*2 + 2*STAGES*BLOCK_N*HEAD_DIM*2 + barriers + 1 KiB) exceeds 227 KiB");
+                  "shared memory ((1+SCHED)*BLOCK_M*D_PAD*2 + 2*STAGES*BLOCK_N*D_PAD*2 + barriers + 1 KiB, D_PAD = HEAD_DIM "
+                  "rounded up to 64) exceeds 227 KiB");
     static_assert(kCtasPerSm == 1 || kCtasPerSm == 2, "CTAS_PER_SM must be 1 or 2");
     static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 233472,
                   "CTAS_PER_SM CTAs' shared memory (each + 1 KiB reserved) exceeds the SM's 228 KiB: lower STAGES or BLOCK_N");

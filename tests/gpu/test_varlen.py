@@ -1,7 +1,7 @@
 """Packed variable-length batches on the GPU: evotuner.flash_attention_varlen against the fp32
 reference of each sequence on its own (fresh random inputs, NaN-poisoned output memory, FA2's
 tolerance rule per sequence): lengths 1..4099 mixed with empty sequences, causal, Sq != Sk per
-sequence, GQA, every scheduler (SCHED 0/1/2), D 64/128/256, fp16 and bf16, sequences without
+sequence, GQA, every scheduler (SCHED 0/1/2), D 64/96/128/256, fp16 and bf16, sequences without
 keys, and the LSE.  Skips without a GPU."""
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ MIXED = [0, 1, 7, 64, 129, 1000, 4099, 0, 333, 2048]
 
 
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
 def test_mixed_lengths_with_empty_sequences(D, causal):
     _run(MIXED, MIXED, 4, 4, D, causal, seed=D + causal)
 
@@ -84,6 +84,8 @@ def test_queries_and_keys_of_other_lengths_and_gqa(causal):
     lq, lk = [5, 300, 77, 1, 2500], [900, 12, 1500, 4099, 2500]
     _run(lq, lk, 8, 2, 128, causal, seed=7)
     _run(lq, lk, 6, 1, 64, causal, dtype="bf16", seed=8)    # MQA, bf16
+    _run(lq, lk, 8, 2, 96, causal, dtype="bf16", seed=9)    # D=96 (padded tiles; the direct O store's 12 chunks)
+    _run(lq, lk, 6, 1, 96, causal, seed=10)                 # D=96 MQA, fp16
 
 
 #: Configs whose shared memory fits with every scheduler (SCHED 1, 2 stage O apart from Q).

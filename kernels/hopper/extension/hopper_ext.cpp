@@ -8,7 +8,7 @@
 // any torch (the CPU wheel included).
 //
 //   import torch, hopper_ext
-//   o = hopper_ext.attention(q, k, v, causal, scale)   # q,k,v [B, H, S, D] fp16/bf16 CUDA, D 64 or 128
+//   o = hopper_ext.attention(q, k, v, causal, scale)   # q,k,v [B, H, S, D] fp16/bf16 CUDA, D 64, 96, 128, 192 or 256
 //
 // Any strides whose batch/head/row steps are multiples of 8 elements work (e.g. SDPA's
 // [B,H,S,D] and a [B,S,H,D] tensor transposed to [B,H,S,D]); others get an error naming

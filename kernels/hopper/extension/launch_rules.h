@@ -15,7 +15,7 @@ inline int64_t hopper_legal_stride(int64_t stride) {
 // (sb, sh, ss, sd) breaks (a FAULT_* code), 0 when TMA can read or write it. A batch or head
 // extent of 1 never uses its stride (tma_view puts the row stride there).
 inline int64_t hopper_tma_fault(int64_t base, int64_t B, int64_t H, int64_t D, int64_t sb, int64_t sh, int64_t ss, int64_t sd) {
-    if (((D % INT64_C(64)) != INT64_C(0))) return INT64_C(1);
+    if ((((D % INT64_C(64)) != INT64_C(0)) && (D != INT64_C(96)))) return INT64_C(1);
     if ((sd != INT64_C(1))) return INT64_C(2);
     if (((base % INT64_C(16)) != INT64_C(0))) return INT64_C(3);
     if (((B > INT64_C(1)) && (!hopper_legal_stride(sb)))) return INT64_C(4);
@@ -33,8 +33,10 @@ struct HopperTmaView {
 // cuTensorMapEncodeTiled's arguments for a [B, H, S, D] view (element strides sb, sh, ss;
 // D contiguous) and a box of ``rows`` x ``panels``: dims innermost first, byte strides of
 // dims 1-4 (an extent-1 dim still needs a legal stride: the row stride), box, element strides.
+// D a multiple of 64: {64, S, D/64, H, B}; D=96: {96, S, 1, H, B} (one panel per box).
 inline HopperTmaView hopper_tma_view(int64_t B, int64_t H, int64_t S, int64_t D, int64_t sb, int64_t sh, int64_t ss, int64_t rows, int64_t panels) {
-    return HopperTmaView{{INT64_C(64), S, (D / INT64_C(64)), H, B}, {(ss * INT64_C(2)), (INT64_C(64) * INT64_C(2)), (((H > INT64_C(1)) ? sh : ss) * INT64_C(2)), (((B > INT64_C(1)) ? sb : ss) * INT64_C(2))}, {INT64_C(64), rows, panels, INT64_C(1), INT64_C(1)}, {INT64_C(1), INT64_C(1), INT64_C(1), INT64_C(1), INT64_C(1)}};
+    const int64_t narrow = ((D % INT64_C(64)) != INT64_C(0));
+    return HopperTmaView{{(narrow ? D : INT64_C(64)), S, (narrow ? INT64_C(1) : (D / INT64_C(64))), H, B}, {(ss * INT64_C(2)), ((narrow ? ss : INT64_C(64)) * INT64_C(2)), (((H > INT64_C(1)) ? sh : ss) * INT64_C(2)), (((B > INT64_C(1)) ? sb : ss) * INT64_C(2))}, {INT64_C(64), rows, panels, INT64_C(1), INT64_C(1)}, {INT64_C(1), INT64_C(1), INT64_C(1), INT64_C(1), INT64_C(1)}};
 }
 
 struct HopperMapBox {
@@ -42,9 +44,10 @@ struct HopperMapBox {
     int64_t panels;
 };
 // The box of map ``which`` (MAP_*) from the kernel's meta table: Q a BLOCK_M x D tile,
-// K and V BLOCK_N x D, O the epilogue's O_BOX_ROWS x one panel.
+// K and V BLOCK_N x D, O the epilogue's O_BOX_ROWS x one panel; at D=96 every box is one
+// 64-column panel (the kernel issues one TMA per panel).
 inline HopperMapBox hopper_map_box(int64_t which, int64_t block_m, int64_t block_n, int64_t o_box_rows, int64_t D) {
-    return HopperMapBox{((which == INT64_C(0)) ? block_m : ((which == INT64_C(3)) ? o_box_rows : block_n)), ((which == INT64_C(3)) ? INT64_C(1) : (D / INT64_C(64)))};
+    return HopperMapBox{((which == INT64_C(0)) ? block_m : ((which == INT64_C(3)) ? o_box_rows : block_n)), (((which == INT64_C(3)) || ((D % INT64_C(64)) != INT64_C(0))) ? INT64_C(1) : (D / INT64_C(64)))};
 }
 
 struct HopperLaunchGrid {
