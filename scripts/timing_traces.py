@@ -3,7 +3,8 @@
 as the GPU worker times them, to study the racing rule on real repetitions (docs/measurement.md).
 
     python scripts/timing_traces.py [--sweep tests/data/sweep_h100_hopper_d128_causal.csv] [--top 24]
-                                    [--spread 8] [--leads always,chunk,always] [--budget 0.5]
+                                    [--spread 8] [--leads always,chunk,always] [--warmups 10,10,10]
+                                    [--budget 0.5]
                                     --output FILE.json
 
 Takes the sweep's ``--top`` fastest configs and ``--spread`` more spread over the rest (by
@@ -12,7 +13,7 @@ per entry of ``--leads``: ``always``, a host lead before every repetition as the
 times, or ``chunk``, before the first of each chunk only: ``time_cuda(lead=False)``) in a
 shuffled order with ``timing.time_cuda`` (the worker's budget, L2 flushed before each
 repetition). Writes ``{problem, device, leads, configs: [{config, recorded_median_us,
-passes: [[µs, ...], ...]}]}``. Needs a GPU.
+passes: [[µs, ...], ...], clocks_mhz: [SM clock after each pass's timing, ...]}]}``. Needs a GPU.
 """
 
 from __future__ import annotations
@@ -46,11 +47,20 @@ def pick(rows: list, top: int, spread: int) -> list:
     return chosen
 
 
+def _sm_clock() -> int | None:
+    """The SM clock now (MHz, through NVML), or None where NVML cannot say."""
+    try:
+        return int(torch.cuda.clock_rate(0))
+    except Exception:  # noqa: BLE001 -- a reading for the record only
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep", default="tests/data/sweep_h100_hopper_d128_causal.csv")
     ap.add_argument("--top", type=int, default=24)
     ap.add_argument("--spread", type=int, default=8)
+    ap.add_argument("--warmups", default="", help="warm-up calls per pass, comma-separated (default 10 each)")
     ap.add_argument("--budget", type=float, default=0.5)
     ap.add_argument("--leads", default="always,chunk,always",
                     help="one pass per entry: a host lead before every repetition (always, as the worker "
@@ -61,6 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     leads = [x.strip() for x in args.leads.split(",") if x.strip()]
     if not leads or any(x not in ("always", "chunk") for x in leads):
         print(f"error: --leads {args.leads!r}: a comma-separated list of always and chunk", file=sys.stderr)
+        return 2
+    try:
+        warmups = [int(x) for x in args.warmups.split(",")] if args.warmups.strip() else [10] * len(leads)
+    except ValueError:
+        warmups = []
+    if len(warmups) != len(leads) or min(warmups) < 0:
+        print(f"error: --warmups {args.warmups!r}: one count >= 0 per pass of --leads", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("error: timing_traces needs a CUDA GPU", file=sys.stderr)
@@ -85,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     scale = 1.0 / math.sqrt(problem.shape.head_dim)
     modules = [(row, KernelModule.load(art, device=0, cache=False)) for row, art in built]
     traces: dict[int, list[list[float]]] = {i: [] for i in range(len(modules))}
+    clocks: dict[int, list[int | None]] = {i: [] for i in range(len(modules))}
     rng = random.Random(args.seed)
     for p, name in enumerate(leads):
         lead = name == "always"
@@ -94,12 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         for i in order:
             module = modules[i][1]
             t = timing.time_cuda(lambda m=module: m.launch(q, k, v, out, None, scale), budget_s=args.budget,
-                                 lead=lead)
+                                 lead=lead, warmup=warmups[p])
             traces[i].append(list(t.samples_us))
+            clocks[i].append(_sm_clock())
         print(f"pass {p} (lead {name}): {len(order)} configs in {time.perf_counter() - started:.1f} s", flush=True)
     report = {
-        "problem": problem.as_dict(), "device": collect(0), "budget_s": args.budget, "leads": leads,
-        "configs": [{"config": row.config.as_dict(), "recorded_median_us": row.median_us, "passes": traces[i]}
+        "problem": problem.as_dict(), "device": collect(0), "budget_s": args.budget, "leads": leads, "warmups": warmups,
+        "configs": [{"config": row.config.as_dict(), "recorded_median_us": row.median_us, "passes": traces[i],
+                     "clocks_mhz": clocks[i]}
                     for i, (row, _m) in enumerate(modules)],
     }
     Path(args.output).write_text(json.dumps(report) + "\n", encoding="utf-8")

@@ -7,6 +7,7 @@ background; ``time_cuda``'s looks run on a fake CUDA clock."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import sys
@@ -49,13 +50,18 @@ class RacingScaffold(ScaffoldMeasure):
 
     races = True
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, slower_after_first: float = 1.0) -> None:
         super().__init__()
         self.races_seen: list[Race | None] = []
         self.name = name
+        self.slower_after_first = slower_after_first     # every config after the first this much slower
 
     def measure(self, artifact, problem, race=None):
         outcome = super().measure(artifact, problem)
+        if self.races_seen and self.slower_after_first != 1.0 and isinstance(outcome, Measurement):
+            f = self.slower_after_first
+            outcome = dataclasses.replace(outcome, median_us=outcome.median_us * f, p20_us=outcome.p20_us * f,
+                                          p80_us=outcome.p80_us * f)
         self.races_seen.append(race)
         if race is not None and outcome.median_us > race.rule.threshold(race.incumbent_us):
             return Measurement(outcome.median_us, outcome.p20_us, outcome.p80_us, outcome.tflops, outcome.max_error,
@@ -451,7 +457,7 @@ def test_search_says_which_timings_stopped_early_and_full_timing_stops_none(caps
     made: list[RacingScaffold] = []
 
     def factory():
-        made.append(RacingScaffold())
+        made.append(RacingScaffold(slower_after_first=2.0))
         return made[-1]
 
     out = _cli(capsys, monkeypatch, tmp_path, build_cache_dir, factory)
