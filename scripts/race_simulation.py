@@ -170,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     rule = DEFAULT_RULE
     rng = np.random.default_rng(args.seed)
+    if not glob.glob(args.sweeps):
+        print(f"error: --sweeps {args.sweeps!r} matches no file (run from the repository root, or give a path)",
+              file=sys.stderr)
+        return 2
     rows = []
     for path in sorted(glob.glob(args.sweeps)):
         recorded = top(read_recorded(path), args.top)

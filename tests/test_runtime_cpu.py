@@ -206,6 +206,22 @@ def test_check_fails_a_wrong_lse() -> None:
     assert not res.ok and res.reason.startswith("lse: max error")
 
 
+def test_check_reuses_given_bounds_on_fresh_inputs() -> None:
+    """The worker's second and later checks of a problem judge fresh inputs against the first
+    check's tolerances (``bounds``): a correct kernel still passes, the reference is fresh
+    (a kernel that ignores the mask still fails), and the bounds given are the ones used."""
+    problem = Problem(Shape(1, 2, 40, 40, 64), "fp16", True)
+    first = C.check(lambda *a: _sdpa_runner(*a, causal=True), problem, seed=1, device="cpu")
+    assert first.ok and first.lse_tolerance is not None
+    bounds = (first.tolerance, first.lse_tolerance)
+    again = C.check(lambda *a: _sdpa_runner(*a, causal=True), problem, seed=2, device="cpu", bounds=bounds)
+    assert again.ok and again.tolerance == first.tolerance and again.lse_tolerance == first.lse_tolerance
+    wrong = C.check(lambda *a: _sdpa_runner(*a, causal=False), problem, seed=3, device="cpu", bounds=bounds)
+    assert not wrong.ok and wrong.kind == "wrong_result"
+    tight = C.check(lambda *a: _sdpa_runner(*a, causal=True), problem, seed=4, device="cpu", bounds=(0.0, None))
+    assert not tight.ok and tight.tolerance == 0.0 and tight.lse_tolerance is not None and tight.lse_tolerance > 0
+
+
 def test_check_draws_fresh_inputs_per_seed() -> None:
     s = Shape(1, 1, 4, 4, 64)
     a = C.make_inputs(s, "fp16", device="cpu", seed=1)[0]

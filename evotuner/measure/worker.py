@@ -66,6 +66,8 @@ class Worker:
     def __init__(self) -> None:
         self.device_index = 0
         self.torch: Any = None
+        #: FA2's (output, LSE) tolerances per study problem, from this worker's first check of it
+        self._bounds: dict[Problem, tuple[float, float | None]] = {}
 
     # ---------------------------------------------------------------- dispatch
     def handle(self, request: Request) -> Reply:
@@ -135,7 +137,7 @@ class Worker:
         module, problem = loaded
         t1 = time.perf_counter()
         try:
-            study = self._check(module, problem, seed)
+            study = self._check(module, problem, seed, reuse_bounds=True)
             if isinstance(study, Reply):
                 return study
             ragged_at = ragged_problem(problem)     # keeps the study's head grouping
@@ -164,15 +166,21 @@ class Worker:
                        "ragged_shape": ragged_text, "seed": seed, "phases": phases},
         })
 
-    def _check(self, module: Any, problem: Problem, seed: int) -> dict[str, float] | Reply:
-        """One run on fresh random inputs, output and LSE poisoned, judged by runtime.check (FA2's rule)."""
+    def _check(self, module: Any, problem: Problem, seed: int, *, reuse_bounds: bool = False
+               ) -> dict[str, float] | Reply:
+        """One run on fresh random inputs, output and LSE poisoned, judged by runtime.check (FA2's
+        rule). ``reuse_bounds``: judge by the tolerances this worker's first check of ``problem``
+        computed (check.check's ``bounds``: the inputs and the fp32 reference stay fresh)."""
         from evotuner.runtime import check, packed
 
         device = f"cuda:{self.device_index}"
         if problem.varlen:     # a packed batch through the runtime's packed launch, each sequence judged
             result = packed.check_packed(module.launch_varlen, problem, seed=seed, device=device)
         else:
-            result = check.check(module.launch, problem, seed=seed, device=device)
+            bounds = self._bounds.get(problem) if reuse_bounds else None
+            result = check.check(module.launch, problem, seed=seed, device=device, bounds=bounds)
+            if reuse_bounds and bounds is None and math.isfinite(result.tolerance):
+                self._bounds[problem] = (result.tolerance, result.lse_tolerance)
         if not result.ok:
             return Reply.fail(result.kind or "wrong_result", result.reason)
         return {"max_error": float(result.max_error), "tolerance": float(result.tolerance)}

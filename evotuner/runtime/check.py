@@ -157,7 +157,9 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, s
             if mask is not None:
                 scores.masked_fill_(mask, float("-inf"))
             lf[s:e] = torch.logsumexp(scores, dim=-1)
-            of[s:e] = torch.matmul(torch.softmax(scores, dim=-1), vf[s:e].float())
+            # softmax from the lse just taken: exp(s - lse) in place (one pass fewer than softmax)
+            probs = scores.sub_(lf[s:e].unsqueeze(-1)).exp_()
+            of[s:e] = torch.matmul(probs, vf[s:e].float())
     return out, lse
 
 
@@ -238,12 +240,20 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: float, *, what: str = "ou
 
 def check(run: Runner, problem: Problem | Shape, dtype: str | None = None, causal: bool | None = None, *,
           seed: int = 0, layout: str = "bhsd", device: str | torch.device = "cuda", scale: float | None = None,
-          check_lse: bool = True) -> CheckResult:
+          check_lse: bool = True, bounds: tuple[float, float | None] | None = None) -> CheckResult:
     """Run ``run`` once on fresh inputs and judge its output (and LSE) by FA2's rule.
 
     ``problem`` may be a Problem (dtype and causal come from it unless given) or
     a Shape (then dtype and causal are required). Errors raised by ``run`` (a
     CudaError, say) propagate: the caller decides what a launch failure means.
+
+    ``bounds``: the (output, LSE) tolerances to judge by, from an earlier check of the same
+    problem (its ``tolerance`` and ``lse_tolerance``), instead of computing FA2's bound on
+    these inputs. The bound is the dtype's rounding at this problem for inputs of this
+    distribution (a max over every output element), not a property of the kernel: the GPU
+    worker computes it on its first check of a study's problem and reuses it, the fp32
+    reference and the inputs staying fresh each check (at B=4,H=32,S=4096,D=128 causal the
+    two bounds cost 68 of the check's 136 ms, scripts/check_cost.py).
     """
     if isinstance(problem, Problem):
         shape = problem.shape
@@ -265,11 +275,17 @@ def check(run: Runner, problem: Problem | Shape, dtype: str | None = None, causa
         torch.cuda.synchronize(q.device)
 
     ref, ref_lse = reference(q, k, v, bool(causal), scale)
-    tol = tolerance(torch_low_precision(q, k, v, bool(causal), scale), ref)
+    if bounds is not None:
+        tol = float(bounds[0])
+    else:
+        tol = tolerance(torch_low_precision(q, k, v, bool(causal), scale), ref)
     ok, max_err, reason, kind = compare(o, ref, tol)
     lse_err = lse_tol = None
     if check_lse and lse is not None:
-        lse_tol = tolerance(lse_low_precision(q, k, bool(causal), scale), ref_lse)
+        if bounds is not None and bounds[1] is not None:
+            lse_tol = float(bounds[1])
+        else:
+            lse_tol = tolerance(lse_low_precision(q, k, bool(causal), scale), ref_lse)
         lse_ok, lse_err, lse_reason, lse_kind = compare(lse, ref_lse, lse_tol, what="lse")
         if ok and not lse_ok:
             ok, reason, kind = False, lse_reason, lse_kind

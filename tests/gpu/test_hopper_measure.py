@@ -44,3 +44,18 @@ def test_recommended_config_measures_sanely(builder: Builder, gpu: GpuMeasure, p
     assert out.max_error <= out.tolerance and out.tolerance > 0
     detail = gpu.last_detail
     assert detail["ragged_max_error"] <= detail["ragged_tolerance"], detail
+
+
+def test_later_checks_of_a_problem_reuse_the_first_checks_tolerance(builder: Builder) -> None:
+    """The worker computes FA2's bound on its first check of a study's problem and judges the
+    next trials' fresh inputs by it (the ragged shape's bound stays per trial); a worker of its
+    own, so the first measure below is its first check of the problem."""
+    problem = Problem(Shape(1, 4, 640, 640, 128), "fp16", causal=True)
+    built = builder.build(HOPPER.recommended_configs(problem)[0], problem)
+    assert built.ok, built.error
+    with GpuMeasure(timeout_s=120.0, budget_s=0.05) as gm:
+        runs = [gm.measure(built.artifact, problem) for _ in range(3)]
+    assert all(isinstance(m, Measurement) for m in runs), runs
+    assert runs[0].tolerance == runs[1].tolerance == runs[2].tolerance > 0
+    assert all(m.max_error <= m.tolerance for m in runs)
+    assert len({m.max_error for m in runs}) > 1        # fresh inputs each time: other draws, other errors
