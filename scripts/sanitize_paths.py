@@ -12,7 +12,7 @@ GQA query-head packing (SPLITS not dividing the key blocks, more splits than blo
 with split, packed heads with and without split), each call checked against the fp32
 reference so a silent wrong result fails too. Exit status 0 when every output is right.
 ``--only split`` runs the split-KV cases alone, ``--only ctas`` those with two CTAs per SM
-(CTAS_PER_SM=2, every scheduler).
+(CTAS_PER_SM=2, every scheduler); ``--head-dim 96`` every group's cases at that head dim.
 """
 
 from __future__ import annotations
@@ -123,7 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", action="append", default=[], metavar="B,H,HKV,SQ,SK,D,CAUSAL,CONFIG",
                     help="run only this hopper case (CONFIG: 'NAME=value,...', or '-' for the recommended one); "
                          "repeatable")
+    ap.add_argument("--head-dim", type=int, default=None, metavar="D",
+                    help="run only the cases (of every group) at this head dim, e.g. 96")
     args = ap.parse_args(argv)
+    keep = (lambda d: True) if args.head_dim is None else (lambda d: d == args.head_dim)
     if not torch.cuda.is_available():
         print("error: needs a CUDA GPU", file=sys.stderr)
         return 1
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.only not in ("all", group):
             continue
         for B, H, Hkv, Sq, Sk, D, causal, config in cases:
+            if not keep(D):
+                continue
             ok, reason = _dense("hopper", B, H, Hkv, Sq, Sk, D, causal, config)
             bad += not ok
             print(f"{group:9s} B={B} H={H} HKV={Hkv} Sq={Sq} Sk={Sk} D={D} causal={int(causal)} "
@@ -152,11 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.only != "all":
         return 1 if bad else 0
     for family, B, H, Hkv, Sq, Sk, D, causal in CASES:
+        if not keep(D):
+            continue
         ok, reason = _dense(family, B, H, Hkv, Sq, Sk, D, causal, None)
         bad += not ok
         print(f"{family:9s} B={B} H={H} HKV={Hkv} Sq={Sq} Sk={Sk} D={D} causal={int(causal)}: "
               f"{'ok' if ok else 'WRONG ' + reason}")
     for D, causal, lq, lk, config in VARLEN:
+        if not keep(D):
+            continue
         ok = _varlen(D, causal, lq, lk, config)
         bad += not ok
         print(f"varlen    D={D} causal={int(causal)} q lengths {lq} k lengths {lk} {config or 'recommended'}: "
