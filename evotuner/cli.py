@@ -118,8 +118,9 @@ def search(
     if search_space is not None:
         make_sampler(session.sampler_name(sampler, search_space), search_space, seed, problem)
     stages = _stages(replay, "search", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
-    store = open_store(storage)
     with ExitStack() as stack:
+        stages.start(stack)          # the GPU worker comes up while the study opens
+        store = open_store(storage)
         stack.callback(store.close)
         if search_space is None:   # the study's own space, else the replayed sweep's, else flash_attention's family
             search_space, note = session.pick_space(problem=problem, replay=replay, store=store, study=study)
@@ -157,6 +158,7 @@ def resume(
     store = open_store(storage, must_exist=True)
     with ExitStack() as stack:
         stack.callback(store.close)
+        stages.start(stack)          # the GPU worker comes up while the study is read
         resumed = session.resume_study(store, study, shape=wanted_shape, space=wanted_space)
         target = trials if trials is not None else store.count_finished(study) + RESUME_STEP
         builder, measure = stages.stages(resumed.problem, resumed.space, jobs, stack)

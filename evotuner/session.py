@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -116,6 +116,8 @@ class StageFactory:
     replay: Path | None = None
     delay: tuple[float, float] = (0.0, 0.0)
     gpus: tuple[int, ...] | None = None
+    #: measure stages :meth:`start` made, which :meth:`stages` hands out
+    started: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     def ready(self, command: str = "search") -> "StageFactory":
         """This factory with its measure stage resolved; refuses without a GPU (unless replaying
@@ -144,10 +146,22 @@ class StageFactory:
             if gpus is None:
                 return builder, measure
             return builder, [measure, *(one(i) for i in gpus[1:])]
+        measures = list(self.started) or self._started(stack)
+        self.started.clear()
+        builder = self.builder(space, jobs, stack)
+        return builder, (measures[0] if gpus is None else measures)
+
+    def start(self, stack: ExitStack) -> None:
+        """Make and start the measure stages now (none when replaying), for :meth:`stages` to
+        hand out: the command calls it first, so the GPU worker's torch import and CUDA
+        context (seconds) come up while it opens the study database and makes the sampler."""
+        if self.replay is None and not self.started:
+            self.started.extend(self._started(stack))
+
+    def _started(self, stack: ExitStack) -> list[Any]:
         factory = self.ready().measure_factory
         assert factory is not None
-        # the measure stages first, started at once: the GPU worker's torch import and CUDA
-        # context come up while the Builder, the study and the first builds get going
+        gpus = self.gpus
         gpu_class = measure_pkg.GpuMeasure
         if gpus is None:
             measures = [stack.enter_context(factory())]
@@ -155,12 +169,11 @@ class StageFactory:
             measures = [stack.enter_context(factory(device_index=i)) for i in gpus]
         else:
             measures = [stack.enter_context(factory()) for _ in gpus]
-        for stage in measures:
+        for stage in measures:     # started at once: the worker comes up while the rest gets going
             start = getattr(stage, "start", None)     # an injected stage may be duck-typed
             if callable(start):
                 start()
-        builder = self.builder(space, jobs, stack)
-        return builder, (measures[0] if gpus is None else measures)
+        return measures
 
     def with_budget(self, budget_s: float) -> "StageFactory":
         """The GPU stage with ``budget_s``; an injected factory takes no options and is kept as is."""

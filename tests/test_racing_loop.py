@@ -533,3 +533,25 @@ def test_the_sampler_proposes_while_the_gpu_times_and_an_in_process_stage_is_not
          events=lambda e: sync_order.append("S" if isinstance(e, ev.TrialStarted) else "F")
          if isinstance(e, (ev.TrialStarted, ev.TrialFinished)) else None)
     assert "".join(sync_order) == "SF" * 6, sync_order
+
+
+def test_search_starts_the_measure_stage_before_it_opens_the_study(capsys, monkeypatch, tmp_path, build_cache_dir):
+    """The GPU worker's start (a torch import and a CUDA context: seconds) overlaps the
+    command's own start: `search` starts the measure stage before it opens the database."""
+    from evotuner import cli
+
+    order: list[str] = []
+
+    class Started(RacingScaffold):
+        def start(self):
+            order.append("measure started")
+
+    real_open = cli.open_store
+
+    def open_store(*args, **kwargs):
+        order.append("store opened")
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "open_store", open_store)
+    _cli(capsys, monkeypatch, tmp_path, build_cache_dir, Started)
+    assert order[:2] == ["measure started", "store opened"], order

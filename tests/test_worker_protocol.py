@@ -428,3 +428,17 @@ def test_gpu_model_name_comes_from_nvidia_smi_without_starting_the_worker(monkey
         assert stage.spawns >= 1
     finally:
         stage.close()
+
+
+def test_closing_a_worker_that_is_still_starting_does_not_wait_for_it(fake_worker: list[str]) -> None:
+    """A command that fails right after starting the worker (a study mismatch, say) exits at
+    once: close() kills a worker whose start nobody waited for instead of letting it finish."""
+    gm = GpuMeasure(worker_cmd=fake_worker, timeout_s=5.0, start_timeout_s=10.0,
+                    env={**os.environ, "FAKE_MODE": "hang_at_start"})
+    gm.start()
+    pid = gm.worker_pid
+    assert pid is not None
+    started = time.monotonic()
+    gm.close()
+    assert time.monotonic() - started < 2.0
+    assert gone(pid) and zombies_of_this_process() == []

@@ -283,6 +283,9 @@ class GpuMeasure(MeasureStage):
             proc = self._proc
             if proc is None:
                 return
+            if self._init_pending:     # still starting (start() and nothing since): nothing to finish
+                self._kill()
+                return
             if proc.poll() is None:
                 try:
                     assert proc.stdin is not None
