@@ -4,7 +4,7 @@ no split-KV space), the launch maps ({96, S, 1, H, B}, one 64-column panel per b
 kernel's build (sm_90a: six k16 steps of QK^T, wgmma N=96 for PV, a TMA per panel, 0
 spills for configs of the space, split-KV and query-head packing, the HOPPER_PV_PADDED
 fallback). The recommended configs' build and gate: tests/test_hopper_family.py (its
-RECOMMENDED covers D=96). Correctness on the GPU: tests/gpu/test_hopper_d96.py."""
+RECOMMENDED covers D=96). Correctness on the GPU: tests/gpu/test_hopper_d96_gpu.py."""
 
 from __future__ import annotations
 
