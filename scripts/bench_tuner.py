@@ -64,7 +64,7 @@ from evotuner import session
 from evotuner.compiler import Builder
 from evotuner.errors import EvotunerError, NoGpuError
 from evotuner.loop import TIMING_KEYS
-from evotuner.measure.base import MeasureOutcome, MeasureStage
+from evotuner.measure.base import MeasureOutcome, MeasureStage, PendingMeasure
 from evotuner.problem import Problem, Shape
 
 DEFAULT_SHAPE = "B=16,H=16,S=2048,D=64"
@@ -137,33 +137,53 @@ class TimedMeasure(MeasureStage):
             start()
 
     def measure(self, artifact: Any, problem: Problem, race: Any = None) -> MeasureOutcome:
+        return self.submit(artifact, problem, race).result()
+
+    def submit(self, artifact: Any, problem: Problem, race: Any = None) -> PendingMeasure:
+        """The inner stage's submit (the GPU worker times while the loop asks ahead, as in
+        ``evotuner search``); the figures are added up when the outcome is read."""
         started = time.perf_counter()
         if self.first_call_at is None:
             self.first_call_at = started
-        outcome: Any = None
         try:
-            outcome = (self.inner.measure(artifact, problem, race=race) if race is not None
-                       else self.inner.measure(artifact, problem))
-            return outcome
-        finally:
-            done = time.perf_counter()
-            self.measure_s += done - started
-            self.calls += 1
-            self.first_done_at = self.first_done_at or done
-            self.last_done_at = done
-            reps = getattr(outcome, "repetitions", None)
-            if isinstance(reps, int):
-                planned = getattr(outcome, "planned_repetitions", None)
-                self.reps_timed += reps
-                self.reps_planned += planned if isinstance(planned, int) else reps
-                self.stopped += bool(getattr(outcome, "stopped_early", False))
-            phases = (getattr(self.inner, "last_detail", None) or {}).get("phases")
-            if isinstance(phases, dict):
-                self.phase_reports += 1
-                for key in self.phase_sums:
-                    value = phases.get(key)
-                    if isinstance(value, (int, float)):
-                        self.phase_sums[key] += float(value)
+            pending = (self.inner.submit(artifact, problem, race=race) if race is not None
+                       else self.inner.submit(artifact, problem))
+        except BaseException:
+            self._account(started, None)
+            raise
+
+        def collect() -> MeasureOutcome:
+            outcome: Any = None
+            try:
+                outcome = pending.result()
+                return outcome
+            finally:
+                self._account(started, outcome)
+
+        wrapped = PendingMeasure(collect)
+        if not pending.in_progress:
+            wrapped.result()
+        return wrapped
+
+    def _account(self, started: float, outcome: Any) -> None:
+        done = time.perf_counter()
+        self.measure_s += done - started
+        self.calls += 1
+        self.first_done_at = self.first_done_at or done
+        self.last_done_at = done
+        reps = getattr(outcome, "repetitions", None)
+        if isinstance(reps, int):
+            planned = getattr(outcome, "planned_repetitions", None)
+            self.reps_timed += reps
+            self.reps_planned += planned if isinstance(planned, int) else reps
+            self.stopped += bool(getattr(outcome, "stopped_early", False))
+        phases = (getattr(self.inner, "last_detail", None) or {}).get("phases")
+        if isinstance(phases, dict):
+            self.phase_reports += 1
+            for key in self.phase_sums:
+                value = phases.get(key)
+                if isinstance(value, (int, float)):
+                    self.phase_sums[key] += float(value)
 
     def baselines(self, problem: Problem) -> dict[str, float | None]:
         started = time.perf_counter()
