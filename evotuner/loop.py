@@ -52,11 +52,9 @@ results are told in proposal order and new trials are asked only at those
 points, so a seed reproduces the study (timings aside). The measure queue
 waits on the oldest build; builds keep compiling meanwhile and the GPU is
 rarely the stage that waits (a compile takes seconds, a measurement less).
-While a measure stage that runs in another process (the GPU worker) times a config,
-the loop asks the next trials (``_ask_ahead``): the sampler's time hides behind the
-GPU's, and the sampler proposes without that config's result, as it already does
-without those of the ``batch`` builds in flight. A stage that measures in-process
-(replay) is not asked ahead, so a replayed study is the same as before.
+While the GPU worker times a config, the loop asks the next trials (``_ask_ahead``): the
+sampler proposes without that result, as it does without those of the builds in flight. A
+stage that measures in-process (replay) is not asked ahead.
 """
 
 from __future__ import annotations
@@ -416,12 +414,10 @@ class _Search:
         a measure stage in another process times it, the sampler proposes the next trials."""
         deferred: Exception | None = None
         try:
-            step = self.judge.begin(flight.trial.number, flight.config, flight.future)
-            if isinstance(step, Submitted):
-                if step.pending.in_progress:
-                    deferred = self._ask_ahead()
-                step = self.judge.end(step)
-            told = step
+            told = self.judge.begin(flight.trial.number, flight.config, flight.future)
+            if isinstance(told, Submitted):
+                deferred = self._ask_ahead() if told.pending.in_progress else None
+                told = self.judge.end(told)
         except KeyboardInterrupt:
             self.flights.pending.appendleft(flight)   # still in flight: _interrupt() fails it
             raise
@@ -440,9 +436,8 @@ class _Search:
             raise deferred        # what asking ahead raised, now that the measured trial is told
 
     def _ask_ahead(self) -> Exception | None:
-        """Ask the trials the next collects need while the GPU times (the sampler's time is
-        hidden behind the measurement); what that raises is returned, to be raised once the
-        measurement in flight is told."""
+        """Ask the next trials while the GPU times; what that raises is returned, to be raised
+        once the measurement in flight is told."""
         try:
             self._fill(ahead=True)
         except Exception as exc:  # noqa: BLE001 -- re-raised by _collect after the tell

@@ -171,8 +171,8 @@ def test_flash_attention_picks_the_fastest_family_and_falls_back_to_flashcore(mo
     monkeypatch.setattr(mini, "expected_speed", lambda problem: 1.0)   # mini's figure beats FlashCore's
     fast = attention.choose(d32)
     assert fast.family == "mini" and fast.config["ROWS"] == 64 and "fastest" in fast.why
-    d96 = attention.choose(Problem(Shape(1, 2, 64, 64, 96), "fp16", False))
-    assert d96.family == "flashcore" and "mini" in d96.why              # mini (and hopper) do not support D=96
+    d96 = attention.choose(Problem(Shape(1, 2, 64, 64, 96), "fp16", False), exclude={"hopper": "set aside"})
+    assert d96.family == "flashcore" and "mini" in d96.why              # mini does not support D=96
     bf16 = attention.choose(Problem(Shape(1, 2, 64, 64, 32), "bf16", False))
     assert bf16.family == "flashcore"
     asked = attention.choose(d32, family="flashcore")
