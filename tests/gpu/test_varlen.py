@@ -135,7 +135,7 @@ def test_wrong_inputs_are_refused_with_a_remedy():
     with pytest.raises(ShapeError, match="packed"):
         evotuner.flash_attention_varlen(q.view(1, 10, 4, 128), q, q, cu, cu, 6, 6)
     with pytest.raises(ShapeError, match="head dim"):
-        q96 = torch.randn(10, 4, 96, device="cuda", dtype=torch.float16)
-        evotuner.flash_attention_varlen(q96, q96, q96, cu, cu, 6, 6)
+        q32 = torch.randn(10, 4, 32, device="cuda", dtype=torch.float16)
+        evotuner.flash_attention_varlen(q32, q32, q32, cu, cu, 6, 6)
     with pytest.raises(ShapeError, match="divide"):
         evotuner.flash_attention_varlen(q, q[:, :3], q[:, :3], cu, cu, 6, 6)
