@@ -119,7 +119,7 @@ def search(
         make_sampler(session.sampler_name(sampler, search_space), search_space, seed, problem)
     stages = _stages(replay, "search", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
     with ExitStack() as stack:
-        stages.start(stack)          # the GPU worker comes up while the study opens
+        started = stages.start(stack)      # the GPU worker comes up while the study opens
         store = open_store(storage)
         stack.callback(store.close)
         if search_space is None:   # the study's own space, else the replayed sweep's, else flash_attention's family
@@ -129,7 +129,7 @@ def search(
         sampler = session.sampler_name(sampler, search_space)
         make_sampler(sampler, search_space, seed, problem)   # an unknown or unusable sampler is refused here
         exists = session.check_exists(store, study, sampler, seed, problem, search_space)
-        builder, measure = stages.stages(problem, search_space, jobs, stack)
+        builder, measure = stages.stages(problem, search_space, jobs, stack, started)
         if not exists:
             session.start_study(store, study, problem, search_space, sampler, seed, builder)
         _run(store, study, problem, search_space, sampler, seed, trials, builder, measure,
@@ -158,10 +158,10 @@ def resume(
     store = open_store(storage, must_exist=True)
     with ExitStack() as stack:
         stack.callback(store.close)
-        stages.start(stack)          # the GPU worker comes up while the study is read
+        started = stages.start(stack)      # the GPU worker comes up while the study is read
         resumed = session.resume_study(store, study, shape=wanted_shape, space=wanted_space)
         target = trials if trials is not None else store.count_finished(study) + RESUME_STEP
-        builder, measure = stages.stages(resumed.problem, resumed.space, jobs, stack)
+        builder, measure = stages.stages(resumed.problem, resumed.space, jobs, stack, started)
         _run(store, study, resumed.problem, resumed.space, resumed.sampler, resumed.seed, target, builder, measure,
              stale_after=stale_after, mixed_gpus=mixed_gpus, racing=not full_timing)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -116,8 +116,6 @@ class StageFactory:
     replay: Path | None = None
     delay: tuple[float, float] = (0.0, 0.0)
     gpus: tuple[int, ...] | None = None
-    #: measure stages :meth:`start` made, which :meth:`stages` hands out
-    started: list[Any] = field(default_factory=list, compare=False, repr=False)
 
     def ready(self, command: str = "search") -> "StageFactory":
         """This factory with its measure stage resolved; refuses without a GPU (unless replaying
@@ -132,7 +130,9 @@ class StageFactory:
         return stack.enter_context(Builder(space.kernel, arch=space.arch, jobs=jobs))
 
     def stages(self, problem: Problem, space: SearchSpace, jobs: int | None,
-               stack: ExitStack) -> tuple[Any, Any]:
+               stack: ExitStack, started: list[Any] | None = None) -> tuple[Any, Any]:
+        """(builder, measure stage, or a list of them with ``gpus``); ``started``: the measure
+        stages :meth:`start` made (else they are made and started here)."""
         gpus = self.gpus
         if self.replay is not None:
             replay = self.replay
@@ -146,19 +146,16 @@ class StageFactory:
             if gpus is None:
                 return builder, measure
             return builder, [measure, *(one(i) for i in gpus[1:])]
-        measures = list(self.started) or self._started(stack)
-        self.started.clear()
+        measures = started or self.start(stack)
         builder = self.builder(space, jobs, stack)
         return builder, (measures[0] if gpus is None else measures)
 
-    def start(self, stack: ExitStack) -> None:
-        """Make and start the measure stages now (none when replaying), for :meth:`stages` to
-        hand out: the command calls it first, so the GPU worker's torch import and CUDA
+    def start(self, stack: ExitStack) -> list[Any]:
+        """Make and start the measure stages now, for :meth:`stages` (``started``); none when
+        replaying. The command calls it first, so the GPU worker's torch import and CUDA
         context (seconds) come up while it opens the study database and makes the sampler."""
-        if self.replay is None and not self.started:
-            self.started.extend(self._started(stack))
-
-    def _started(self, stack: ExitStack) -> list[Any]:
+        if self.replay is not None:
+            return []
         factory = self.ready().measure_factory
         assert factory is not None
         gpus = self.gpus
