@@ -94,8 +94,7 @@ class Judge:
                 return "PRUNED", None, gate.reason, {}
             return None                  # known taken over already: time nothing for the new owner
         race = self.race()
-        pending = (self.measure.submit(build.artifact, self.problem, race=race) if race is not None
-                   else self.measure.submit(build.artifact, self.problem))
+        pending = self.measure.submit(build.artifact, self.problem, race=race)   # race: None unless the stage races
         t = lap("measure", t)
         self.store.record_build(self.study, number, build, gate)   # while the GPU times it
         lap("record", t)

@@ -146,8 +146,7 @@ class TimedMeasure(MeasureStage):
         if self.first_call_at is None:
             self.first_call_at = started
         try:
-            pending = (self.inner.submit(artifact, problem, race=race) if race is not None
-                       else self.inner.submit(artifact, problem))
+            pending = self.inner.submit(artifact, problem, race=race)
         except BaseException:
             self._account(started, None)
             raise

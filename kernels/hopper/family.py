@@ -126,9 +126,9 @@ class Hopper(KernelFamily):
         return (config,)
 
     def expected_speed(self, problem: Problem) -> float:
-        """The measured TFLOP/s noted next to the recommended config (defaults.toml); an entry
-        not measured yet (D=96) gives its ``tflops_estimate`` (the cost model's figure), so
-        flash_attention still ranks the family above one that notes no figure at all."""
+        """The measured TFLOP/s noted next to the recommended config (defaults.toml); a dtype
+        not measured yet (D=96's bf16) gives the entry's ``tflops_estimate`` (the cost model's
+        figure), so flash_attention still ranks the family above one that notes no figure."""
         if self.unsupported(problem):
             return 0.0
         table: Any = _raw().get(f"d{problem.shape.head_dim}", {})

@@ -150,17 +150,16 @@ __device__ __forceinline__ void Consumer<T>::finish_split() {
             auto* d16 = reinterpret_cast<uint16_t*>(dst);
 #pragma unroll
             for (int j = 0; j < kCols; ++j) d16[j] = static_cast<uint16_t>(pack2<DT>(acc[j], 0.f) & 0xffffu);
-            if (p.lse != nullptr && lane == 0) p.lse[bh * p.seqlen_q + row] = lse * 0.69314718055994531f;
-            continue;
-        }
-        uint32_t packed[kCols / 2 > 0 ? kCols / 2 : 1];
-#pragma unroll
-        for (int j = 0; j < kCols / 2; ++j) packed[j] = pack2<DT>(acc[2 * j], acc[2 * j + 1]);
-        if constexpr (kCols == 4) {
-            *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
         } else {
+            uint32_t packed[kCols / 2];
 #pragma unroll
-            for (int j = 0; j < kCols / 2; ++j) reinterpret_cast<uint32_t*>(dst)[j] = packed[j];
+            for (int j = 0; j < kCols / 2; ++j) packed[j] = pack2<DT>(acc[2 * j], acc[2 * j + 1]);
+            if constexpr (kCols == 4) {
+                *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < kCols / 2; ++j) reinterpret_cast<uint32_t*>(dst)[j] = packed[j];
+            }
         }
         if (p.lse != nullptr && lane == 0) p.lse[bh * p.seqlen_q + row] = lse * 0.69314718055994531f;
     }
