@@ -32,7 +32,7 @@ from evotuner.propose import MODEL_SAMPLERS, make_sampler
 from evotuner.space import SearchSpace, load_space, parse_space
 from evotuner.storage import StudyStore
 from evotuner.storage.connect import resolve_url, sqlite_path
-from evotuner.storage.start import ensure_study, wait_for_study
+from evotuner.storage.start import await_study, ensure_study
 
 #: Makes a measure stage (a context manager, entered by the caller's ExitStack).
 MeasureFactory = Callable[[], MeasureStage]
@@ -222,8 +222,8 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
             _takes_packed(family, problem, f"--family {family}")
             return load_space(get_family(family).space_for(problem)), None
         return load_space(family=family), None
-    if store is not None and study is not None and store.study_exists(study):
-        wait_for_study(store, study)     # a worker starting beside its creator: its row may be on the way
+    # a worker starting beside its creator: the study may be on the way (or its creator died)
+    if store is not None and study is not None and store.study_exists(study) and await_study(store, study):
         return study_space(store, study), None
     if replay is not None:
         from evotuner.measure.sweep import read_sweep
@@ -308,8 +308,7 @@ def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSp
             study, problem, space, sampler, seed,
             source_hash=builder.source_hash(), nvcc_version=builder.nvcc_version())):
         return True
-    if store.study_exists(study):
-        wait_for_study(store, study)            # its creator may not have written evotuner's row yet
+    if store.study_exists(study) and await_study(store, study):   # its creator may not have completed it yet
         store.load_study(study, problem=problem, space=space)   # refuses a problem/space mismatch
         recorded = store.summary(study)
         if (recorded.sampler, recorded.seed) != (sampler, seed):
@@ -326,7 +325,7 @@ def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSp
 def check_exists(store: StudyStore, study: str, sampler: str, seed: int, problem: Problem,
                  space: SearchSpace) -> bool:
     """Before building any stage: True when ``study`` exists (and matches), False when new."""
-    if not store.study_exists(study):
+    if not store.study_exists(study) or not await_study(store, study):   # (a creation left half done is cleared)
         return False
     start_study(store, study, problem, space, sampler, seed, builder=None)
     return True

@@ -51,12 +51,18 @@ schema_version = Table(
     Column("updated_at", DateTime, nullable=False),
 )
 
+#: ``evotuner_studies.optuna_study_id`` of a study whose creation is under way: the row is
+#: written first (it takes the name), Optuna's study next, and the id last. Optuna's ids
+#: start at 1. A row left this way by a creator that died is cleared by the next one
+#: (:func:`evotuner.storage.start.await_study`).
+CREATING = 0
+
 studies = Table(
     "evotuner_studies",
     metadata,
     Column("id", Integer, primary_key=True),
     Column("name", String(512), nullable=False, unique=True),  # == Optuna's study_name
-    Column("optuna_study_id", Integer, nullable=False),
+    Column("optuna_study_id", Integer, nullable=False),  # CREATING while the study is being created
     Column("problem_json", Text, nullable=False),  # Problem.as_dict(): shape, dtype, causal
     Column("space_name", String(256), nullable=False),
     Column("space_fingerprint", String(128), nullable=False),

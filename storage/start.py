@@ -22,8 +22,10 @@ The rules here:
   open (:func:`create_exclusively`);
 * table creation and version stamping are retried when they lose a race
   (:func:`retry_race`): the loser finds the winner's tables and goes on;
-* a study is created if absent; the loser of a creation race waits for the winner's
-  ``evotuner_studies`` row and loads the study (:func:`ensure_study`);
+* a study is created if absent; the loser of a creation race waits for the winner to
+  complete its ``evotuner_studies`` row and loads the study (:func:`ensure_study`); a
+  creation left half done by a creator that died (its row still marked under way after
+  :data:`STUDY_ROW_WAIT_S`) is cleared and done again (:func:`await_study`);
 * Optuna's own SQLite engine starts every transaction with ``BEGIN IMMEDIATE`` as
   evotuner's does (:func:`immediate_sqlite`), so writers from several processes queue
   on the busy timeout instead of failing at once with "database is locked".
@@ -47,8 +49,12 @@ from evotuner.storage import connect as _connect
 
 T = TypeVar("T")
 
-#: How long the loser of a study-creation race waits for the winner's evotuner row.
+#: How long the loser of a study-creation race waits for the winner to complete it before
+#: it counts the creation as abandoned (the creator died half way) and clears it; a
+#: creator takes milliseconds.
 STUDY_ROW_WAIT_S = 15.0
+#: Creations one ensure_study tries before it gives up (each cleared by another process).
+CREATE_ATTEMPTS = 4
 #: Attempts at initialising the schema when concurrent creators collide.
 INIT_ATTEMPTS = 8
 
@@ -145,36 +151,52 @@ def immediate_sqlite(engine: Engine) -> None:
     engine.dispose()
 
 
-def ensure_study(store: Any, name: str, create: Callable[[], Any], wait_s: float = STUDY_ROW_WAIT_S) -> bool:
+def ensure_study(store: Any, name: str, create: Callable[[], Any], wait_s: float | None = None) -> bool:
     """Create study ``name`` with ``create()`` unless it exists; True when this call created it.
 
-    A concurrent creator may win between the check and the create: then this waits (up
-    to ``wait_s``) for the winner's evotuner row and returns False, as if the study had
-    existed. A plain Optuna study of that name (never given an evotuner row) still fails
-    with the store's "not created by evotuner" error after the wait.
+    A concurrent creator may win between the check and the create: then this waits for its
+    creation to complete (:func:`await_study`) and returns False, as if the study had
+    existed. A creation whose creator died half way is cleared and this call creates the
+    study. A plain Optuna study of that name (never given an evotuner row) still fails with
+    the store's "not created by evotuner" error after the wait.
     """
-    if store.study_exists(name):
-        wait_for_study(store, name, wait_s)
-        return False
-    try:
-        create()
-        return True
-    except StorageError:
+    for _ in range(CREATE_ATTEMPTS):
         if not store.study_exists(name):
-            raise
-    wait_for_study(store, name, wait_s)
-    return False
+            try:
+                create()
+                return True
+            except StorageError:
+                if not store.study_exists(name):
+                    raise
+        if await_study(store, name, wait_s):
+            return False
+    raise StorageError(f"study '{name}': {CREATE_ATTEMPTS} attempts at creating it were each cleared or undone "
+                       f"by another process in {store.display_url}", "run the command again")
 
 
-def wait_for_study(store: Any, name: str, wait_s: float = STUDY_ROW_WAIT_S) -> None:
-    """Wait until study ``name`` has its evotuner row (a creator may be between Optuna's
-    half and evotuner's); the store's not-found / not-evotuner error after ``wait_s``."""
+def await_study(store: Any, name: str, wait_s: float | None = None) -> bool:
+    """Wait until study ``name`` is complete (a creator may be between Optuna's half and
+    evotuner's); True when it is, False when it turned out not to exist (its creator
+    undid a failed creation, or died half way and this call cleared what it left: the
+    caller may create it). A creation counts as dead when it has shown no progress for
+    ``wait_s`` (default :data:`STUDY_ROW_WAIT_S`). The store's not-found / not-evotuner
+    error when the name is held by something else (a plain Optuna study) after ``wait_s``."""
+    wait_s = STUDY_ROW_WAIT_S if wait_s is None else wait_s
+    under_way = store.creation_under_way(name)
     deadline = time.monotonic() + wait_s
     while True:
         try:
             store.study_info(name)
-            return
+            return True
         except StorageError:
-            if time.monotonic() >= deadline:
-                raise
+            if not store.study_exists(name):
+                return False
+            now = store.creation_under_way(name)
+            if now != under_way:   # another creation began: it gets its own wait
+                under_way, deadline = now, time.monotonic() + wait_s
+            elif time.monotonic() >= deadline:
+                if under_way is None:
+                    raise
+                store.abandon_creation(name, under_way)
+                return False
         time.sleep(0.05)

@@ -1,0 +1,180 @@
+"""A study's creation interrupted half way (its creator killed between evotuner's row and
+Optuna's study, or stalled there): the next creator clears what it left and creates the
+study; nothing else is ever removed. Real SQLite files and real killed processes, no GPU.
+
+The creation writes evotuner's row first (marked under way), then Optuna's study, then the
+row's Optuna id (storage/bridge.py: create_study); storage/start.py: await_study clears a
+creation that shows no progress for STUDY_ROW_WAIT_S."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import optuna
+import pytest
+
+from cli_helpers import run
+from evotuner import cli
+from evotuner.errors import StorageError
+from evotuner.problem import Problem, Shape
+from evotuner.space import load_space
+from evotuner.storage import StudyStore
+from evotuner.storage import start as _start
+from evotuner.storage.start import await_study, ensure_study
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+PROBLEM = Problem(Shape(16, 16, 2048, 2048, 64), dtype="fp16", causal=False)
+OTHER = Problem(Shape(2, 8, 512, 512, 64), dtype="fp16", causal=True)
+SPACE = load_space(None)
+SWEEP = Path(__file__).parent / "data" / "replay" / "synthetic_d64.csv"
+
+
+def _create(store: StudyStore, name: str, problem: Problem = PROBLEM):
+    return store.create_study(name, problem, SPACE, "tpe", 7, source_hash="src", nvcc_version="cuda_13.0")
+
+
+def _killed_while_creating(url: str, name: str, where: str) -> None:
+    """A process that dies (os._exit, as SIGKILL would leave it) inside create_study:
+    ``where`` = "before" just before Optuna's study is made, "after" just after."""
+    code = textwrap.dedent(f"""
+        import os, optuna
+        from evotuner.problem import Problem, Shape
+        from evotuner.space import load_space
+        from evotuner.storage import StudyStore
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        store = StudyStore({url!r})
+        real = optuna.create_study
+        def dies(*a, **k):
+            if {where!r} == "after":
+                real(*a, **k)
+            os._exit(9)
+        optuna.create_study = dies
+        store.create_study({name!r}, Problem(Shape(16, 16, 2048, 2048, 64), dtype="fp16", causal=False),
+                           load_space(None), "tpe", 7, source_hash="src", nvcc_version="cuda_13.0")
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 9, done.stderr
+
+
+def _optuna_names(store: StudyStore) -> list[str]:
+    return sorted(s.study_name for s in store.optuna_storage.get_all_studies())
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_creation_killed_half_way_is_cleared_and_done_again(tmp_path: Path, where: str) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    with StudyStore(url) as store:
+        _create(store, "kept")
+    _killed_while_creating(url, "w", where)
+    with StudyStore(url, create=False) as store:
+        assert store.study_exists("w")                       # the name stays taken ...
+        assert [i.name for i in store.list_studies()] == ["kept"]   # ... but nobody lists or uses it
+        with pytest.raises(StorageError, match="'w' .*is still being created by another process"):
+            store.load_study("w")
+        assert _optuna_names(store) == (["kept", "w"] if where == "after" else ["kept"])
+
+        assert ensure_study(store, "w", lambda: _create(store, "w", OTHER), wait_s=0.3) is True
+        assert store.study_info("w").problem == OTHER       # created afresh, by this call
+        study = store.load_study("w", problem=OTHER)
+        study.tell(study.ask(), 1.0)
+        assert [i.name for i in store.list_studies()] == ["kept", "w"]
+        assert _optuna_names(store) == ["kept", "w"]
+        assert store.summary("w").trials[0].value == 1.0
+
+
+def test_the_search_command_clears_a_creation_killed_half_way(capsys, monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(cli.STORAGE_ENV, raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
+    monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_start, "STUDY_ROW_WAIT_S", 0.5)
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    _killed_while_creating(url, "w", "after")
+    code, out, err = run(capsys, "search", "--study", "w", "--shape", "B=16,H=16,S=2048,D=64", "--trials", 4,
+                         "--replay", SWEEP, "--storage", url)
+    assert code == 0, err
+    with StudyStore(url, create=False) as store:
+        assert store.count_finished("w") == 4
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_stalled_creator_loses_cleanly_to_the_one_that_cleared_it(tmp_path: Path, monkeypatch, where: str) -> None:
+    """The creator stalls past the wait just before or after making Optuna's study: another
+    clears the creation and creates the study; the stalled one then fails with one error
+    and removes nothing of the new study (SQLite gives the new Optuna study the old id)."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    stalled, release = threading.Event(), threading.Event()
+    real = optuna.create_study
+
+    def stall(*args, **kwargs):
+        made = real(*args, **kwargs) if where == "after" else None
+        if threading.current_thread().name == "stalled":
+            stalled.set()
+            release.wait(30)
+        return made if where == "after" else real(*args, **kwargs)
+
+    monkeypatch.setattr(optuna, "create_study", stall)
+    errors: list[BaseException] = []
+
+    def creator() -> None:
+        with StudyStore(url) as store:
+            try:
+                _create(store, "w")
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                errors.append(exc)
+
+    with StudyStore(url) as store:
+        t = threading.Thread(target=creator, name="stalled")
+        t.start()
+        assert stalled.wait(30)
+        assert ensure_study(store, "w", lambda: _create(store, "w", OTHER), wait_s=0.3) is True
+        release.set()
+        t.join(30)
+        assert len(errors) == 1 and isinstance(errors[0], StorageError)
+        assert ("another process took over its creation" if where == "after" else "already exists") in str(errors[0])
+        assert store.study_info("w").problem == OTHER
+        assert _optuna_names(store) == ["w"]
+        study = store.load_study("w", problem=OTHER)
+        assert study.user_attrs["problem"] == OTHER.as_dict()   # the stalled one wrote nothing there
+
+
+def test_a_creation_that_completes_is_waited_for_not_cleared(tmp_path: Path, monkeypatch) -> None:
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    stalled, release = threading.Event(), threading.Event()
+    real = optuna.create_study
+
+    def slow(*args, **kwargs):
+        made = real(*args, **kwargs)
+        if threading.current_thread().name == "slow":
+            stalled.set()
+            release.wait(30)
+        return made
+
+    monkeypatch.setattr(optuna, "create_study", slow)
+
+    def creator() -> None:
+        with StudyStore(url) as store:
+            _create(store, "w")
+
+    with StudyStore(url) as store:
+        t = threading.Thread(target=creator, name="slow")
+        t.start()
+        assert stalled.wait(30)
+        threading.Timer(0.3, release.set).start()
+        assert await_study(store, "w", wait_s=5.0) is True
+        t.join(30)
+        assert store.study_info("w").problem == PROBLEM
+
+
+def test_a_plain_optuna_study_is_never_removed(tmp_path: Path) -> None:
+    with StudyStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+        optuna.create_study(study_name="plain", storage=store.optuna_storage)
+        with pytest.raises(StorageError, match="'plain' .*was not created by evotuner"):
+            ensure_study(store, "plain", lambda: _create(store, "plain"), wait_s=0.2)
+        assert _optuna_names(store) == ["plain"]
+        assert not store.list_studies()
