@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+from typing import Iterator
 
 import pytest
 
@@ -42,3 +44,29 @@ def test_families():
 def build_cache_dir(tmp_path_factory: pytest.TempPathFactory):
     """One build cache for the whole session: each config compiles once across test files."""
     return tmp_path_factory.mktemp("evotuner-build-cache")
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[object]:
+    """A PostgreSQL server in a temporary directory (tests/pg_server.py) for the session;
+    skips when the server binaries or psycopg are missing, except under CI (``CI`` set),
+    where that is a failure: CI installs both (.ci/run)."""
+    from pg_server import PgServer, pg_bin
+
+    missing = None
+    if pg_bin("initdb") is None:
+        missing = "PostgreSQL server binaries (apt-get install postgresql)"
+    else:
+        try:
+            import psycopg  # noqa: F401
+        except ImportError:
+            missing = "psycopg (pip install -e '.[postgres]')"
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the PostgreSQL tests but {missing} is missing")
+        pytest.skip(f"needs {missing}")
+    server = PgServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()

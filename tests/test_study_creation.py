@@ -8,6 +8,8 @@ creation that shows no progress for STUDY_ROW_WAIT_S."""
 
 from __future__ import annotations
 
+import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -32,6 +34,15 @@ PROBLEM = Problem(Shape(16, 16, 2048, 2048, 64), dtype="fp16", causal=False)
 OTHER = Problem(Shape(2, 8, 512, 512, 64), dtype="fp16", causal=True)
 SPACE = load_space(None)
 SWEEP = Path(__file__).parent / "data" / "replay" / "synthetic_d64.csv"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty database: a SQLite file, or a database on tests/pg_server.py's server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 's.db'}"
+    pg = request.getfixturevalue("pg_server")
+    return pg.create_database(f"creation_{os.getpid()}_{random.randrange(10**9)}")  # type: ignore[attr-defined]
 
 
 def _create(store: StudyStore, name: str, problem: Problem = PROBLEM):
@@ -66,8 +77,7 @@ def _optuna_names(store: StudyStore) -> list[str]:
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_a_creation_killed_half_way_is_cleared_and_done_again(tmp_path: Path, where: str) -> None:
-    url = f"sqlite:///{tmp_path / 's.db'}"
+def test_a_creation_killed_half_way_is_cleared_and_done_again(url: str, where: str) -> None:
     with StudyStore(url) as store:
         _create(store, "kept")
     _killed_while_creating(url, "w", where)
@@ -103,11 +113,10 @@ def test_the_search_command_clears_a_creation_killed_half_way(capsys, monkeypatc
 
 
 @pytest.mark.parametrize("where", ["before", "after"])
-def test_a_stalled_creator_loses_cleanly_to_the_one_that_cleared_it(tmp_path: Path, monkeypatch, where: str) -> None:
+def test_a_stalled_creator_loses_cleanly_to_the_one_that_cleared_it(url: str, monkeypatch, where: str) -> None:
     """The creator stalls past the wait just before or after making Optuna's study: another
     clears the creation and creates the study; the stalled one then fails with one error
     and removes nothing of the new study (SQLite gives the new Optuna study the old id)."""
-    url = f"sqlite:///{tmp_path / 's.db'}"
     stalled, release = threading.Event(), threading.Event()
     real = optuna.create_study
 
@@ -143,8 +152,7 @@ def test_a_stalled_creator_loses_cleanly_to_the_one_that_cleared_it(tmp_path: Pa
         assert study.user_attrs["problem"] == OTHER.as_dict()   # the stalled one wrote nothing there
 
 
-def test_a_creation_that_completes_is_waited_for_not_cleared(tmp_path: Path, monkeypatch) -> None:
-    url = f"sqlite:///{tmp_path / 's.db'}"
+def test_a_creation_that_completes_is_waited_for_not_cleared(url: str, monkeypatch) -> None:
     stalled, release = threading.Event(), threading.Event()
     real = optuna.create_study
 
@@ -171,8 +179,8 @@ def test_a_creation_that_completes_is_waited_for_not_cleared(tmp_path: Path, mon
         assert store.study_info("w").problem == PROBLEM
 
 
-def test_a_plain_optuna_study_is_never_removed(tmp_path: Path) -> None:
-    with StudyStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+def test_a_plain_optuna_study_is_never_removed(url: str) -> None:
+    with StudyStore(url) as store:
         optuna.create_study(study_name="plain", storage=store.optuna_storage)
         with pytest.raises(StorageError, match="'plain' .*was not created by evotuner"):
             ensure_study(store, "plain", lambda: _create(store, "plain"), wait_s=0.2)

@@ -24,7 +24,6 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Iterator
 
 import optuna
 import pytest
@@ -44,29 +43,6 @@ STUDY = "w"
 
 
 # -- backends ------------------------------------------------------------------------------
-
-@pytest.fixture(scope="session")
-def pg_server() -> Iterator[object]:
-    from pg_server import PgServer, pg_bin
-
-    missing = None
-    if pg_bin("initdb") is None:
-        missing = "PostgreSQL server binaries (apt-get install postgresql)"
-    else:
-        try:
-            import psycopg  # noqa: F401
-        except ImportError:
-            missing = "psycopg (pip install -e '.[postgres]')"
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI must run the PostgreSQL tests but {missing} is missing")
-        pytest.skip(f"needs {missing}")
-    server = PgServer().start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
 
 class Databases:
     """Fresh, empty databases of one backend, one per repetition."""
