@@ -19,6 +19,7 @@ from evotuner.config import KernelConfig
 from evotuner.coordinator import Coordinator
 from evotuner.gate import apply_gate
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage, PendingMeasure
+from evotuner.measure.protocol import artifact_wire
 from evotuner.measure.racing import Race, RaceRule
 from evotuner.problem import Problem
 from evotuner.startup import DeviceStart
@@ -38,6 +39,7 @@ class Submitted:
     config: KernelConfig
     race: Race | None
     pending: PendingMeasure
+    artifact: Any = None          # what was timed (a paired race's next incumbent, if it wins)
 
 
 class Judge:
@@ -63,6 +65,8 @@ class Judge:
         self.building = building
         self.measured = 0                    # measure calls this run made
         self.stopped = 0                     # of them, stopped early by racing
+        #: (median µs, artifact) of this run's fastest measurement: a paired race's incumbent
+        self.fastest: tuple[float, Any] | None = None
 
     def __call__(self, number: int, config: KernelConfig, future: Any) -> Verdict | None:
         """Trial ``number``'s verdict on ``config``, built by ``future``; None when the config is
@@ -98,7 +102,7 @@ class Judge:
         t = lap("measure", t)
         self.store.record_build(self.study, number, build, gate)   # while the GPU times it
         lap("record", t)
-        return Submitted(number, config, race, pending)
+        return Submitted(number, config, race, pending, build.artifact)
 
     def end(self, submitted: Submitted) -> Verdict | None:
         """The verdict of a measurement :meth:`begin` submitted (waits for it)."""
@@ -118,6 +122,9 @@ class Judge:
             raise TypeError(f"measure stage returned {type(outcome).__name__}, not a Measurement")
         attrs: dict[str, Any] = {k: getattr(outcome, k) for k in MEASURED_ATTRS}
         self.tally.timed(outcome.median_us)
+        if (submitted.artifact is not None and not outcome.stopped_early
+                and (self.fastest is None or outcome.median_us < self.fastest[0])):
+            self.fastest = (outcome.median_us, submitted.artifact)
         if outcome.stopped_early:
             self.stopped += 1
             attrs[STOPPED_ATTR] = {"reps": outcome.repetitions, "planned_reps": outcome.planned_repetitions,
@@ -130,8 +137,12 @@ class Judge:
     def race(self) -> Race | None:
         """What a measure request races against: the best median measured on this GPU model
         (this run's, or the study's earlier trials'); None when racing is off, the stage does
-        not race, or nothing is known yet (the first config gets the whole budget)."""
+        not race, or nothing is known yet (the first config gets the whole budget). A rule
+        that pairs also names the artifact of this run's fastest config, timed beside it."""
         if self.racing is None or not getattr(self.measure, "races", False):
             return None
         incumbent = self.tally.incumbent(self.device.model)
-        return Race(incumbent, self.racing) if incumbent is not None else None
+        if incumbent is None:
+            return None
+        pair = artifact_wire(self.fastest[1]) if self.racing.paired_margin is not None and self.fastest else None
+        return Race(incumbent, self.racing, pair)

@@ -23,7 +23,7 @@ from evotuner.compiler.result import Artifact
 from evotuner.config import KernelConfig
 from evotuner.loop import run_search
 from evotuner.measure import GpuMeasure, Measurement, PendingMeasure
-from evotuner.measure.protocol import ProtocolError, Reply, Request, measurement_from_wire
+from evotuner.measure.protocol import ProtocolError, Reply, Request, artifact_wire, measurement_from_wire
 from evotuner.measure.racing import DEFAULT_RULE, Race, RaceRule
 from evotuner.measure.worker import Worker
 from evotuner.problem import Problem, Shape
@@ -555,3 +555,4 @@ def test_search_starts_the_measure_stage_before_it_opens_the_study(capsys, monke
     monkeypatch.setattr(cli, "open_store", open_store)
     _cli(capsys, monkeypatch, tmp_path, build_cache_dir, Started)
     assert order[:2] == ["measure started", "store opened"], order
+

@@ -16,8 +16,10 @@ Requests (parent → worker), ``op`` first:
 * ``ping``        {}: answered at once (liveness).
 * ``fingerprint`` {}: the device fingerprint (``Reply.value`` is a dict).
 * ``measure``     {cubin, entry, family, key, sha256, meta, problem, seed, budget_s, race}: gate + time;
-  ``race`` is None or {incumbent_us, alpha, margin, min_reps} (evotuner/measure/racing.py):
-  the timing may stop early once the config is clearly slower than the incumbent.
+  ``race`` is None or {incumbent_us, alpha, margin, min_reps, paired_margin, paired_reps,
+  [incumbent_artifact: {cubin, entry, family, key, sha256, meta}]} (evotuner/measure/racing.py):
+  the timing may stop early once the config is clearly slower than the incumbent (in a
+  paired race, than the incumbent's artifact timed alternately with it).
 * ``baselines``   {problem, budget_s}: SDPA backends at the problem's shape (a packed
   problem: SDPA on its padded batch and on jagged nested tensors).
 * ``sanitize``    {cubin, entry, key, meta, problem, shapes, seed}: run the kernel once per
@@ -180,6 +182,13 @@ class Request:
         if op not in OPS:
             raise ProtocolError(f"request has unknown op {op!r}")
         return cls(str(op), {k: v for k, v in message.items() if k != "op"})
+
+
+def artifact_wire(artifact: Any) -> dict[str, Any]:
+    """An :class:`~evotuner.compiler.result.Artifact` as a measure request names it (a
+    paired race's ``incumbent_artifact``)."""
+    return {"cubin": str(artifact.cubin), "entry": artifact.entry, "family": artifact.family, "key": artifact.key,
+            "sha256": artifact.sha256, "meta": {str(k): int(v) for k, v in dict(artifact.meta).items()}}
 
 
 def measure_request(cubin: str, entry: str, meta: dict[str, int], problem: dict[str, object],

@@ -29,13 +29,25 @@ the check on recorded GPU traces):
   than the config's best window: 0 stopped at 15%, 3-5 at 10-12%, 11 of 64 (one set) with
   the earlier 1% rule and its AR(1) effective sample size.
 
+Paired racing (``RaceRule.paired_margin``, ``evotuner search --paired-race``; off by default
+until the GPU shows it keeps every winner): the request also carries the incumbent's
+artifact; the worker loads it beside the config and, up to ``paired_reps`` repetitions,
+times the two alternately, repetition by repetition, in the same window. The ratio of
+each adjacent pair (config / incumbent) cancels the drift both saw, so its median's
+order-statistic lower bound (same level as above) may be held against a far smaller
+margin: the config stops once that bound exceeds ``1 + paired_margin``. The unpaired rule
+stays in force beside it. Why: a config 3-15% slower than the best cannot be told from
+drift by the unpaired rule and gets the full budget, and those are most of a guided
+study's configs (docs/measurement.md).
+
 Pure Python, no torch: the loop, the worker and the tests share it.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import lru_cache
 from typing import Any, Sequence
@@ -78,6 +90,12 @@ class RaceRule:
     alpha: float = 1e-3
     margin: float = 0.15
     min_reps: int = 16
+    #: None: no paired race; else the margin on the config/incumbent ratio of adjacent
+    #: repetitions timed alternately (module docstring).
+    paired_margin: float | None = None
+    #: Repetitions of the config timed alternately with the incumbent's (a look of LOOKS);
+    #: a config not stopped by then runs alone to its budget.
+    paired_reps: int = 64
 
     def __post_init__(self) -> None:
         if not (0.0 < self.alpha < 1.0 and math.isfinite(self.alpha)):
@@ -86,6 +104,10 @@ class RaceRule:
             raise ValueError(f"RaceRule.margin={self.margin!r}: not in [0, 1)")
         if self.min_reps < 1:
             raise ValueError(f"RaceRule.min_reps={self.min_reps!r}: not a positive count")
+        if self.paired_margin is not None and not (0.0 <= self.paired_margin < 1.0 and math.isfinite(self.paired_margin)):
+            raise ValueError(f"RaceRule.paired_margin={self.paired_margin!r}: not in [0, 1)")
+        if self.paired_margin is not None and (self.paired_reps not in LOOKS or self.paired_reps < self.min_reps):
+            raise ValueError(f"RaceRule.paired_reps={self.paired_reps!r}: not a look of {LOOKS} from min_reps on")
 
     @property
     def level(self) -> float:
@@ -114,41 +136,77 @@ class RaceRule:
         bound = self.bound(samples)
         return bound is not None and bound > self.threshold(incumbent_us)
 
+    def stops_paired(self, samples: Sequence[float], incumbent_samples: Sequence[float]) -> bool:
+        """True when the config's repetitions ``samples`` are clearly slower than the
+        incumbent's timed alternately with them (``incumbent_samples``, the same order):
+        the lower bound of the median of the adjacent pairs' ratios exceeds ``1 +
+        paired_margin``. False when the rule does not pair."""
+        if self.paired_margin is None:
+            return False
+        bound = self.bound([c / i for c, i in zip(samples, incumbent_samples) if i > 0])
+        return bound is not None and bound > 1.0 + self.paired_margin
+
     def describe(self) -> str:
-        return (f"order-statistic lower bound of the median above the best x {1 + self.margin:g} "
+        text = (f"order-statistic lower bound of the median above the best x {1 + self.margin:g} "
                 f"(alpha {self.alpha:g} over looks at {','.join(map(str, self.looks()))} reps)")
+        if self.paired_margin is not None:
+            text += (f", or of the median ratio to the best timed alternately above {1 + self.paired_margin:g} "
+                     f"(up to {self.paired_reps} reps)")
+        return text
 
     def to_wire(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "margin": self.margin, "min_reps": self.min_reps}
+        return {"alpha": self.alpha, "margin": self.margin, "min_reps": self.min_reps,
+                "paired_margin": self.paired_margin, "paired_reps": self.paired_reps}
 
     @classmethod
     def from_wire(cls, value: Any) -> "RaceRule":
         if not isinstance(value, dict):
             raise ValueError(f"race rule is a {type(value).__name__}, not an object")
+        paired = value.get("paired_margin")
         return cls(alpha=float(value.get("alpha", cls.alpha)), margin=float(value.get("margin", cls.margin)),
-                   min_reps=int(value.get("min_reps", cls.min_reps)))
+                   min_reps=int(value.get("min_reps", cls.min_reps)),
+                   paired_margin=None if paired is None else float(paired),
+                   paired_reps=int(value.get("paired_reps", cls.paired_reps)))
 
 
 #: The rule ``evotuner search`` races with unless ``--full-timing`` is given.
 DEFAULT_RULE = RaceRule()
+#: The margin ``--paired-race`` pairs with: above the ratio spread of adjacent repetitions
+#: (a 1 ms kernel's p20-p80 spread within a window is about 1%).
+PAIRED_MARGIN = 0.03
 
 
 @dataclass(frozen=True)
 class Race:
-    """What a measure request carries when racing is on: the incumbent and the rule."""
+    """What a measure request carries when racing is on: the incumbent and the rule; for a
+    paired race also ``incumbent_artifact``, the wire form of the incumbent's artifact
+    (the measure request's cubin/entry/meta/key/sha256/family fields) that the worker loads
+    to time alternately with the config."""
 
     incumbent_us: float
     rule: RaceRule = DEFAULT_RULE
+    incumbent_artifact: Mapping[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.incumbent_us) and self.incumbent_us > 0):
             raise ValueError(f"Race.incumbent_us={self.incumbent_us!r}: not a positive time")
+        if self.incumbent_artifact is not None and not isinstance(self.incumbent_artifact.get("cubin"), str):
+            raise ValueError(f"Race.incumbent_artifact has no cubin path: {dict(self.incumbent_artifact)!r:.200}")
 
-    def stops(self, samples: Sequence[float]) -> bool:
-        return self.rule.stops(samples, self.incumbent_us)
+    @property
+    def paired(self) -> bool:
+        """The worker times the config alternately with the incumbent's artifact."""
+        return self.rule.paired_margin is not None and self.incumbent_artifact is not None
+
+    def stops(self, samples: Sequence[float], incumbent_samples: Sequence[float] = ()) -> bool:
+        return self.rule.stops(samples, self.incumbent_us) or (
+            bool(incumbent_samples) and self.rule.stops_paired(samples, incumbent_samples))
 
     def to_wire(self) -> dict[str, Any]:
-        return {"incumbent_us": self.incumbent_us, **self.rule.to_wire()}
+        wire = {"incumbent_us": self.incumbent_us, **self.rule.to_wire()}
+        if self.incumbent_artifact is not None:
+            wire["incumbent_artifact"] = dict(self.incumbent_artifact)
+        return wire
 
     @classmethod
     def from_wire(cls, value: Any) -> "Race | None":
@@ -157,4 +215,7 @@ class Race:
             return None
         if not isinstance(value, dict):
             raise ValueError(f"race is a {type(value).__name__}, not an object")
-        return cls(float(value["incumbent_us"]), RaceRule.from_wire(value))
+        artifact = value.get("incumbent_artifact")
+        if artifact is not None and not isinstance(artifact, dict):
+            raise ValueError(f"race's incumbent_artifact is a {type(artifact).__name__}, not an object")
+        return cls(float(value["incumbent_us"]), RaceRule.from_wire(value), artifact)

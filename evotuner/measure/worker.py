@@ -20,7 +20,10 @@ A measure request runs, in order:
    median/p20/p80; a packed problem's launch as ``flash_attention_varlen`` makes it)
    within the trial's budget; with a ``race`` in the request
    (evotuner/measure/racing.py) it stops at a look once the config is clearly slower
-   than the incumbent the request carries, and says so in the measurement.
+   than the incumbent the request carries, and says so in the measurement. A paired race
+   also carries the incumbent's artifact: the worker keeps it loaded while it stays the
+   incumbent and times it alternately with the config (``detail["paired"]`` says how it
+   went, or why the race ran unpaired: an artifact that cannot load here).
 
 A sticky CUDA error (illegal address, launch failure...) loses the context:
 the worker sends a ``fatal`` failure and exits at once (``os._exit``, no
@@ -44,14 +47,9 @@ from evotuner.compiler.result import Artifact
 from evotuner.measure.protocol import (
     PipeClosed, ProtocolError, Reply, Request, read_message_blocking, write_message,
 )
-from evotuner.problem import Problem, Shape
+from evotuner.measure.worker_tools import DiagnosticOps, ragged_problem, unload_if_healthy
+from evotuner.problem import Problem
 
-#: The ragged shape of the second correctness check: neither length a multiple of any tile.
-RAGGED_SEQLEN_Q = 97
-RAGGED_SEQLEN_K = 203
-#: A packed problem's ragged check: Sq < Sk, no queries, Sq > Sk, no keys, whole tiles.
-RAGGED_LENGTHS_Q = (97, 0, 203, 1, 64)
-RAGGED_LENGTHS_K = (203, 17, 97, 0, 64)
 #: Exit status after a fatal (sticky) CUDA error.
 EXIT_FATAL = 3
 
@@ -60,14 +58,17 @@ _STICKY_TEXT = ("illegal memory access", "unspecified launch failure", "illegal 
                 "misaligned address", "hardware stack error", "invalid program counter")
 
 
-class Worker:
-    """Answers requests; holds nothing but the device index between them."""
+class Worker(DiagnosticOps):
+    """Answers requests; holds the device index, the study problems' tolerances and the
+    paired race's incumbent module between them."""
 
     def __init__(self) -> None:
         self.device_index = 0
         self.torch: Any = None
         #: FA2's (output, LSE) tolerances per study problem, from this worker's first check of it
         self._bounds: dict[Problem, tuple[float, float | None]] = {}
+        #: (artifact key, loaded module) of the paired race's incumbent, kept while it stays one
+        self._incumbent: tuple[str, Any] | None = None
 
     # ---------------------------------------------------------------- dispatch
     def handle(self, request: Request) -> Reply:
@@ -146,10 +147,11 @@ class Worker:
             if isinstance(ragged, Reply):
                 return _annotate(ragged, f"at the ragged {'lengths' if ragged_at.varlen else 'shape'} {ragged_text}")
             t2 = time.perf_counter()
-            timing = self._time(module, problem, seed, budget_s, race)
+            pair, paired = self._pair(race, args["problem"])
+            timing = self._time(module, problem, seed, budget_s, race, pair)
             t3 = time.perf_counter()
         finally:
-            _unload_if_healthy(module, cuda)
+            unload_if_healthy(module, cuda)
         phases = {"load_s": t1 - t0, "check_s": t2 - t1, "time_s": t3 - t2}
         median, p20, p80 = timing.median_us, timing.p20_us, timing.p80_us
         measurement: dict[str, Any] = {
@@ -163,7 +165,8 @@ class Worker:
         return Reply.success({
             "measurement": measurement,
             "detail": {"ragged_max_error": ragged["max_error"], "ragged_tolerance": ragged["tolerance"],
-                       "ragged_shape": ragged_text, "seed": seed, "phases": phases},
+                       "ragged_shape": ragged_text, "seed": seed, "phases": phases,
+                       **({"paired": {**paired, **_paired_figures(timing)}} if paired else {})},
         })
 
     def _check(self, module: Any, problem: Problem, seed: int, *, reuse_bounds: bool = False
@@ -185,8 +188,10 @@ class Worker:
             return Reply.fail(result.kind or "wrong_result", result.reason)
         return {"max_error": float(result.max_error), "tolerance": float(result.tolerance)}
 
-    def _time(self, module: Any, problem: Problem, seed: int, budget_s: float, race: Any = None) -> Any:
-        """The config's Timing within ``budget_s``; raced (looks, stop) when ``race`` is given."""
+    def _time(self, module: Any, problem: Problem, seed: int, budget_s: float, race: Any = None,
+              pair: Any = None) -> Any:
+        """The config's Timing within ``budget_s``; raced (looks, stop) when ``race`` is given,
+        timed alternately with the module ``pair`` (the incumbent's) in a paired race."""
         from evotuner.runtime.check import make_inputs
         from evotuner.runtime.timing import time_cuda
 
@@ -198,13 +203,51 @@ class Worker:
             from evotuner.runtime.packed import make_packed_inputs
 
             pq, pk, pv, cu_q, cu_k = make_packed_inputs(problem, device=device, seed=seed + 7)
-            pout = torch.empty_like(pq)
             longest = (max(problem.lengths_q), max(problem.lengths_k))
-            return time_cuda(lambda: module.launch_varlen(pq, pk, pv, pout, None, scale, cu_q, cu_k, *longest),
-                             budget_s=budget_s, **racing)
-        q, k, v = make_inputs(problem.shape, problem.dtype, device=device, seed=seed + 7)
-        out = torch.empty_like(q)
-        return time_cuda(lambda: module.launch(q, k, v, out, None, scale), budget_s=budget_s, **racing)
+
+            def call(m: Any) -> Callable[[], Any]:
+                pout = torch.empty_like(pq)      # each module its own output
+                return lambda: m.launch_varlen(pq, pk, pv, pout, None, scale, cu_q, cu_k, *longest)
+        else:
+            q, k, v = make_inputs(problem.shape, problem.dtype, device=device, seed=seed + 7)
+
+            def call(m: Any) -> Callable[[], Any]:
+                out = torch.empty_like(q)
+                return lambda: m.launch(q, k, v, out, None, scale)
+        if pair is not None:
+            racing.update(pair=call(pair), pair_reps=race.rule.paired_reps)
+        return time_cuda(call(module), budget_s=budget_s, **racing)
+
+    def _pair(self, race: Any, problem: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """(the incumbent's module to time alternately with the config, what to report of
+        it): (None, {}) for an unpaired race; (None, {"unpaired": why}) when the incumbent's
+        artifact does not load here (the race then runs unpaired). The module stays loaded
+        while the requests name the same artifact."""
+        if race is None or not race.paired:
+            return None, {}
+        wire = dict(race.incumbent_artifact)
+        key = str(wire.get("sha256") or wire.get("key") or wire["cubin"])
+        if self._incumbent is not None and self._incumbent[0] == key:
+            return self._incumbent[1], {"incumbent": key}
+        self.drop_incumbent()
+        try:
+            loaded = self._module({**wire, "problem": problem})
+        except Exception as exc:   # a missing or foreign cubin: race unpaired; a broken context is fatal
+            if _is_sticky(exc):
+                raise
+            return None, {"unpaired": f"the incumbent's artifact did not load: {str(exc).strip()[:200]}"}
+        if isinstance(loaded, Reply):
+            return None, {"unpaired": loaded.failure.reason if loaded.failure else "the incumbent's artifact did not load"}
+        self._incumbent = (key, loaded[0])
+        return loaded[0], {"incumbent": key}
+
+    def drop_incumbent(self) -> None:
+        """Unload the paired race's incumbent module, if one is loaded."""
+        if self._incumbent is not None:
+            from evotuner.runtime import cuda
+
+            unload_if_healthy(self._incumbent[1], cuda)
+            self._incumbent = None
 
     # ------------------------------------------------------ sanitize / profile
     def _module(self, args: dict[str, Any]) -> tuple[Any, Problem] | Reply:
@@ -221,98 +264,6 @@ class Worker:
             return Reply.fail("launch", f"{cubin.name}: built for {mismatch}; cannot run this study's problem")
         self._torch()
         return KernelModule.load(artifact, device=self.device_index, cache=False), problem
-
-    def op_sanitize(self, args: dict[str, Any]) -> Reply:
-        """Run the kernel once per ragged shape on fresh inputs (output and LSE poisoned with
-        NaN), no timing: what compute-sanitizer watches. Reports whether each output is finite."""
-        from evotuner.runtime import cuda
-        from evotuner.runtime.check import make_inputs
-
-        torch = self._torch()
-        loaded = self._module(args)
-        if isinstance(loaded, Reply):
-            return loaded
-        module, problem = loaded
-        seed = int(args.get("seed", 0))
-        results = []
-        try:
-            if problem.varlen:     # a packed kernel: the ragged packed lengths, through its packed launch
-                from evotuner.runtime.packed import make_packed_inputs
-
-                ragged = ragged_problem(problem)
-                q, k, v, cu_q, cu_k = make_packed_inputs(ragged, device=f"cuda:{self.device_index}", seed=seed)
-                o = torch.full_like(q, float("nan"))
-                lse = torch.full((q.shape[1], q.shape[0]), float("nan"), dtype=torch.float32, device=q.device)
-                module.launch_varlen(q, k, v, o, lse, 1.0 / math.sqrt(problem.shape.head_dim), cu_q, cu_k,
-                                     max(ragged.lengths_q), max(ragged.lengths_k))
-                torch.cuda.synchronize(self.device_index)
-                results.append({"shape": ragged.lengths_text(), "finite": bool(torch.isfinite(o).all().item())})
-            for i, dims in enumerate(() if problem.varlen else args.get("shapes") or []):
-                B, H, Sq, Sk = (int(x) for x in dims)
-                shape = Shape(B, H, Sq, Sk, problem.shape.head_dim)
-                q, k, v = make_inputs(shape, problem.dtype, device=f"cuda:{self.device_index}", seed=seed + i)
-                o = torch.full_like(q, float("nan"))
-                lse = torch.full((B, H, Sq), float("nan"), dtype=torch.float32, device=q.device)
-                module.launch(q, k, v, o, lse, 1.0 / math.sqrt(shape.head_dim))
-                torch.cuda.synchronize(self.device_index)
-                results.append({"shape": str(shape), "finite": bool(torch.isfinite(o).all().item())})
-        finally:
-            _unload_if_healthy(module, cuda)
-        return Reply.success({"shapes": results})
-
-    def op_profile(self, args: dict[str, Any]) -> Reply:
-        """Warm up, then exactly one call between cudaProfilerStart and cudaProfilerStop (what
-        ``ncu --profile-from-start off`` profiles): the config's kernel, or SDPA's default backend."""
-        from evotuner.runtime.check import make_inputs
-
-        torch = self._torch()
-        kind = str(args.get("kind", "config"))
-        problem = Problem.from_dict(args["problem"])
-        warmup = max(1, int(args.get("warmup", 3)))
-        q, k, v = make_inputs(problem.shape, problem.dtype, device=f"cuda:{self.device_index}", seed=0)
-        module = None
-        if kind == "sdpa":
-            from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-            gqa = {"enable_gqa": True} if problem.shape.kv_group > 1 else {}
-
-            def run() -> Any:
-                return sdpa(q, k, v, is_causal=problem.causal, **gqa)
-        elif kind == "config":
-            loaded = self._module(args)
-            if isinstance(loaded, Reply):
-                return loaded
-            module, _ = loaded
-            out = torch.empty_like(q)
-            scale = 1.0 / math.sqrt(problem.shape.head_dim)
-            packed: tuple[Any, ...] = ()
-            if problem.varlen:     # the packed batch of the study's lengths (sdpa: its padded batch)
-                from evotuner.runtime.packed import make_packed_inputs
-
-                q, k, v, cu_q, cu_k = make_packed_inputs(problem, device=f"cuda:{self.device_index}", seed=0)
-                out = torch.empty_like(q)
-                packed = (cu_q, cu_k, max(problem.lengths_q), max(problem.lengths_k))
-
-            def run() -> Any:
-                if packed:
-                    return module.launch_varlen(q, k, v, out, None, scale, *packed)
-                return module.launch(q, k, v, out, None, scale)
-        else:
-            return Reply.fail("crash", f"profile: unknown kind {kind!r} (config or sdpa)")
-        for _ in range(warmup):
-            run()
-        torch.cuda.synchronize(self.device_index)
-        torch.cuda.profiler.start()
-        try:
-            run()
-            torch.cuda.synchronize(self.device_index)
-        finally:
-            torch.cuda.profiler.stop()
-        if module is not None:
-            from evotuner.runtime import cuda
-
-            _unload_if_healthy(module, cuda)
-        return Reply.success({"kind": kind, "shape": str(problem.shape)})
 
     # --------------------------------------------------------------- baselines
     def op_baselines(self, args: dict[str, Any]) -> Reply:
@@ -401,18 +352,6 @@ def _dense_baselines(problem: Problem, device: str) -> dict[str, Callable[[], An
     return {name: call(backend) for name, backend in backends.items()}
 
 
-def ragged_problem(problem: Problem) -> Problem:
-    """The second correctness check's problem: the study's head grouping, D, dtype and mask at
-    lengths that are no tile's multiple (a packed problem: sequences of those lengths, one
-    without queries, one without keys, Sq above and below Sk)."""
-    group = problem.shape.kv_group
-    if problem.varlen:
-        return Problem.packed(RAGGED_LENGTHS_Q, RAGGED_LENGTHS_K, heads=2 * group, head_dim=problem.shape.head_dim,
-                              heads_kv=2, dtype=problem.dtype, causal=problem.causal)
-    return Problem(Shape(1, 2 * group, RAGGED_SEQLEN_Q, RAGGED_SEQLEN_K, problem.shape.head_dim, 2),
-                   problem.dtype, problem.causal)
-
-
 def _static_mismatch(meta: dict[str, int], problem: Problem) -> str | None:
     """What the cubin was compiled for, where it differs from the problem (None when it matches)."""
     wanted = {"head_dim": problem.shape.head_dim, "is_causal": int(problem.causal),
@@ -433,11 +372,15 @@ def _annotate(reply: Reply, where: str) -> Reply:
     return Reply.fail(reply.failure.kind, f"{reply.failure.reason} {where}", fatal=reply.fatal)
 
 
-def _unload_if_healthy(module: Any, cuda: Any) -> None:
-    try:
-        cuda.module_unload(module.module)
-    except Exception:
-        pass  # a broken context: the worker is about to exit anyway
+def _paired_figures(timing: Any) -> dict[str, Any]:
+    """How a paired race's alternate timing went: pairs timed, the incumbent's median over
+    them and the median config/incumbent ratio of adjacent repetitions."""
+    theirs = list(timing.pair_samples_us)
+    if not theirs:
+        return {"pairs": 0}
+    ratios = sorted(c / i for c, i in zip(timing.samples_us, theirs) if i > 0)
+    return {"pairs": len(theirs), "incumbent_median_us": sorted(theirs)[len(theirs) // 2],
+            "ratio_median": ratios[len(ratios) // 2] if ratios else None}
 
 
 # ---------------------------------------------------------------------- main

@@ -27,6 +27,7 @@ class Timing:
     samples_us: tuple[float, ...]
     planned_repetitions: int = 0      # what the budget (or ``reps``) asked for
     stopped_early: bool = False       # ``stop`` ended the timing at a look
+    pair_samples_us: tuple[float, ...] = ()   # ``pair``'s repetitions, timed alternately with the first ones
 
     def as_dict(self) -> dict[str, float | int]:
         return {"median_us": self.median_us, "p20_us": self.p20_us, "p80_us": self.p80_us,
@@ -71,8 +72,8 @@ def l2_flush_buffer(device: int | None = None) -> torch.Tensor:
 def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warmup: int | None = None,
               reps: int | None = None, budget_s: float | None = None, flush_l2: bool = True,
               device: int | None = None, min_reps: int = 10, max_reps: int = 2000,
-              looks: Sequence[int] = (), stop: Callable[[Sequence[float]], bool] | None = None,
-              lead: bool = True) -> Timing:
+              looks: Sequence[int] = (), stop: Callable[..., bool] | None = None,
+              lead: bool = True, pair: Callable[[], object] | None = None, pair_reps: int = 0) -> Timing:
     """Time ``fn`` (or cycle through a sequence of callables, one per input set).
 
     Warm-up runs ``warmup`` calls (default 10; module load and first-touch
@@ -89,6 +90,13 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
     ``stop(samples so far, in time order)`` decides whether to end the timing there
     (``Timing.stopped_early``). Each repetition keeps its own L2 flush and host lead, so
     a look costs one synchronize and no timed repetition changes.
+
+    Paired racing: with ``pair`` (the incumbent's call), the repetitions of every chunk
+    ending at or below ``pair_reps`` alternate with repetitions of ``pair`` (which one goes
+    first alternates too), each with its own flush, lead and events, so both are timed at
+    the same clocks; ``stop`` is then called as ``stop(samples, pair_samples)``, and the
+    repetitions past ``pair_reps`` run alone. ``pair`` is warmed up beside ``fn``.
+    ``Timing.pair_samples_us`` holds ``pair``'s; the median and percentiles are the config's own.
 
     ``lead=False`` queues the host lead only before the first repetition of each chunk
     (the queue is empty after a synchronize), for experiments: on the H100 it made a 1 ms
@@ -108,6 +116,8 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
     with torch.cuda.device(dev):
         for i in range(warmup):
             fns[i % len(fns)]()
+            if pair is not None:      # its first calls may load its kernel too
+                pair()
         torch.cuda.synchronize(dev)
         if reps is None:
             if budget_s is None:
@@ -127,29 +137,46 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
         ends_at = sorted({int(n) for n in looks if 0 < int(n) < reps}) if stop is not None else []
         ends_at.append(reps)
         samples: list[float] = []
+        pair_samples: list[float] = []
         stopped = False
         done = 0
         for end in ends_at:
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(end - done)]
-            stops_ = [torch.cuda.Event(enable_timing=True) for _ in range(end - done)]
+            paired = pair is not None and end <= pair_reps
+            own: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+            theirs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
             for j in range(end - done):
-                if flush is not None:
-                    flush.zero_()
-                if lead or j == 0:
-                    _queue_lead()
-                starts[j].record()
-                fns[(done + j) % len(fns)]()
-                stops_[j].record()
+                lead_now = lead or j == 0
+                if paired and (done + j) % 2 == 0:
+                    theirs.append(_timed(pair, flush, lead_now))
+                    lead_now = lead
+                own.append(_timed(fns[(done + j) % len(fns)], flush, lead_now))
+                if paired and (done + j) % 2 == 1:
+                    theirs.append(_timed(pair, flush, lead))
             torch.cuda.synchronize(dev)
-            samples.extend(s.elapsed_time(e) * 1000.0 for s, e in zip(starts, stops_))
+            samples.extend(s.elapsed_time(e) * 1000.0 for s, e in own)
+            pair_samples.extend(s.elapsed_time(e) * 1000.0 for s, e in theirs)
             done = end
-            if end < reps and stop is not None and stop(samples):
+            if end < reps and stop is not None and (stop(samples, pair_samples) if pair is not None else stop(samples)):
                 stopped = True
                 break
     ordered = sorted(samples)
     return Timing(median_us=_quantile(ordered, 0.5), p20_us=_quantile(ordered, 0.2), p80_us=_quantile(ordered, 0.8),
                   repetitions=len(samples), samples_us=tuple(samples), planned_repetitions=reps,
-                  stopped_early=stopped)
+                  stopped_early=stopped, pair_samples_us=tuple(pair_samples))
+
+
+def _timed(call: Callable[[], object], flush: torch.Tensor | None, lead: bool) -> tuple[torch.cuda.Event, torch.cuda.Event]:
+    """Queue one timed repetition of ``call`` (the L2 flushed and the host lead queued
+    before it, outside its events); its (start, end) events."""
+    if flush is not None:
+        flush.zero_()
+    if lead:
+        _queue_lead()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    return start, end
 
 
 def time_graph(fn: Callable[[], object], reps: int) -> float:

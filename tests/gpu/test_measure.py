@@ -134,6 +134,42 @@ def test_racing_in_the_real_worker_stops_a_clearly_slower_config_and_times_a_con
     assert gpu.spawns == 1
 
 
+def test_a_paired_race_times_the_incumbent_alternately_and_stops_a_slower_config(
+        builder: Builder, gpu: GpuMeasure) -> None:
+    """--paired-race in the real worker: against its own artifact a config is no slower
+    (ratio near 1, timed in full, 64 pairs); a config clearly slower than the incumbent timed
+    beside it stops at a look with as many incumbent repetitions as its own, although the
+    unpaired rule (incumbent figure far above) would stop nothing."""
+    import dataclasses
+
+    from evotuner.config import KernelConfig
+    from evotuner.measure.protocol import artifact_wire
+    from evotuner.measure.racing import DEFAULT_RULE, PAIRED_MARGIN, Race
+
+    paired = dataclasses.replace(DEFAULT_RULE, paired_margin=PAIRED_MARGIN)
+    problem = PROBLEMS[0]
+    built = {}
+    for text in (str(recommended(problem)), "BLOCK_M=64,BLOCK_N=32,NUM_WARPS=4,STAGES=1,MIN_BLOCKS=1"):
+        result = builder.build(KernelConfig.parse(text), problem)
+        assert result.ok, result.error
+        full = gpu.measure(result.artifact, problem)
+        assert isinstance(full, Measurement), full
+        built[text] = (full.median_us, result.artifact)
+    (fast_us, fast), (slow_us, slow) = sorted(built.values(), key=lambda x: x[0])
+    assert slow_us > 1.15 * fast_us, f"the two configs are too close to test with: {built}"
+
+    same = gpu.measure(fast, problem, race=Race(fast_us * 2, paired, artifact_wire(fast)))
+    assert isinstance(same, Measurement) and not same.stopped_early, same
+    figures = gpu.last_detail["paired"]
+    assert figures["pairs"] == paired.paired_reps and 0.9 < figures["ratio_median"] < 1.1, figures
+
+    beaten = gpu.measure(slow, problem, race=Race(slow_us * 2, paired, artifact_wire(fast)))
+    assert isinstance(beaten, Measurement) and beaten.stopped_early and beaten.repetitions in (16, 32, 64), beaten
+    figures = gpu.last_detail["paired"]
+    assert figures["pairs"] == beaten.repetitions and figures["ratio_median"] > 1 + PAIRED_MARGIN, figures
+    assert gpu.spawns == 1
+
+
 def test_a_started_worker_answers_the_first_request(tmp_path: Path) -> None:
     """GpuMeasure.start: the worker comes up in the background; the first call reads its init."""
     with GpuMeasure(timeout_s=60.0, budget_s=0.1) as gm:
