@@ -58,7 +58,8 @@ from evotuner.cli_options import (
     DtypeOpt, CausalOpt, TrialsOpt, ResumeTrialsOpt, SamplerOpt, SeedOpt,
     FamilyOpt, JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
-    CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, TransferOpt, FullTimingOpt, GATE_REJECTED_EXIT,
+    CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, TransferOpt, FullTimingOpt, PairedRaceOpt,
+    GATE_REJECTED_EXIT,
     consoles, one_line, open_store,
 )
 
@@ -100,6 +101,7 @@ def search(
     replay_delay: ReplayDelayOpt = None,
     transfer: TransferOpt = True,
     full_timing: FullTimingOpt = False,
+    paired_race: PairedRaceOpt = False,
 ) -> None:
     """Tune the kernel for one problem: run the study until it has --trials finished trials.
 
@@ -113,6 +115,7 @@ def search(
     (e.g. --shape H=32,HKV=8,D=128 --lengths random:16:128..8192:seed=0).
     """
     problem = problem_of_options(shape, lengths, lengths_k, dtype=dtype, causal=causal)
+    racing = session.race_rule(full_timing=full_timing, paired=paired_race)
     named = space is not None or family is not None
     search_space, note = session.pick_space(space, family=family, problem=problem) if named else (None, None)
     if search_space is not None:
@@ -133,7 +136,7 @@ def search(
         if not exists:
             session.start_study(store, study, problem, search_space, sampler, seed, builder)
         _run(store, study, problem, search_space, sampler, seed, trials, builder, measure,
-             stale_after=stale_after, mixed_gpus=mixed_gpus, transfer=transfer, racing=not full_timing)
+             stale_after=stale_after, mixed_gpus=mixed_gpus, transfer=transfer, racing=racing)
 
 
 @app.command()
@@ -150,8 +153,10 @@ def resume(
     stale_after: StaleAfterOpt = None,
     replay_delay: ReplayDelayOpt = None,
     full_timing: FullTimingOpt = False,
+    paired_race: PairedRaceOpt = False,
 ) -> None:
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
+    racing = session.race_rule(full_timing=full_timing, paired=paired_race)
     wanted_shape = Shape.parse(shape) if shape is not None else None
     wanted_space = session.pick_space(space)[0] if space is not None else None
     stages = _stages(replay, "resume", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
@@ -163,7 +168,7 @@ def resume(
         target = trials if trials is not None else store.count_finished(study) + RESUME_STEP
         builder, measure = stages.stages(resumed.problem, resumed.space, jobs, stack, started)
         _run(store, study, resumed.problem, resumed.space, resumed.sampler, resumed.seed, target, builder, measure,
-             stale_after=stale_after, mixed_gpus=mixed_gpus, racing=not full_timing)
+             stale_after=stale_after, mixed_gpus=mixed_gpus, racing=racing)
 
 
 @app.command()

@@ -180,6 +180,12 @@ FullTimingOpt = Annotated[
     typer.Option("--full-timing", help="Time every config for the whole budget (default: a config clearly slower "
                                        "than the study's best so far stops early; docs/measurement.md)."),
 ]
+PairedRaceOpt = Annotated[
+    bool,
+    typer.Option("--paired-race", help="Race each config against this run's fastest, timed alternately with it in "
+                                       "the same window, so a config 3% slower stops early too (experimental: "
+                                       "docs/measurement.md)."),
+]
 TransferOpt = Annotated[
     bool,
     typer.Option("--transfer/--no-transfer", help="A new study starts from the best configs of the nearest studies "

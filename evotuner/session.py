@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +24,7 @@ from evotuner.defaults import config_family, recommended
 from evotuner.errors import EvotunerError, NoGpuError, SpaceError, StorageError, StudyMismatchError
 from evotuner.loop import SearchResult, run_search
 from evotuner.measure.base import MeasureStage
-from evotuner.measure.racing import DEFAULT_RULE
+from evotuner.measure.racing import DEFAULT_RULE, PAIRED_MARGIN, RaceRule
 from evotuner.measure.replay import ReplayMeasure
 from evotuner.numbers import parse_real
 from evotuner.problem import Problem, Shape
@@ -364,7 +364,7 @@ def resume_study(store: StudyStore, study: str, *, shape: Shape | None = None,
 def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpace, sampler: str, seed: int,
               trials: int, builder: Any, measure: MeasureStage,
               on_event: Callable[[object], None] | None = None, *, stale_after: float | None = None,
-              mixed_gpus: bool = False, transfer: bool = True, racing: bool = True) -> SearchResult:
+              mixed_gpus: bool = False, transfer: bool = True, racing: RaceRule | bool | None = True) -> SearchResult:
     """Run ``study`` to ``trials`` finished trials; a new study starts from its family's
     recommended config and, with ``transfer``, from the nearest studies of its family and GPU
     model in the database (:mod:`evotuner.transfer`: their measurements for a sampler of
@@ -372,8 +372,9 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
     its sampler reloads them whenever the study runs). Other workers may run the study at once
     (each worker samples with its own seed, derived from the study's); ``measure`` a list: one
     measure stage per GPU (``--gpus``), run by one coordinator (:mod:`evotuner.multigpu`).
-    ``racing``: a clearly slower config's timing stops early (:mod:`evotuner.measure.racing`);
-    False gives every config the whole budget (``--full-timing``)."""
+    ``racing``: a clearly slower config's timing stops early (:mod:`evotuner.measure.racing`),
+    by this rule (True: the default rule, :func:`race_rule`); False or None gives every config
+    the whole budget (``--full-timing``)."""
     first = measure[0] if isinstance(measure, list) else measure
 
     def sampler_for(worker_seed: int | None) -> Any:
@@ -387,7 +388,7 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
                                      takes_related=sampler in MODEL_SAMPLERS)
     common: dict[str, Any] = dict(store=store, study_name=study, problem=problem, space=space, trials=trials,
                                   builder=builder, on_event=on_event, start=start,
-                                  racing=DEFAULT_RULE if racing else None)
+                                  racing=DEFAULT_RULE if racing is True else racing or None)
     if isinstance(measure, list):
         from evotuner.multigpu import run_multi
 
@@ -395,6 +396,16 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
                          allow_mixed=mixed_gpus, **common)
     return run_search(sampler=sampler_for, seed=seed, measure=measure, stale_after=stale_after,
                       allow_mixed_gpus=mixed_gpus, **common)
+
+
+def race_rule(*, full_timing: bool = False, paired: bool = False) -> RaceRule | None:
+    """The racing rule of ``--full-timing`` (None: no racing) and ``--paired-race``."""
+    if full_timing and paired:
+        raise EvotunerError("--full-timing times every config in full; --paired-race stops the slower ones early",
+                            "drop one of the two options")
+    if full_timing:
+        return None
+    return replace(DEFAULT_RULE, paired_margin=PAIRED_MARGIN) if paired else DEFAULT_RULE
 
 
 def seeded_start(store: StudyStore, study: str, problem: Problem, space: SearchSpace, measure: MeasureStage,

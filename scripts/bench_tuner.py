@@ -36,7 +36,8 @@ and the figures of issue 28 (search throughput):
 * per_trial_s       the loop's time per measurement: build wait, load, check, timing, the
                     rest of the measure call, record;
 * racing            timings stopped early, repetitions timed against planned (``saved``);
-                    ``--full-timing`` turns racing off for the comparison.
+                    ``--full-timing`` turns racing off for the comparison, ``--paired-race``
+                    races against this run's fastest timed alternately (evotuner/measure/racing.py).
 
 Targets (issue 4): cold <= 3.2 min (>= 20 trials/min) for 64 trials on the 16-core H100
 machine; warm <= 1 min. The JSON has them under ``targets``.
@@ -215,7 +216,7 @@ def run_phase(
     db_path: Path,
     measure_factory: Callable[[], MeasureStage],
     build_timeout_s: float = 180.0,
-    racing: bool = True,
+    racing: Any = True,
 ) -> PhaseReport:
     """One fresh study of ``trials`` trials against the build cache at ``cache_dir``."""
     builds: list[ev.BuildFinished] = []
@@ -337,7 +338,7 @@ def bench_tuner(
     measure_factory: Callable[[], MeasureStage],
     phases: Sequence[str] = PHASES,
     on_phase: Callable[[PhaseReport], None] | None = None,
-    racing: bool = True,
+    racing: Any = True,
 ) -> dict[str, PhaseReport]:
     """Run the phases in order against one build cache under ``workdir`` (which must hold
     no build cache yet, so the first phase is cold)."""
@@ -399,6 +400,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=None, help="where the cache and databases go (default: temp)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (default: removed at the end)")
     p.add_argument("--full-timing", action="store_true", help="time every config for the whole budget (no racing)")
+    p.add_argument("--paired-race", action="store_true", help="race against this run's fastest timed alternately")
     return p
 
 
@@ -467,7 +469,7 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
         meta = {"shape": str(problem.shape), "problem": problem.as_dict(), "space": space.name,
                 "sampler": sampler, "seed": args.seed, "jobs": jobs, "trials": args.trials,
                 "budget_s": args.budget, "workdir": str(workdir), "cpu_count": os.cpu_count(),
-                "racing": not args.full_timing}
+                "racing": not args.full_timing, "paired_race": args.paired_race}
 
         def write(reports: dict[str, PhaseReport]) -> None:
             data = {**meta, "phases": {k: r.as_dict() for k, r in reports.items()},
@@ -485,7 +487,8 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
 
         reports = bench_tuner(problem=problem, space=space, trials=args.trials, sampler_name=sampler,
                               seed=args.seed, jobs=jobs, workdir=workdir, measure_factory=measure_factory,
-                              phases=phases, on_phase=on_phase, racing=not args.full_timing)
+                              phases=phases, on_phase=on_phase,
+                              racing=session.race_rule(full_timing=args.full_timing, paired=args.paired_race))
         out.print(_table(reports, jobs))
         goal = targets(reports, args.trials)
         for phase in ("cold", "warm"):

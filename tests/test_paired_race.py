@@ -1,0 +1,256 @@
+"""Paired racing (evotuner/measure/racing.py: ``RaceRule.paired_margin``, ``--paired-race``)
+without a GPU: the rule on drifting repetitions, ``time_cuda``'s alternate timing on a fake
+CUDA clock, the judge naming the run's fastest artifact, the worker keeping the incumbent
+loaded, and the command line's options."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+
+import pytest
+
+from evotuner.compiler import Builder
+from evotuner.compiler.result import Artifact
+from evotuner.measure.protocol import Reply, artifact_wire
+from evotuner.measure.racing import DEFAULT_RULE, PAIRED_MARGIN, Race, RaceRule
+from evotuner.measure.worker import Worker
+from evotuner.space import load_space
+from evotuner.storage import StudyStore
+
+from scaffold import scaffold_median_us
+from test_racing_loop import PROBLEM, TINY, RacingScaffold, _fake_timing, _run, _study
+
+PAIRED = dataclasses.replace(DEFAULT_RULE, paired_margin=PAIRED_MARGIN)
+
+
+@pytest.fixture(scope="module")
+def space():
+    return load_space(TINY)
+
+
+@pytest.fixture(scope="module")
+def builder(space, build_cache_dir):
+    with Builder(space.kernel, arch=space.arch, cache_dir=build_cache_dir, jobs=2) as b:
+        yield b
+
+
+@pytest.fixture
+def store(tmp_path):
+    with StudyStore(f"sqlite:///{tmp_path / 'study.db'}") as s:
+        yield s
+
+
+# -- the rule ------------------------------------------------------------------------------
+
+def _drifting(n: int, rng: random.Random, slower: float, noise: float = 0.01) -> tuple[list[float], list[float]]:
+    """(config, incumbent) repetitions timed alternately while the clock drifts: both share
+    a slow swing of +-10% and a step of 8% halfway (the H100's windows moved that much),
+    each repetition its own noise."""
+    phase = rng.uniform(0, 2 * math.pi)
+    config, incumbent = [], []
+    for j in range(n):
+        drift = (1.0 + 0.10 * math.sin(phase + j / 9.0)) * (1.08 if j >= n // 2 else 1.0)
+        config.append(1000.0 * slower * drift * (1.0 + rng.gauss(0.0, noise)))
+        incumbent.append(1000.0 * drift * (1.0 + rng.gauss(0.0, noise)))
+    return config, incumbent
+
+
+def test_the_paired_rule_sees_through_drift_that_hides_a_slower_config_from_the_unpaired_one():
+    rng = random.Random(0)
+    stopped_paired = stopped_plain = 0
+    for _ in range(200):
+        config, incumbent = _drifting(64, rng, slower=1.06)
+        race = Race(1000.0, PAIRED)
+        stopped_paired += any(race.stops(config[:n], incumbent[:n]) for n in race.rule.looks() if n <= 64)
+        stopped_plain += any(Race(1000.0).stops(config[:n]) for n in DEFAULT_RULE.looks() if n <= 64)
+    assert stopped_paired == 200 and stopped_plain == 0
+
+
+def test_the_paired_rule_never_stops_a_config_within_its_margin_however_the_clock_drifts():
+    rng = random.Random(1)
+    for slower in (0.95, 1.0, 1.01, 1.02):
+        for _ in range(300):
+            config, incumbent = _drifting(64, rng, slower=slower)
+            race = Race(1000.0, PAIRED)
+            assert not any(race.stops(config[:n], incumbent[:n]) for n in race.rule.looks() if n <= 64)
+
+
+def test_a_rule_that_does_not_pair_ignores_the_incumbents_repetitions():
+    assert not DEFAULT_RULE.stops_paired([2000.0] * 64, [1000.0] * 64)
+    assert PAIRED.stops_paired([2000.0] * 64, [1000.0] * 64)
+    assert not PAIRED.stops_paired([2000.0] * 8, [1000.0] * 8)          # too few for a bound
+
+
+def test_the_paired_rule_travels_on_the_wire_and_is_checked():
+    wire = {"cubin": "/c/k.cubin", "entry": "e", "family": "hopper", "key": "k", "sha256": "s", "meta": {"abi": 3}}
+    race = Race(512.5, PAIRED, wire)
+    again = Race.from_wire(race.to_wire())
+    assert again == race and again.incumbent_artifact == wire and again.paired
+    assert RaceRule.from_wire(PAIRED.to_wire()) == PAIRED and RaceRule.from_wire({}) == DEFAULT_RULE
+    assert "alternately" in PAIRED.describe() and "alternately" not in DEFAULT_RULE.describe()
+    with pytest.raises(ValueError, match="paired_margin"):
+        RaceRule(paired_margin=1.5)
+    with pytest.raises(ValueError, match="paired_reps"):
+        RaceRule(paired_margin=0.03, paired_reps=50)
+    with pytest.raises(ValueError, match="cubin"):
+        Race(1.0, PAIRED, {"entry": "e"})
+    with pytest.raises(ValueError, match="incumbent_artifact"):
+        Race.from_wire({"incumbent_us": 1.0, "incumbent_artifact": "k.cubin"})
+    assert not Race(1.0, PAIRED).paired and not Race(1.0, DEFAULT_RULE, wire).paired
+
+
+# -- time_cuda's alternate timing on a fake CUDA clock ------------------------------------------
+
+def _pair_kernels(cuda, order, config_us, incumbent_us):
+    def config():
+        order.append("c")
+        cuda.now_ms += config_us / 1000.0
+
+    def incumbent():
+        order.append("i")
+        cuda.now_ms += incumbent_us / 1000.0
+
+    return config, incumbent
+
+
+def test_time_cuda_alternates_with_the_incumbent_up_to_the_paired_reps_then_times_alone(monkeypatch):
+    timing, cuda, _ = _fake_timing(monkeypatch, [])
+    order: list[str] = []
+    config, incumbent = _pair_kernels(cuda, order, 100.0, 100.0)
+    seen: list[tuple[int, int]] = []
+
+    def stop(samples, pair_samples):
+        seen.append((len(samples), len(pair_samples)))
+        return False
+
+    t = timing.time_cuda(config, warmup=0, reps=200, flush_l2=False, looks=PAIRED.looks(), stop=stop,
+                         pair=incumbent, pair_reps=PAIRED.paired_reps)
+    assert not t.stopped_early and t.repetitions == 200 and len(t.pair_samples_us) == 64
+    assert seen == [(16, 16), (32, 32), (64, 64), (128, 64)]
+    assert order[:6] == ["i", "c", "c", "i", "i", "c"]                  # which goes first alternates
+    assert order.count("i") == 64 and order[128:] == ["c"] * (200 - 64)   # alone after the paired reps
+    assert t.median_us == pytest.approx(100.0) and t.pair_samples_us == pytest.approx([100.0] * 64)
+
+
+def test_time_cuda_stops_a_paired_config_that_is_clearly_slower(monkeypatch):
+    timing, cuda, _ = _fake_timing(monkeypatch, [])
+    order: list[str] = []
+    config, incumbent = _pair_kernels(cuda, order, 110.0, 100.0)
+    race = Race(100.0 / 1.2, PAIRED, {"cubin": "k"})          # so the unpaired rule alone would stop nothing
+    t = timing.time_cuda(config, warmup=0, reps=400, flush_l2=False, looks=race.rule.looks(), stop=race.stops,
+                         pair=incumbent, pair_reps=race.rule.paired_reps)
+    assert t.stopped_early and t.repetitions == 16 == len(t.pair_samples_us)
+    assert t.median_us == pytest.approx(110.0)
+
+
+# -- the judge and the worker ------------------------------------------------------------------
+
+def test_a_paired_rule_names_the_runs_fastest_unstopped_artifact(store, space, builder):
+    _study(store, space, builder)
+    measure = RacingScaffold()
+    artifacts: list[Artifact] = []
+    plain = measure.measure
+
+    def spy(artifact, problem, race=None):
+        artifacts.append(artifact)
+        return plain(artifact, problem, race)
+
+    measure.measure = spy
+    rule = dataclasses.replace(DEFAULT_RULE, paired_margin=0.03)
+    _run(store, space, builder, measure, 3, racing=rule)
+    times = [scaffold_median_us(c) for c in measure.calls]
+    assert len(times) == 3 and measure.races_seen[0] is None
+    timed_in_full: list[int] = []
+    for i, race in enumerate(measure.races_seen):
+        if i:
+            fastest = min(timed_in_full, key=lambda j: times[j])
+            assert race is not None and race.rule == rule and race.paired
+            assert race.incumbent_artifact == artifact_wire(artifacts[fastest])
+        if race is None or times[i] <= race.rule.threshold(race.incumbent_us):
+            timed_in_full.append(i)           # a stopped config never becomes the one paired with
+
+
+def test_an_unpaired_rule_sends_no_artifact(store, space, builder):
+    _study(store, space, builder)
+    measure = RacingScaffold()
+    _run(store, space, builder, measure, 3)
+    assert all(r is None or (r.incumbent_artifact is None and not r.paired) for r in measure.races_seen)
+
+
+def test_the_worker_keeps_the_incumbent_loaded_and_races_unpaired_when_it_cannot_load(monkeypatch):
+    from evotuner.measure import worker as worker_module
+
+    worker = Worker()
+    loads: list[str] = []
+    unloaded: list[str] = []
+
+    def load(args):
+        loads.append(args["cubin"])
+        assert args["problem"] == PROBLEM.as_dict()
+        if args["cubin"] == "missing":
+            raise FileNotFoundError("missing: no such file")
+        if args["cubin"] == "broken":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        if args["cubin"] == "foreign":
+            return Reply.fail("launch", "foreign: built for D=64; cannot run this study's problem")
+        return f"module {args['cubin']}", PROBLEM
+
+    monkeypatch.setattr(worker, "_module", load)
+    monkeypatch.setattr(worker_module, "unload_if_healthy", lambda module, cuda: unloaded.append(module))
+    paired = dataclasses.replace(DEFAULT_RULE, paired_margin=0.03)
+
+    def race(cubin, rule=paired):
+        return Race(100.0, rule, {"cubin": cubin, "entry": "e", "family": "f", "key": cubin, "sha256": cubin, "meta": {}})
+
+    assert worker._pair(None, PROBLEM.as_dict()) == (None, {})
+    assert worker._pair(race("a", DEFAULT_RULE), PROBLEM.as_dict()) == (None, {})     # the rule does not pair
+    assert worker._pair(race("a"), PROBLEM.as_dict()) == ("module a", {"incumbent": "a"})
+    assert worker._pair(race("a"), PROBLEM.as_dict()) == ("module a", {"incumbent": "a"}) and loads == ["a"]
+    assert worker._pair(race("b"), PROBLEM.as_dict()) == ("module b", {"incumbent": "b"})
+    assert unloaded == ["module a"]                                   # a new incumbent replaces the old
+    module, info = worker._pair(race("missing"), PROBLEM.as_dict())
+    assert module is None and "did not load" in info["unpaired"] and unloaded == ["module a", "module b"]
+    module, info = worker._pair(race("foreign"), PROBLEM.as_dict())
+    assert module is None and "built for D=64" in info["unpaired"]
+    with pytest.raises(RuntimeError, match="illegal memory access"):   # a broken context is never hidden
+        worker._pair(race("broken"), PROBLEM.as_dict())
+
+
+def test_paired_figures_say_how_the_alternate_timing_went():
+    from evotuner.measure.worker import _paired_figures
+    from evotuner.runtime.timing import Timing
+
+    timing = Timing(110.0, 105.0, 115.0, 4, (110.0, 111.0, 109.0, 120.0), 500, True, (100.0, 100.0, 100.0))
+    figures = _paired_figures(timing)
+    assert figures["pairs"] == 3 and figures["incumbent_median_us"] == 100.0
+    assert figures["ratio_median"] == pytest.approx(1.10)
+    assert _paired_figures(dataclasses.replace(timing, pair_samples_us=())) == {"pairs": 0}
+
+
+# -- the command line ----------------------------------------------------------------------
+
+def test_search_races_paired_on_request(capsys, monkeypatch, tmp_path, build_cache_dir):
+    from test_racing_loop import _cli
+
+    made: list[RacingScaffold] = []
+
+    def factory():
+        made.append(RacingScaffold())
+        return made[-1]
+
+    _cli(capsys, monkeypatch, tmp_path, build_cache_dir, factory, "--paired-race")
+    races = [r for r in made[0].races_seen if r is not None]
+    assert races and all(r.rule.paired_margin == PAIRED_MARGIN and r.paired for r in races)
+
+
+def test_full_timing_and_paired_race_together_are_refused_in_one_line(capsys, monkeypatch, tmp_path):
+    from cli_helpers import assert_one_line_error, run, scaffold_env
+
+    scaffold_env(monkeypatch, tmp_path / "cache", tmp_path)
+    for command in (["search", "--shape", "B=1,H=2,S=256,D=32"], ["resume"]):
+        code, out, err = run(capsys, *command, "--study", "s", "--full-timing", "--paired-race",
+                             "--storage", f"sqlite:///{tmp_path / 'c.db'}")
+        assert_one_line_error(code, out, err, "--full-timing", "--paired-race", "drop one")
+    assert not (tmp_path / "c.db").exists()
