@@ -104,6 +104,9 @@ def analyse(db: Path, study: str, launched: float, exited: float, trials: int) -
                           "WHERE t.study_id = ? AND a.key = 'device'", (optuna_id,)):
             tag = json.loads(value)
             devices[str(tag.get("device_index", tag.get("name", "?")))] += 1
+        stopped = q("SELECT COUNT(*) FROM trial_user_attributes a JOIN trials t ON a.trial_id = t.trial_id "
+                    "WHERE t.study_id = ? AND a.key = 'stopped_early'", (optuna_id,)).fetchone()[0]
+        reps = q("SELECT SUM(repetitions) FROM evotuner_measurements WHERE study_id = ?", (study_id,)).fetchone()[0]
         builds = q("SELECT seconds FROM evotuner_builds WHERE study_id = ? AND cached = 0", (study_id,)).fetchall()
         worker_start = q("SELECT MIN(started) FROM evotuner_workers WHERE study_id = ?", (study_id,)).fetchone()[0]
         base_last = q("SELECT MAX(measured_at) FROM evotuner_baselines WHERE study_id = ?", (study_id,)).fetchone()[0]
@@ -122,7 +125,8 @@ def analyse(db: Path, study: str, launched: float, exited: float, trials: int) -
 
     return {
         "finished": finished, "states": dict(states), "running": states.get("RUNNING", 0),
-        "measured": len(meas), "configs_measured_twice": len(twice), "per_gpu": dict(sorted(devices.items())),
+        "measured": len(meas), "stopped_early": stopped, "reps_timed": reps,
+        "configs_measured_twice": len(twice), "per_gpu": dict(sorted(devices.items())),
         "wall_s": round(wall, 2),
         "to_worker_row_s": rel(worker_start), "to_baselines_s": rel(_utc(base_last)),
         "to_first_measurement_s": None if first is None else round(first, 2),
@@ -210,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             res["speedup_wall"] = round(base["wall_s"] / res["wall_s"], 3)
             res["efficiency_measuring"] = round(res["speedup_measuring"] * base["gpus"] / res["gpus"], 3)
     args.output.write_text(json.dumps(report, indent=1) + "\n")
-    cols = ("gpus", "finished", "measured", "configs_measured_twice", "wall_s", "to_worker_row_s", "to_baselines_s",
+    cols = ("gpus", "finished", "measured", "stopped_early", "reps_timed", "configs_measured_twice", "wall_s", "to_worker_row_s", "to_baselines_s",
             "to_first_measurement_s", "measuring_phase_s", "measurements_per_s", "tail_s", "best_us", "builds", "build_cpu_s",
             "build_cpu_share", "speedup_measuring", "speedup_wall", "efficiency_measuring", "per_gpu", "loop_split_s")
     for label, res in report["runs"].items():

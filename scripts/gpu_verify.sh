@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification a landing's note quotes, in one script (run on the H100 machine from the
 # project root, after `source .device/setup.sh` there). Logs go to $OUT (default out/verify).
-#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|shipped|gpus|throughput|kernels|midsize|decode|all]...
+#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|shipped|gpus|throughput|paired|kernels|midsize|decode|all]...
 set -uo pipefail
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
@@ -223,6 +223,17 @@ for what in "${@:-all}"; do
         step "bench_gpus: a cold 64-trial study, $mode"
         timeout 200 python3 scripts/bench_gpus.py --trials 64 --causal --runs none --extra="$extra" --run-timeout 180 \
           --workdir "/tmp/evotuner-throughput-$mode" -o "$out/throughput_$mode.json" 2>&1 | tee "$out/throughput_$mode.log" | tail -25
+      done ;;
+    paired)
+      # --paired-race (issue 28): the worker's test, then cold 64-trial hopper studies on one machine in turns
+      # (racing, paired, full timing, paired again): wall, stopped configs and each best, from the user's command.
+      step "GPU tests: racing and paired racing in the real worker"
+      timeout 300 python3 -m pytest -q -rs -m gpu tests/gpu/test_measure.py 2>&1 | tee "$out/paired_tests.log" | tail -8
+      for mode in racing paired full paired2; do
+        extra=""; [ "$mode" = full ] && extra="--full-timing"; [ "${mode#paired}" != "$mode" ] && extra="--paired-race"
+        step "bench_gpus: a cold 64-trial study, $mode"
+        timeout 200 python3 scripts/bench_gpus.py --trials 64 --causal --runs none --extra="$extra" --run-timeout 180 \
+          --workdir "/tmp/evotuner-paired-$mode" -o "$out/paired_$mode.json" 2>&1 | tee "$out/paired_$mode.log" | tail -25
       done ;;
     kernels)
       # The kernel changes of 2026-11-26 (issue 25): two CTAs per SM (CTAS_PER_SM=2) under every scheduler and the
