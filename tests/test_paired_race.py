@@ -11,35 +11,16 @@ import random
 
 import pytest
 
-from evotuner.compiler import Builder
 from evotuner.compiler.result import Artifact
 from evotuner.measure.protocol import Reply, artifact_wire
 from evotuner.measure.racing import DEFAULT_RULE, PAIRED_MARGIN, Race, RaceRule
 from evotuner.measure.worker import Worker
-from evotuner.space import load_space
-from evotuner.storage import StudyStore
 
 from scaffold import scaffold_median_us
-from test_racing_loop import PROBLEM, TINY, RacingScaffold, _fake_timing, _run, _study
+from test_racing_loop import PROBLEM, RacingScaffold, _fake_timing, _run, _study
+from test_racing_loop import builder, space, store  # noqa: F401 -- the same fixtures
 
 PAIRED = dataclasses.replace(DEFAULT_RULE, paired_margin=PAIRED_MARGIN)
-
-
-@pytest.fixture(scope="module")
-def space():
-    return load_space(TINY)
-
-
-@pytest.fixture(scope="module")
-def builder(space, build_cache_dir):
-    with Builder(space.kernel, arch=space.arch, cache_dir=build_cache_dir, jobs=2) as b:
-        yield b
-
-
-@pytest.fixture
-def store(tmp_path):
-    with StudyStore(f"sqlite:///{tmp_path / 'study.db'}") as s:
-        yield s
 
 
 # -- the rule ------------------------------------------------------------------------------
