@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from evotuner.measure.worker import ragged_problem
+from evotuner.measure.worker_tools import ragged_problem
 from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
 

@@ -22,7 +22,8 @@ from evotuner.compiler.result import Artifact  # noqa: E402
 from evotuner.measure import GpuMeasure, Measurement  # noqa: E402
 from evotuner.measure.gpu import BASELINES, PACKED_BASELINES, baseline_names  # noqa: E402
 from evotuner.measure.protocol import Request, decode_payload, encode, measure_request  # noqa: E402
-from evotuner.measure.worker import RAGGED_LENGTHS_K, RAGGED_LENGTHS_Q, Worker, ragged_problem  # noqa: E402
+from evotuner.measure.worker import Worker  # noqa: E402
+from evotuner.measure.worker_tools import RAGGED_LENGTHS_K, RAGGED_LENGTHS_Q, ragged_problem  # noqa: E402
 from evotuner.problem import Problem, Shape  # noqa: E402
 from evotuner.runtime import check as C  # noqa: E402
 from evotuner.runtime.packed import check_packed, make_packed_inputs, offsets, packed_baselines  # noqa: E402
