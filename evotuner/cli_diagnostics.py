@@ -223,7 +223,7 @@ def checks_table(checks: dict, order: tuple[str, ...] = ()) -> list[Text]:
     configs = {c: _config_dict(c) for c in checks}
     names = columns.param_names([d for d in configs.values() if d is not None], order)
     short = columns.headers(names)
-    cols = [*(columns.Col(short[n], right=True) for n in names),
+    cols = [*(columns.Col(short[n], right=True, tight=True) for n in names),
             *(columns.Col(h, right=True, group=1) for h in (*CHECK_TOOLS, "verdict"))]
     rows, notes = [], []
     for config, by in checks.items():
