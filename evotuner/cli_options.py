@@ -147,7 +147,9 @@ ReplayOpt = Annotated[
     Optional[Path],
     typer.Option("--replay", help="Answer builds and measurements from a recorded sweep CSV (scripts/sweep.py); needs no GPU or nvcc."),
 ]
-ReportDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Folder for the report's PNG (and HTML) files.")]
+ReportDirOpt = Annotated[Path, typer.Option(
+    "--output", "-o", help="Folder for the report's PNG (and HTML) files, report.json and, when the study has "
+                           "profiles, ncu_profiles.md.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best trials to list.")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="The C++ header to write.")]
