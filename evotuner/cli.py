@@ -6,6 +6,7 @@
     evotuner search  --study NAME --shape H=32,HKV=8,D=128 --lengths random:16:128..8192:seed=0 [--lengths-k ...]
     evotuner resume  --study NAME [--trials 96]
     evotuner show    --study NAME [--top 10] [--json]
+    evotuner report  --study NAME --output DIR
     evotuner export  --study NAME [--study OTHER ...] --output flashcore_config.h
     evotuner compile --config NAME=VALUE,... --shape D=64 [--dtype ...] [--causal] [--varlen] [--json] [--space FILE]
     evotuner bench   --study NAME [--top 5] [--json] [--budget 1.0] [--no-record] [--storage URL]
@@ -56,7 +57,7 @@ from evotuner.cli_options import DEFAULT_STORAGE, STORAGE_ENV  # noqa: F401 -- p
 from evotuner.cli_options import (
     app, StudyOpt, StudiesOpt, StorageOpt, ShapeOpt, ResumeShapeOpt, LengthsOpt, LengthsKOpt, VarlenOpt,
     DtypeOpt, CausalOpt, TrialsOpt, ResumeTrialsOpt, SamplerOpt, SeedOpt,
-    FamilyOpt, JobsOpt, SpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
+    FamilyOpt, JobsOpt, SpaceOpt, ResumeSpaceOpt, CompileSpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
     CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, TransferOpt, FullTimingOpt, PairedRaceOpt,
     GATE_REJECTED_EXIT,
@@ -145,7 +146,7 @@ def resume(
     trials: ResumeTrialsOpt = None,
     jobs: JobsOpt = None,
     shape: ResumeShapeOpt = None,
-    space: SpaceOpt = None,
+    space: ResumeSpaceOpt = None,
     storage: StorageOpt = None,
     replay: ReplayOpt = None,
     gpus: GpusOpt = None,
@@ -250,7 +251,7 @@ def compile_cmd(
     causal: CausalOpt = False,
     varlen: VarlenOpt = False,
     as_json: JsonOpt = False,
-    space: SpaceOpt = None,
+    space: CompileSpaceOpt = None,
 ) -> int:
     """Build one config with nvcc (no GPU needed) and show its ptxas report and gate verdict.
 

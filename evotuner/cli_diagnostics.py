@@ -13,7 +13,7 @@ from rich.text import Text
 
 from evotuner import columns
 from evotuner.cli_options import (
-    CausalOpt, DtypeOpt, SpaceOpt, StorageOpt, consoles, one_line, open_store, app,
+    CausalOpt, DiagSpaceOpt, DtypeOpt, StorageOpt, consoles, one_line, open_store, app,
 )
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StudyMismatchError
@@ -42,16 +42,19 @@ class _Selection:
 
 def _select(store_url: str | None, study: str | None, top: int, config: str | None, shape: str | None,
             dtype: str, causal: bool, space_path: Path | None, require: tuple[str, ...] = ("D",)) -> _Selection:
+    from evotuner import session
     from evotuner.bench import best_configs
-    from evotuner.space import load_space, parse_space
+    from evotuner.space import parse_space
 
     if study is None:
         if config is None or shape is None:
             raise EvotunerError("name --study S (its best configs), or --config C with --shape B=..,H=..,S=..,D=..",
                                 "e.g. `evotuner check --study d64 --top 3`")
         problem = Problem(Shape.parse(shape, require=require), dtype=dtype, causal=causal)
-        space = load_space(space_path)
         cfg = KernelConfig.parse(config)
+        # --space: a file or a packaged space's name; none: the space of the family the config names
+        space = (session.pick_space(space_path)[0] if space_path is not None
+                 else session.space_for_config(cfg, problem))
         space.validate(cfg)
         return _Selection(problem, space, [(None, cfg, None)])
     store = open_store(store_url, must_exist=True)
@@ -61,6 +64,9 @@ def _select(store_url: str | None, study: str | None, top: int, config: str | No
     finally:
         store.close()
     problem = summary.problem
+    if space_path is not None and session.pick_space(space_path)[0].fingerprint() != space.fingerprint():
+        raise StudyMismatchError(f"study {study!r} was started with another search space than --space {space_path}",
+                                 "drop --space (the study's space is used)")
     if shape is not None and Shape.parse(shape) != problem.shape:
         raise StudyMismatchError(f"study {study!r} tunes shape {problem.shape}, not {Shape.parse(shape)}",
                                  "drop --shape (the study's shape is used)")
@@ -83,7 +89,7 @@ def check(
     causal: CausalOpt = False,
     tools: ToolsOpt = None,
     timeout: TimeoutOpt = 600.0,
-    space: SpaceOpt = None,
+    space: DiagSpaceOpt = None,
     storage: StorageOpt = None,
 ) -> None:
     """Run the study's best configs under compute-sanitizer (memcheck, racecheck, synccheck,
@@ -140,7 +146,7 @@ def profile(
     causal: CausalOpt = False,
     sdpa: SdpaOpt = True,
     timeout: TimeoutOpt = 600.0,
-    space: SpaceOpt = None,
+    space: DiagSpaceOpt = None,
     storage: StorageOpt = None,
 ) -> None:
     """Profile the study's best configs (and SDPA's default backend) with Nsight Compute at the
@@ -223,7 +229,7 @@ def checks_table(checks: dict, order: tuple[str, ...] = ()) -> list[Text]:
     configs = {c: _config_dict(c) for c in checks}
     names = columns.param_names([d for d in configs.values() if d is not None], order)
     short = columns.headers(names)
-    cols = [*(columns.Col(short[n], right=True) for n in names),
+    cols = [*(columns.Col(short[n], right=True, tight=True) for n in names),
             *(columns.Col(h, right=True, group=1) for h in (*CHECK_TOOLS, "verdict"))]
     rows, notes = [], []
     for config, by in checks.items():

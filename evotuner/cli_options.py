@@ -18,7 +18,6 @@ from evotuner.numbers import real
 from evotuner.problem import DTYPES
 from evotuner.storage.connect import DEFAULT_URL, ENV_VAR
 
-#: The study database when neither --storage nor $EVOTUNER_STORAGE is given.
 #: The study database when neither --storage nor $EVOTUNER_STORAGE names one (filled in by
 #: evotuner.storage.connect.resolve, the one place that does).
 DEFAULT_STORAGE = DEFAULT_URL
@@ -125,9 +124,22 @@ SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1,
 JobsOpt = Annotated[
     Optional[int], typer.Option("--jobs", min=1, help="Parallel nvcc builds [default: the number of CPUs].")
 ]
+#: The packaged spaces ``--space`` takes by name (evotuner.session.packaged_spaces; a test keeps them equal).
+PACKAGED_SPACES = "flashcore (also named default), hopper, hopper_d96, hopper_grid, hopper_split, hopper_wide"
 SpaceOpt = Annotated[Optional[Path], typer.Option(
-    "--space", help="Search-space TOML file, or a packaged space by name: hopper, hopper_grid, flashcore (= default) "
-                    "[default: the space of the family evotuner.flash_attention runs for the problem].")]
+    "--space", help=f"Search-space TOML file, or a packaged space by name: {PACKAGED_SPACES} [default: an "
+                    "existing study's own space, else the one the --replay sweep was recorded with, else the "
+                    "space of the family evotuner.flash_attention runs for the problem].")]
+ResumeSpaceOpt = Annotated[Optional[Path], typer.Option(
+    "--space", help="Must equal the study's space (resume reads it from the study): a TOML file or a packaged "
+                    "space's name.")]
+CompileSpaceOpt = Annotated[Optional[Path], typer.Option(
+    "--space", help=f"Search-space TOML file, or a packaged space by name: {PACKAGED_SPACES} [default: the "
+                    "packaged space of the family whose parameters --config names that takes the config].")]
+DiagSpaceOpt = Annotated[Optional[Path], typer.Option(
+    "--space", help=f"With --config and no --study: a search-space TOML file, or a packaged space by name: "
+                    f"{PACKAGED_SPACES} [default: the packaged space of the family whose parameters --config "
+                    "names]. With --study it must equal the study's space.")]
 FamilyOpt = Annotated[Optional[str], typer.Option(
     "--family", help="Kernel family to tune (its packaged space): hopper or flashcore [default: the family "
                      "evotuner.flash_attention runs for the problem].")]
@@ -135,13 +147,16 @@ ReplayOpt = Annotated[
     Optional[Path],
     typer.Option("--replay", help="Answer builds and measurements from a recorded sweep CSV (scripts/sweep.py); needs no GPU or nvcc."),
 ]
-ReportDirOpt = Annotated[Path, typer.Option("--output", "-o", help="Folder for the report's PNG (and HTML) files.")]
+ReportDirOpt = Annotated[Path, typer.Option(
+    "--output", "-o", help="Folder for the report's PNG (and HTML) files, report.json and, when the study has "
+                           "profiles, ncu_profiles.md.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best trials to list.")]
 OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="The C++ header to write.")]
 ConfigOpt = Annotated[str, typer.Option("--config", help="Kernel config NAME=VALUE,... (every space parameter).")]
 CompileShapeOpt = Annotated[str, typer.Option(
-    "--shape", help="The head dim, D=64 (32, 64, 96, 128, 192 or 256): the only dimension compiled into the kernel.")]
+    "--shape", help="The head dim, D=64 (hopper: 64, 96, 128, 192, 256; FlashCore: 32, 64, 96, 128, 256): the "
+                    "only dimension compiled into the kernel.")]
 #: ``compile``'s exit status when the config builds but the ptxas gate rejects it.
 GATE_REJECTED_EXIT = 3
 BenchTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best configs to re-measure.")]

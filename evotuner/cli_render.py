@@ -212,7 +212,8 @@ def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space
     names = columns.param_names(configs, tuple(space.names) if space is not None else ())
     short = columns.headers(names)
     fastest = min((v for v in baselines.values() if v), default=None)
-    cols = [columns.Col("#", right=True), *(columns.Col(for_terminal(short[n]), right=True, group=1) for n in names),
+    cols = [columns.Col("#", right=True), *(columns.Col(for_terminal(short[n]), right=True, group=1, tight=True)
+              for n in names),
             *(columns.Col(h, right=True, group=2) for h in ("µs", "TFLOPS", "vs SDPA"))]
     stopped = [bool((t.attrs or {}).get(STOPPED_ATTR)) for t in done]
     rows = [[str(t.number), *columns.cells(config, names), f"{t.value:.1f}" + ("*" if cut else ""),
@@ -291,7 +292,7 @@ def export_lines(result: Any) -> list[Text]:
         short = columns.headers(names)
         shorts.update(short)
         cols = [*(columns.Col(h, right=h in ("#", "D", "µs")) for h in ("#", "dtype", "D", "causal", "S≤", "chk", "µs")),
-                *(columns.Col(short[n], right=True, group=1) for n in names), columns.Col("study", group=2)]
+                *(columns.Col(short[n], right=True, group=1, tight=True) for n in names), columns.Col("study", group=2)]
         studies = [for_terminal(f"{r.study} #{r.trial}") + (" (replayed)" if r.replayed else "") for _, r in rows]
         long = max(len(s) for s in studies) > width // 2
         cells = [_export_cells(i, r, names) + ([] if long else [study]) for (i, r), study in zip(rows, studies)]
@@ -342,7 +343,7 @@ def bench_lines(result: Any, width: int, order: tuple[str, ...] = ()) -> list[Te
     configs = [dict(row.config.as_dict()) for row in result.rows]
     names = columns.param_names(configs, order)
     short = columns.headers(names)
-    cols = [columns.Col("#", right=True), *(columns.Col(short[n], right=True, group=1) for n in names),
+    cols = [columns.Col("#", right=True), *(columns.Col(short[n], right=True, group=1, tight=True) for n in names),
             *(columns.Col(h, right=True, group=2)
               for h in ("µs", "TFLOPS", *(n.removeprefix("sdpa_") for n in base), "was"))]
     rows, notes = [], []

@@ -99,12 +99,26 @@ def headers(names: Iterable[str]) -> dict[str, str]:
 _PIECES = re.compile(r"[^,/;]*[,/;]+|[^,/;]+")
 #: Where a piece still longer than a line may break: after an underscore.
 _UNDERSCORED = re.compile(r"[^_]*_+|[^_]+")
+#: A unit that stays on the line of the number before it (``300.0 µs``, ``gate 0.0 s,``).
+_UNIT = re.compile(r"(µs|ms|s|TFLOPS|TF|GB|MB|KiB|MiB|GiB|B|%|x)[,;:.)]*")
+
+
+def _words(text: str) -> list[str]:
+    """``text``'s words, a unit joined to the number before it so no line starts with it."""
+    words: list[str] = []
+    for word in text.split():
+        if words and words[-1][-1:].isdigit() and _UNIT.fullmatch(word):
+            words[-1] += " " + word
+        else:
+            words.append(word)
+    return words
 
 
 def wrap(text: str, width: int, indent: int = 0) -> list[str]:
     """``text`` in lines of at most ``width`` columns, broken at spaces; a word longer than a
     line (a config, a path) is broken after a ``,`` ``/`` or ``;`` in it, so ``TILE_M=128``
-    or a directory name is never split, and a piece still longer than a line after a ``_``.
+    or a directory name is never split, and a piece still longer than a line after a ``_``;
+    a unit stays with its number (``300.0 µs``).
     Lines after the first are indented by ``indent``. Only what is longer than a whole line
     even then is cut, where it must be."""
     width = max(width, indent + 8)
@@ -122,7 +136,7 @@ def wrap(text: str, width: int, indent: int = 0) -> list[str]:
             lines.append(line[:width])
             line = " " * indent + line[width:]
 
-    for word in text.split():
+    for word in _words(text):
         room = width - (indent if lines or line.strip() else 0)
         if len(word) <= room or (line.strip() and len(line) + 1 + len(word) <= width):
             add(word, " ")
@@ -141,23 +155,31 @@ class Col:
     """A column of :func:`table_lines`: its header (never changed for the width), right-aligned
     or not, and its group: a group's columns stay on one line, and a group that does not fit
     beside the ones before goes on a line of its own under them (the row is stacked, never cut).
-    ``key`` columns instead repeat at the start of every band, each band a table of its own."""
+    ``key`` columns instead repeat at the start of every band, each band a table of its own.
+    ``tight`` columns (a config's parameters, single-word headers) may stand :data:`TIGHT_GAP`
+    apart from a tight neighbour of their group where that keeps the row on one line."""
 
     head: str
     right: bool = False
     group: int = 0
     key: bool = False
+    tight: bool = False
+
+
+#: The gap between two ``tight`` columns of one group when the row fits one line only so.
+TIGHT_GAP = 1
 
 
 Cell = Union[str, Text]
 
 
-def _bands(cols: Sequence[Col], widths: list[int], width: int, gap: int, indent: int) -> list[list[int]]:
+def _bands(cols: Sequence[Col], widths: list[int], width: int, gaps: Sequence[int],
+           indent: int) -> list[list[int]]:
     """The columns of each line a row takes: whole groups while they fit (a group wider than a
     line, column by column); the first band from the left edge, the others from ``indent`` or
-    after the key columns."""
+    after the key columns. ``gaps[i]`` is the space after column ``i``."""
     keys = [i for i, c in enumerate(cols) if c.key]
-    lead = sum(widths[i] + gap for i in keys) if keys else indent
+    lead = sum(widths[i] + gaps[i] for i in keys) if keys else indent
     groups: list[list[int]] = []
     for i, c in enumerate(cols):
         if c.key:
@@ -169,7 +191,7 @@ def _bands(cols: Sequence[Col], widths: list[int], width: int, gap: int, indent:
     bands: list[list[int]] = [list(keys)]
     pos = lead if keys else 0                     # where the next cell of this band starts
     for group in groups:
-        need = sum(widths[i] for i in group) + gap * (len(group) - 1)
+        need = sum(widths[i] for i in group) + sum(gaps[i] for i in group[:-1])
         if len(bands[-1]) > len(keys) and pos + need > width:
             bands.append(list(keys))
             pos = lead
@@ -178,19 +200,33 @@ def _bands(cols: Sequence[Col], widths: list[int], width: int, gap: int, indent:
                 bands.append(list(keys))
                 pos = lead
             bands[-1].append(i)
-            pos += widths[i] + gap
+            pos += widths[i] + gaps[i]
     return bands
+
+
+def _gaps(cols: Sequence[Col], widths: list[int], width: int, gap: int, indent: int) -> list[int]:
+    """The space after each column: ``gap``, or :data:`TIGHT_GAP` between two ``tight`` columns
+    of one group where the row then fits one line and would not otherwise (a hopper config's
+    eleven or thirteen parameters beside the figures at 80 columns)."""
+    wide = [gap] * len(cols)
+    if len(_bands(cols, widths, width, wide, indent)) == 1:
+        return wide
+    tight = [TIGHT_GAP if c.tight and n.tight and c.group == n.group and not c.key else gap
+             for c, n in zip(cols, cols[1:])] + [gap]
+    return tight if len(_bands(cols, widths, width, tight, indent)) == 1 else wide
 
 
 def table_lines(cols: Sequence[Col], rows: Sequence[Sequence[Cell]], width: int, *, gap: int = 2,
                 indent: int = 4, notes: Sequence[str | None] = (), title: str = "") -> list[Text]:
     """A table as lines of at most ``width`` columns with every value whole: fixed headers,
-    ``gap`` spaces between columns, a rule under the headers, no vertical rules. Groups of
+    ``gap`` spaces between columns (one between ``tight`` ones where that keeps a row on one
+    line), a rule under the headers, no vertical rules. Groups of
     columns that do not fit beside each other stack under the row (``indent`` in) or, with
     ``key`` columns, make further tables that repeat them; ``notes[i]`` (a reason, a path) is
     wrapped at word boundaries under row ``i``; ``title`` is wrapped above."""
     widths = [max([len(c.head), *(len(_plain(r[i])) for r in rows)]) for i, c in enumerate(cols)]
-    bands = _bands(cols, widths, width, gap, indent)
+    gaps = _gaps(cols, widths, width, gap, indent)
+    bands = _bands(cols, widths, width, gaps, indent)
     keyed = any(c.key for c in cols)
     out = [Text(line) for line in wrap(title, width, 2)] if title else []
 
@@ -201,7 +237,7 @@ def table_lines(cols: Sequence[Col], rows: Sequence[Sequence[Cell]], width: int,
             pad = " " * (widths[i] - len(cell.plain))
             text.append_text(Text(pad) + cell if cols[i].right else cell + Text(pad))
             if n < len(band) - 1:
-                text.append(" " * gap)
+                text.append(" " * gaps[i])
         text.rstrip()
         return text
 

@@ -36,9 +36,10 @@ import torch.nn.functional as F
 
 import evotuner
 from evotuner.runtime import check as C
+from evotuner.runtime.timing import time_eager, time_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_runtime import eager_us, graph_us  # noqa: E402
+from bench_runtime import CALLS  # noqa: E402  -- the eager calls per timing, as bench_runtime's
 
 
 def lengths_for(args: argparse.Namespace) -> list[int]:
@@ -143,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.rounds):
         for name, (fn, _) in callees.items():
             try:
-                rounds[name]["graph"].append(graph_us(fn, args.reps))
+                rounds[name]["graph"].append(time_graph(fn, args.reps))
             except Exception as exc:  # noqa: BLE001 -- a callee that cannot be captured is timed eagerly only
                 notes.setdefault(name, f"graph capture: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
-            rounds[name]["eager"].append(eager_us(fn))
+            rounds[name]["eager"].append(time_eager(fn, CALLS))
     report = {"lengths": lens, "heads": H, "heads_kv": Hkv, "head_dim": D, "causal": args.causal, "total": total,
               "max_error": errors, "notes": notes, "device": torch.cuda.get_device_name(), "results": {}}
     sdpa = [n for n in callees if n != "evotuner"]

@@ -85,3 +85,42 @@ def test_compile_without_space_builds_the_family_its_config_names(capsys):
     assert code == 0, err
     code, out, err = run(capsys, "compile", "--config", "NUM_WARPS=4,CONSUMER_WGS=2", "--shape", "D=64")
     assert_one_line_error(code, out, err, "no kernel family takes all of", "CONSUMER_WGS", "NUM_WARPS")
+
+
+def test_the_space_option_names_every_packaged_space():
+    from evotuner.cli_options import PACKAGED_SPACES
+    from evotuner.family.base import packaged
+
+    named = {name.strip(" ,") for name in PACKAGED_SPACES.replace("(also named default)", "default").split()}
+    files = {path.stem for path in packaged("evotuner.search_spaces").glob("*.toml")}
+    assert named == files | {"default"} and named <= set(session.packaged_spaces())
+
+
+HOPPER_CONFIG = "BLOCK_N=128,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,OVERLAP=1,PINGPONG=1,SCHED=0," \
+                "RESCALE_LOG2=8,EXP_EMU=0"
+
+
+@pytest.mark.parametrize("space, name", [(None, "hopper"), (Path("hopper"), "hopper"),
+                                         (Path("hopper_grid"), "hopper_grid")])
+def test_check_and_profile_take_a_config_of_either_family_and_a_space_by_name(space, name):
+    """check/profile --config without --study: the config's own family (as compile), or
+    --space as a file or a packaged space's name."""
+    from evotuner.cli_diagnostics import _select
+
+    sel = _select(None, None, 3, HOPPER_CONFIG, SHAPE, "fp16", False, space)
+    assert sel.space.kernel == "hopper" and sel.space.name == name
+    fc = _select(None, None, 3, "BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4,STAGES=2,MIN_BLOCKS=1", SHAPE, "fp16", False, None)
+    assert fc.space.kernel == "flashcore"
+
+
+def test_check_refuses_a_space_other_than_the_studys(capsys, tmp_path):
+    from evotuner.cli_diagnostics import _select
+    from evotuner.errors import StudyMismatchError
+
+    db = f"sqlite:///{tmp_path / 'c.db'}"
+    code, out, err = run(capsys, "search", "--study", "x", "--shape", SHAPE, "--trials", 2, "--replay", HOPPER_SWEEP,
+                         "--storage", db, "--no-transfer")
+    assert code == 0, err
+    assert _select(db, "x", 1, None, None, "fp16", False, Path("hopper_grid")).space.name == "hopper_grid"
+    with pytest.raises(StudyMismatchError, match="another search space than --space hopper"):
+        _select(db, "x", 1, None, None, "fp16", False, Path("hopper"))

@@ -253,3 +253,64 @@ def test_the_best_table_marks_timings_racing_stopped_early() -> None:
     plain = "\n".join(line.plain for line in cli_render._top_table(
         SimpleNamespace(trials=(rec(0, 100.0, False),)), 10, {}))
     assert "*" not in plain and "racing" not in plain
+
+
+def test_a_hopper_config_beside_its_figures_takes_one_line_at_80_columns(monkeypatch) -> None:
+    """hopper.toml's eleven and hopper_split.toml's thirteen parameters, trial numbers past 9:
+    the parameter columns stand one space apart rather than stacking each row's figures on a
+    second line; a table that fits with two spaces keeps them."""
+    from types import SimpleNamespace
+
+    import io
+
+    from rich.console import Console
+
+    from evotuner import cli_render
+    from evotuner.cli_options import consoles
+    from evotuner.storage.records import TrialRecord
+
+    monkeypatch.setattr(consoles, "out", Console(file=io.StringIO(), width=80), raising=False)
+
+    def table(space_file: str) -> list[str]:
+        space = load_space(ROOT / "search_spaces" / space_file)
+        params = {p.name: max(p.values) for p in space.params}
+        trials = tuple(TrialRecord(number=n, state="COMPLETE", value=577.9 + n, params=dict(params), tflops=475.6,
+                                   attrs={}) for n in range(40, 52))
+        lines = cli_render._top_table(SimpleNamespace(trials=trials), 10, {"sdpa_default": 600.5}, space)
+        return [line.plain for line in lines]
+
+    for space_file in ("hopper.toml", "hopper_split.toml"):
+        lines = table(space_file)
+        text = "\n".join(lines)
+        assert_whole(text)
+        rows = [line for line in lines if re.match(r"^\d\d ", line)]
+        assert len(rows) == 10 and all(line.rstrip().endswith("x") for line in rows), text   # figures on the row
+        head = next(line for line in lines if line.lstrip().startswith("# "))
+        assert head.split()[:3] == ["#", "BN", "CW"] and head.rstrip().endswith("vs SDPA"), head
+        assert "  vs SDPA" in head                         # the figures keep their two spaces
+    grid = "\n".join(table("hopper_grid.toml"))
+    assert "  BN  CW  STAG" in grid                        # fits as it was: two spaces
+
+
+def test_tight_columns_fall_back_to_stacking_when_one_space_is_not_enough() -> None:
+    cols = [columns.Col("#", right=True), *(columns.Col(f"P{i}", right=True, group=1, tight=True) for i in range(12)),
+            columns.Col("µs", right=True, group=2)]
+    row = ["12", *(str(100 + i) for i in range(12)), "579.6"]
+    one = [line.plain for line in columns.table_lines(cols, [row], 60)]
+    assert len(one) == 3 and "100 101 102" in one[2] and one[2].endswith("579.6")   # head, rule, one row
+    stacked = [line.plain for line in columns.table_lines(cols, [row], 40)]
+    assert all(len(line) <= 40 for line in stacked) and len(stacked) > 3
+    assert "100  101" in " ".join(stacked)                 # stacked rows keep two spaces
+
+
+def test_a_unit_stays_with_its_number_when_a_line_wraps() -> None:
+    line = "SDPA baselines: sdpa_default 250.0 µs, sdpa_flash 240.0 µs, sdpa_efficient 300.0 µs"
+    for width in range(30, 90):
+        lines = columns.wrap(line, width, 4)
+        assert all(len(part) <= width for part in lines), (width, lines)
+        assert not any(re.match(r"\s*µs", part) for part in lines), (width, lines)
+        assert " ".join(" ".join(lines).split()) == line
+    split = columns.wrap("time split: baselines 0.0 s, sampler 1.4 s, waiting on builds 11.4 s, gate 0.0 s, "
+                         "measuring 0.0 s, recording 0.6 s", 80, 4)
+    assert not any(re.match(r"\s*s,?$", part.split()[0] if part.split() else "") for part in split), split
+    assert columns.wrap("ends at 5 s", 8) == ["ends at", "5 s"]
