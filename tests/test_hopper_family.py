@@ -213,6 +213,29 @@ def test_recommended_configs_compile_clean_and_pass_the_gate(builder):
         assert result.artifact.meta["smem_bytes"] == _smem_formula(cfg, problem), (cfg, problem)
 
 
+@needs_nvcc
+def test_shipped_tuned_rows_compile_clean_and_pass_the_gate(builder):
+    """flash_attention serves the shipped rows without a gate of its own: a kernel change that
+    makes one spill (SCHED=2's counter reset and the packed-batch walk once spilled 8 bytes in
+    a 24-register producer) must fail here, not slow the served kernel silently."""
+    from evotuner.tuned import load_shipped, shipped_tables
+
+    jobs = []
+    for table in shipped_tables([HOPPER]):
+        for row in load_shipped(table).rows:
+            heads = max(1, (row.query_rows or row.seqlen_k) // row.seqlen_k)
+            problem = Problem(Shape(1, heads, row.seqlen_k, row.seqlen_k, row.head_dim), row.dtype, row.causal)
+            space = load_space(HOPPER.space_for(problem))
+            cfg = space.complete(row.config)
+            jobs.append((row, space, builder.submit(cfg, problem)))
+    assert len(jobs) >= 6
+    for row, space, fut in jobs:
+        result = fut.result()
+        assert result.ok, (row.source, result.error)
+        gate = apply_gate(result, space.gate, family=HOPPER)
+        assert gate.passed, (row.source, str(row.config), gate.reason)
+
+
 #: What adding the knob FAKE_KNOB (a knob that only sets a macro) to a copy of the family takes,
 #: besides the space file's [params.FAKE_KNOB]: instantiate.cuh checks the macro beside the
 #: others and #undefs it with them. No other file of kernels/hopper/ changes.

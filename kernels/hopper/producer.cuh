@@ -49,16 +49,14 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
         // Q of the previous tile must be released by every consumer WG.
         if (local > 0) mbar_wait(sm.q_empty(), (local - 1) & 1);
         TileInfo t;
-        if constexpr (T::kPersistent) {
+        if constexpr (T::kPersistent && T::kVarlen) {
             // Packed batches: tiles past their sequence's end are skipped here and by
             // the consumers alike (static: the same walk; dynamic: never published).
             for (; tile < num_tiles; tile = T::kDynamic ? next_dynamic_tile(p.tile_counter, num_tiles)
                                                         : tile + int(gridDim.x)) {
                 t = tile_info<T>(p, tile);
-                if (p.cu_seqlens_q == nullptr || !t.empty()) break;
+                if (!t.empty()) break;
             }
-        } else {
-            t = tile_info<T>(p, tile);   // SCHED 0: an empty tile's CTA returned at its start
         }
         if constexpr (T::kDynamic) {
             // Publish the tile (or -1 = done) to the consumers; the q_full arrival
@@ -71,6 +69,9 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
         } else {
             if (tile >= num_tiles) break;
         }
+        // Dense builds (and SCHED 0, whose empty tile's CTA returned at its start): the tile's
+        // work once it is known to be one, which keeps a 24-register producer from spilling.
+        if constexpr (!(T::kPersistent && T::kVarlen)) t = tile_info<T>(p, tile);
         mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
         load_tile<T, T::kBlockM>(sm.q, &p.tm_q, sm.q_full(), t.q_row + t.m0, t.head, t.tb);
         const int kv_head = t.head / p.kv_group;  // GQA/MQA: the K/V head this query head reads
