@@ -223,7 +223,7 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
             return load_space(get_family(family).space_for(problem)), None
         return load_space(family=family), None
     # a worker starting beside its creator: the study may be on the way (or its creator died)
-    if store is not None and study is not None and store.study_exists(study) and await_study(store, study):
+    if store is not None and study is not None and store.study_exists(study) and await_study(store, study) is True:
         return study_space(store, study), None
     if replay is not None:
         from evotuner.measure.sweep import read_sweep
@@ -304,11 +304,11 @@ def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSp
     if problem.varlen and not problem.lengths_q:
         raise EvotunerError(f"problem {problem}: a packed problem without sequence lengths cannot be measured",
                             "give the lengths: Problem.packed(lengths, ...) or `evotuner search --lengths ...`")
-    if builder is not None and ensure_study(store, study, lambda: store.create_study(
-            study, problem, space, sampler, seed,
-            source_hash=builder.source_hash(), nvcc_version=builder.nvcc_version())):
+    if builder is not None and ensure_study(store, study, lambda replacing: store.create_study(
+            study, problem, space, sampler, seed, source_hash=builder.source_hash(),
+            nvcc_version=builder.nvcc_version(), replacing=replacing)):
         return True
-    if store.study_exists(study) and await_study(store, study):   # its creator may not have completed it yet
+    if store.study_exists(study) and await_study(store, study) is True:   # its creator may not have completed it yet
         store.load_study(study, problem=problem, space=space)   # refuses a problem/space mismatch
         recorded = store.summary(study)
         if (recorded.sampler, recorded.seed) != (sampler, seed):
@@ -325,7 +325,7 @@ def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSp
 def check_exists(store: StudyStore, study: str, sampler: str, seed: int, problem: Problem,
                  space: SearchSpace) -> bool:
     """Before building any stage: True when ``study`` exists (and matches), False when new."""
-    if not store.study_exists(study) or not await_study(store, study):   # (a creation left half done is cleared)
+    if not store.study_exists(study) or await_study(store, study) is not True:   # (start_study takes over a dead creation)
         return False
     start_study(store, study, problem, space, sampler, seed, builder=None)
     return True

@@ -4,14 +4,13 @@ seeded one)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any, Sequence
 
 import optuna
-from optuna.exceptions import DuplicatedStudyError, UpdateFinishedTrialError
+from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from evotuner.config import KernelConfig
@@ -20,9 +19,8 @@ from evotuner.numbers import finite_or_none
 from evotuner.problem import Problem
 from evotuner.storage import damage as _damage
 from evotuner.storage import schema
-from evotuner.storage.start import STUDY_ROW_WAIT_S
+from evotuner.storage.creation import StudyCreation
 from evotuner.storage.inputs import StoredSpace
-from evotuner.storage.opening import StoreOpening, utcnow
 from evotuner.storage.records import (
     DUPLICATE_ATTR,
     GATE_ATTR,
@@ -34,22 +32,12 @@ from evotuner.storage.records import (
     TrialRecord,
     is_finished,
 )
-from evotuner.version import evotuner_version
+from evotuner.storage.start import STUDY_ROW_WAIT_S
 
 
 def space_fingerprint(space: StoredSpace | str) -> str:
     """A space's fingerprint; a string is one already."""
     return space if isinstance(space, str) else space.fingerprint()
-
-
-def space_facts(space: StoredSpace) -> dict[str, str]:
-    """The ``evotuner_studies`` columns that record a study's space."""
-    return {
-        "space_name": space.name,
-        "space_fingerprint": space.fingerprint(),
-        "kernel_family": space.kernel,
-        "space_text": space.text,
-    }
 
 
 def trial_record(t: FrozenTrial, gate_from_build: dict[str, Any] | None = None) -> TrialRecord:
@@ -73,25 +61,13 @@ def trial_record(t: FrozenTrial, gate_from_build: dict[str, Any] | None = None) 
     )
 
 
-class OptunaBridge(StoreOpening):
+class OptunaBridge(StudyCreation):
     """Studies and trials: evotuner's ``evotuner_studies`` rows and Optuna's study they name."""
 
     def _find_row(self, s: Session, name: str) -> Any:
         """Study ``name``'s row once created (None while its creation is under way)."""
         return s.execute(select(schema.studies).where(schema.studies.c.name == name,
                                                       schema.studies.c.optuna_study_id != schema.CREATING)).first()
-
-    def creation_under_way(self, name: str) -> Any:
-        """The ``created_at`` stamp of study ``name``'s row while its creation is under way
-        (the row taken, Optuna's study or the id not yet written), else None. Passed to
-        :meth:`abandon_creation` when that stamp stays the same too long."""
-        with self.session() as s:
-            return s.execute(select(schema.studies.c.created_at).where(
-                schema.studies.c.name == name, schema.studies.c.optuna_study_id == schema.CREATING)).scalar()
-
-    def _optuna_names(self) -> list[str]:
-        with self._optuna_call("listing studies"):
-            return sorted(st.study_name for st in self.optuna_storage.get_all_studies())
 
     def study_row(self, s: Session, name: str) -> Any:
         """Study ``name``'s ``evotuner_studies`` row, read in session ``s`` (the other record
@@ -110,7 +86,8 @@ class OptunaBridge(StoreOpening):
         if creating:
             raise StorageError(
                 f"study '{name}' in {self.display_url} is still being created by another process",
-                f"run the command again: a creation left unfinished for {STUDY_ROW_WAIT_S:.0f} s is cleared and redone",
+                f"wait for it; if that process died, `evotuner search --study {name}` with the study's options "
+                f"takes the creation over once it has stood still for {STUDY_ROW_WAIT_S:.0f} s",
             )
         if name in self._optuna_names():
             raise StorageError(
@@ -122,142 +99,6 @@ class OptunaBridge(StoreOpening):
             f"study '{name}' not found in {self.display_url}; existing studies: {listing}",
             "check --study and --storage, or start it with `evotuner search`",
         )
-
-    def study_exists(self, name: str) -> bool:
-        """True when an evotuner study (one being created included), or any Optuna study,
-        already has this name."""
-        with self.session() as s:
-            if s.execute(select(schema.studies.c.id).where(schema.studies.c.name == name)).first() is not None:
-                return True
-        return name in self._optuna_names()
-
-    def create_study(
-        self,
-        name: str,
-        problem: Problem,
-        space: StoredSpace,
-        sampler_name: str,
-        seed: int | None = None,
-        *,
-        source_hash: str,
-        nvcc_version: str,
-        sampler: optuna.samplers.BaseSampler | None = None,
-    ) -> optuna.Study:
-        """Create study ``name`` (direction minimize: the value is the median µs) and its
-        evotuner row (problem, space name/fingerprint/file text, kernel family, sampler,
-        seed, kernel source hash, nvcc and evotuner versions).
-
-        ``space`` is the SearchSpace (:class:`~evotuner.storage.inputs.StoredSpace`: its name,
-        kernel family, text and fingerprint are recorded). ``sampler`` is the Optuna sampler
-        object to attach (``sampler_name``/``seed`` are what is recorded).
-        Raises StorageError if the name is taken (by an evotuner or a plain Optuna study).
-        """
-        if not sampler_name:
-            raise StorageError(f"study '{name}': no sampler name to record", "pass sampler_name, e.g. 'tpe'")
-        if not name or not name.strip():
-            raise StorageError("study name is empty", "pass --study NAME")
-        facts = space_facts(space)
-        if self.study_exists(name):
-            raise StorageError(
-                f"study '{name}' already exists in {self.display_url}",
-                "continue it with `evotuner resume`, or choose another --study name",
-            )
-        # The two schemas share no transaction. The row comes first: it takes the name (the
-        # unique column refuses a second creator) and marks the creation under way, so a
-        # process killed half way leaves a row the next creator recognises and clears
-        # (abandon_creation), never an Optuna study nobody may use.
-        stamp = utcnow()
-        try:
-            with self.session() as s:
-                s.execute(insert(schema.studies).values(
-                    name=name, optuna_study_id=schema.CREATING, problem_json=json.dumps(problem.as_dict(), sort_keys=True),
-                    sampler=sampler_name, seed=seed, created_at=stamp, evotuner_version=evotuner_version(),
-                    source_hash=source_hash, nvcc_version=nvcc_version, **facts,
-                ))
-        except StorageError:
-            if self.study_exists(name):   # another creator took the name first
-                raise StorageError(f"study '{name}' already exists in {self.display_url}",
-                                   "continue it with `evotuner resume`, or choose another --study name") from None
-            raise
-        study = None
-        try:
-            try:
-                with self._optuna_call("creating the study"):
-                    study = optuna.create_study(
-                        study_name=name, storage=self.optuna_storage, sampler=sampler, direction="minimize"
-                    )
-            except DuplicatedStudyError:
-                raise StorageError(f"study '{name}' already exists in {self.display_url}", "choose another --study name") from None
-            with self.session() as s:
-                done = s.execute(update(schema.studies).where(
-                    schema.studies.c.name == name, schema.studies.c.optuna_study_id == schema.CREATING,
-                    schema.studies.c.created_at == stamp,
-                ).values(optuna_study_id=study._study_id)).rowcount
-            if done != 1:   # stalled past STUDY_ROW_WAIT_S: another process cleared this creation
-                raise StorageError(f"study '{name}': another process took over its creation in {self.display_url}",
-                                   "run the command again")
-        except BaseException:
-            self._undo_creation(name, stamp, None if study is None else study._study_id)
-            raise
-        # For Optuna's own tools (optuna-dashboard); evotuner reads its row. Written once the
-        # study is complete: before, the id may already name another creator's study.
-        with self._optuna_call("describing the study"):
-            study.set_user_attr("problem", problem.as_dict())
-            study.set_user_attr("space", {"name": facts["space_name"], "fingerprint": facts["space_fingerprint"]})
-            study.set_user_attr("sampler", sampler_name)
-        return study
-
-    def _undo_creation(self, name: str, stamp: Any, optuna_id: int | None) -> None:
-        """Remove what a creation that failed wrote: its row while still marked under way,
-        and its Optuna study while it holds no trial and either that row was still there or
-        no row names the study at all. A row gone means another process cleared this
-        creation: it removed the Optuna study made before, whose id SQLite may since have
-        given to that process's new one."""
-        try:
-            with self.session() as s:
-                owned = s.execute(delete(schema.studies).where(
-                    schema.studies.c.name == name, schema.studies.c.optuna_study_id == schema.CREATING,
-                    schema.studies.c.created_at == stamp)).rowcount == 1
-            if optuna_id is None:
-                return
-            if not owned:   # cleared while this process stalled before making Optuna's study?
-                with self.session() as s:   # then no row names it: nobody else may make one
-                    if s.execute(select(schema.studies.c.id).where(schema.studies.c.name == name)).first() is not None:
-                        return
-            with self._optuna_call("removing a study whose creation failed"):
-                try:
-                    if (self.optuna_storage.get_study_id_from_name(name) == optuna_id
-                            and not self.optuna_storage.get_all_trials(optuna_id, deepcopy=False)):
-                        self.optuna_storage.delete_study(optuna_id)
-                except KeyError:
-                    pass
-        except Exception:  # noqa: BLE001 - the creation's own error is the one to report
-            pass
-
-    def abandon_creation(self, name: str, stamp: Any) -> bool:
-        """Clear study ``name``'s creation that has been under way since ``stamp`` (see
-        :meth:`creation_under_way`) because its creator died or stalled: its row and its
-        Optuna study, which holds no trial (trials are only asked once the row is complete).
-        Only one process clears a given creation (the row's delete decides); True when this
-        call did. A creator that stalled and wakes finds its row gone and fails, removing
-        nothing (:meth:`_undo_creation`)."""
-        with self._optuna_call("clearing an unfinished study creation"):
-            try:   # read before the row goes: once it has, the name is free for a new creator
-                optuna_id: int | None = self.optuna_storage.get_study_id_from_name(name)
-            except KeyError:
-                optuna_id = None
-        with self.session() as s:
-            taken = s.execute(delete(schema.studies).where(
-                schema.studies.c.name == name, schema.studies.c.optuna_study_id == schema.CREATING,
-                schema.studies.c.created_at == stamp)).rowcount == 1
-        if taken and optuna_id is not None:
-            with self._optuna_call("clearing an unfinished study creation"):
-                try:
-                    if not self.optuna_storage.get_all_trials(optuna_id, deepcopy=False):
-                        self.optuna_storage.delete_study(optuna_id)
-                except KeyError:
-                    pass
-        return taken
 
     def load_study(
         self,

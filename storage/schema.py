@@ -35,7 +35,10 @@ from sqlalchemy import (
 #:    so a version-1 database upgrades by creating them and bumping the version row).
 #: 3: + evotuner_workers, evotuner_claims (evotuner.storage.claims / liveness: several workers
 #:    on one study; new tables only, so versions 1 and 2 upgrade the same way).
-SCHEMA_VERSION = 3
+#: 4: no new table or column: a study row whose optuna_study_id is CREATING is a creation
+#:    under way (evotuner.storage.creation), which an older evotuner would read as a study,
+#:    so it must refuse the database; older versions upgrade by bumping the version row.
+SCHEMA_VERSION = 4
 
 #: Every evotuner table name starts with this.
 PREFIX = "evotuner_"

@@ -24,8 +24,8 @@ The rules here:
   (:func:`retry_race`): the loser finds the winner's tables and goes on;
 * a study is created if absent; the loser of a creation race waits for the winner to
   complete its ``evotuner_studies`` row and loads the study (:func:`ensure_study`); a
-  creation left half done by a creator that died (its row still marked under way after
-  :data:`STUDY_ROW_WAIT_S`) is cleared and done again (:func:`await_study`);
+  creation left half done by a creator that died (its row still under way after
+  :data:`STUDY_ROW_WAIT_S`) is taken over and completed (storage/creation.py);
 * Optuna's own SQLite engine starts every transaction with ``BEGIN IMMEDIATE`` as
   evotuner's does (:func:`immediate_sqlite`), so writers from several processes queue
   on the busy timeout instead of failing at once with "database is locked".
@@ -38,6 +38,7 @@ import os
 import random
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
 
@@ -49,10 +50,10 @@ from evotuner.storage import connect as _connect
 
 T = TypeVar("T")
 
-#: How long the loser of a study-creation race waits for the winner to complete it before
-#: it counts the creation as abandoned (the creator died half way) and clears it; a
-#: creator takes milliseconds.
-STUDY_ROW_WAIT_S = 15.0
+#: How long a study's creation may stand still before the next creator takes it over (its
+#: creator died or stalled; a creator takes milliseconds): longer than SQLite's busy
+#: timeout (storage/connect.py), so a live creator queued on the lock is never taken over.
+STUDY_ROW_WAIT_S = _connect.SQLITE_BUSY_TIMEOUT_S + 10.0
 #: Creations one ensure_study tries before it gives up (each cleared by another process).
 CREATE_ATTEMPTS = 4
 #: Attempts at initialising the schema when concurrent creators collide.
@@ -151,39 +152,66 @@ def immediate_sqlite(engine: Engine) -> None:
     engine.dispose()
 
 
-def ensure_study(store: Any, name: str, create: Callable[[], Any], wait_s: float | None = None) -> bool:
-    """Create study ``name`` with ``create()`` unless it exists; True when this call created it.
+@dataclass(frozen=True)
+class Abandoned:
+    """A creation of the study that stood still for the whole wait: its creator died or
+    stalled; ``create_study(..., replacing=stamp)`` takes it over."""
+
+    stamp: Any
+
+
+#: (store URL, study name) -> (the stamp of a creation under way, when this process first
+#: saw it): a process that waits again for the same creation does not start the wait over.
+_watched: dict[tuple[str, str], tuple[Any, float]] = {}
+
+
+def _since(store: Any, name: str, stamp: Any) -> float:
+    key = (str(store.url), name)
+    seen = _watched.get(key)
+    if seen is None or seen[0] != stamp:
+        seen = _watched[key] = (stamp, time.monotonic())
+    return seen[1]
+
+
+def ensure_study(store: Any, name: str, create: Callable[[Any], Any], wait_s: float | None = None) -> bool:
+    """Create study ``name`` with ``create(replacing)`` unless it exists; True when this call
+    created it.
 
     A concurrent creator may win between the check and the create: then this waits for its
     creation to complete (:func:`await_study`) and returns False, as if the study had
-    existed. A creation whose creator died half way is cleared and this call creates the
-    study. A plain Optuna study of that name (never given an evotuner row) still fails with
-    the store's "not created by evotuner" error after the wait.
+    existed. A creation that stood still for the whole wait (its creator died or stalled) is
+    taken over: ``create(stamp)`` (storage/creation.py). A plain Optuna study of that name
+    (never given an evotuner row) still fails with the store's "not created by evotuner"
+    error after the wait.
     """
+    replacing = None
     for _ in range(CREATE_ATTEMPTS):
-        if not store.study_exists(name):
+        if replacing is not None or not store.study_exists(name):
             try:
-                create()
+                create(replacing)
                 return True
             except StorageError:
                 if not store.study_exists(name):
                     raise
-        if await_study(store, name, wait_s):
+        state = await_study(store, name, wait_s)
+        if state is True:
             return False
-    raise StorageError(f"study '{name}': {CREATE_ATTEMPTS} attempts at creating it were each cleared or undone "
+        replacing = state.stamp if isinstance(state, Abandoned) else None
+    raise StorageError(f"study '{name}': {CREATE_ATTEMPTS} attempts at creating it were each taken over or undone "
                        f"by another process in {store.display_url}", "run the command again")
 
 
-def await_study(store: Any, name: str, wait_s: float | None = None) -> bool:
-    """Wait until study ``name`` is complete (a creator may be between Optuna's half and
-    evotuner's); True when it is, False when it turned out not to exist (its creator
-    undid a failed creation, or died half way and this call cleared what it left: the
-    caller may create it). A creation counts as dead when it has shown no progress for
-    ``wait_s`` (default :data:`STUDY_ROW_WAIT_S`). The store's not-found / not-evotuner
-    error when the name is held by something else (a plain Optuna study) after ``wait_s``."""
+def await_study(store: Any, name: str, wait_s: float | None = None) -> bool | Abandoned:
+    """Wait until study ``name`` is complete (a creator may be between its row and Optuna's
+    study); True when it is, False when it turned out not to exist (its creator undid a
+    failed creation: the caller may create it), :class:`Abandoned` when a creation stood
+    still for ``wait_s`` (default :data:`STUDY_ROW_WAIT_S`, counted from when this process
+    first saw that creation): the caller may take it over. The store's not-found /
+    not-evotuner error when the name is held by something else (a plain Optuna study) after
+    ``wait_s``."""
     wait_s = STUDY_ROW_WAIT_S if wait_s is None else wait_s
-    under_way = store.creation_under_way(name)
     deadline = time.monotonic() + wait_s
+    pause = 0.02
     while True:
         try:
             store.study_info(name)
@@ -191,12 +219,10 @@ def await_study(store: Any, name: str, wait_s: float | None = None) -> bool:
         except StorageError:
             if not store.study_exists(name):
                 return False
-            now = store.creation_under_way(name)
-            if now != under_way:   # another creation began: it gets its own wait
-                under_way, deadline = now, time.monotonic() + wait_s
-            elif time.monotonic() >= deadline:
-                if under_way is None:
-                    raise
-                store.abandon_creation(name, under_way)
-                return False
-        time.sleep(0.05)
+            under_way = store.creation_under_way(name)
+            if under_way is not None and _since(store, name, under_way) + wait_s <= time.monotonic():
+                return Abandoned(under_way)
+            if under_way is None and time.monotonic() >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(0.25, pause * 1.5)   # a creator takes milliseconds; a long wait need not hammer the lock

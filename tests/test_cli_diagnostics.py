@@ -182,4 +182,4 @@ def test_a_version_1_database_gains_the_diagnostics_tables(tmp_path, study):
         diagnostics.record_check(store, "r", "BLOCK_M=128", "memcheck", passed=True, errors=0)
     with sqlite3.connect(path) as db:
         assert db.execute("select version from evotuner_schema_version").fetchall() == [(SCHEMA_VERSION,)]
-        assert SCHEMA_VERSION == 3   # 3: + evotuner_workers, evotuner_claims (issue 10)
+        assert SCHEMA_VERSION == 4   # 3: + evotuner_workers, evotuner_claims (issue 10); 4: creations under way

@@ -475,6 +475,7 @@ def schema_now():
 @pytest.mark.parametrize("old_version, dropped", [
     (1, ("evotuner_checks", "evotuner_profiles", "evotuner_workers", "evotuner_claims")),
     (2, ("evotuner_workers", "evotuner_claims")),
+    (3, ()),
 ])
 def test_older_schemas_upgrade_to_the_workers_tables(tmp_path: Path, old_version: int, dropped: tuple[str, ...]) -> None:
     """Schema 3 (several workers) on a version-1 database (no diagnostics tables either) and on a
@@ -491,7 +492,7 @@ def test_older_schemas_upgrade_to_the_workers_tables(tmp_path: Path, old_version
             db.execute(f"drop table {table}")
         db.execute("update evotuner_schema_version set version = ?", (old_version,))
     db.close()
-    assert SCHEMA_VERSION == 3
+    assert SCHEMA_VERSION == 4
     with StudyStore(f"sqlite:///{path}") as s:
         assert s.count_finished("s1") == 1
         assert claims.slot_counts(s, "s1") == (0, 0)

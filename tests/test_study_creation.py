@@ -1,10 +1,11 @@
 """A study's creation interrupted half way (its creator killed between evotuner's row and
-Optuna's study, or stalled there): the next creator clears what it left and creates the
-study; nothing else is ever removed. Real SQLite files and real killed processes, no GPU.
+Optuna's study, or stalled there): the next creator takes it over and completes the study;
+nothing is ever removed from under another process. Real SQLite and PostgreSQL databases
+and real killed processes, no GPU.
 
 The creation writes evotuner's row first (marked under way), then Optuna's study, then the
-row's Optuna id (storage/bridge.py: create_study); storage/start.py: await_study clears a
-creation that shows no progress for STUDY_ROW_WAIT_S."""
+row's Optuna id (storage/creation.py); storage/start.py: await_study reports a creation
+that stood still for STUDY_ROW_WAIT_S, and ensure_study takes it over."""
 
 from __future__ import annotations
 
@@ -45,8 +46,9 @@ def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return pg.create_database(f"creation_{os.getpid()}_{random.randrange(10**9)}")  # type: ignore[attr-defined]
 
 
-def _create(store: StudyStore, name: str, problem: Problem = PROBLEM):
-    return store.create_study(name, problem, SPACE, "tpe", 7, source_hash="src", nvcc_version="cuda_13.0")
+def _create(store: StudyStore, name: str, problem: Problem = PROBLEM, replacing=None):
+    return store.create_study(name, problem, SPACE, "tpe", 7, source_hash="src", nvcc_version="cuda_13.0",
+                              replacing=replacing)
 
 
 def _killed_while_creating(url: str, name: str, where: str) -> None:
@@ -88,7 +90,7 @@ def test_a_creation_killed_half_way_is_cleared_and_done_again(url: str, where: s
             store.load_study("w")
         assert _optuna_names(store) == (["kept", "w"] if where == "after" else ["kept"])
 
-        assert ensure_study(store, "w", lambda: _create(store, "w", OTHER), wait_s=0.3) is True
+        assert ensure_study(store, "w", lambda r: _create(store, "w", OTHER, r), wait_s=0.3) is True
         assert store.study_info("w").problem == OTHER       # created afresh, by this call
         study = store.load_study("w", problem=OTHER)
         study.tell(study.ask(), 1.0)
@@ -115,8 +117,8 @@ def test_the_search_command_clears_a_creation_killed_half_way(capsys, monkeypatc
 @pytest.mark.parametrize("where", ["before", "after"])
 def test_a_stalled_creator_loses_cleanly_to_the_one_that_cleared_it(url: str, monkeypatch, where: str) -> None:
     """The creator stalls past the wait just before or after making Optuna's study: another
-    clears the creation and creates the study; the stalled one then fails with one error
-    and removes nothing of the new study (SQLite gives the new Optuna study the old id)."""
+    takes the creation over (adopting the stalled one's Optuna study, if made) and completes
+    it; the stalled one then fails with one error and removes nothing."""
     stalled, release = threading.Event(), threading.Event()
     real = optuna.create_study
 
@@ -141,11 +143,11 @@ def test_a_stalled_creator_loses_cleanly_to_the_one_that_cleared_it(url: str, mo
         t = threading.Thread(target=creator, name="stalled")
         t.start()
         assert stalled.wait(30)
-        assert ensure_study(store, "w", lambda: _create(store, "w", OTHER), wait_s=0.3) is True
+        assert ensure_study(store, "w", lambda r: _create(store, "w", OTHER, r), wait_s=0.3) is True
         release.set()
         t.join(30)
         assert len(errors) == 1 and isinstance(errors[0], StorageError)
-        assert ("another process took over its creation" if where == "after" else "already exists") in str(errors[0])
+        assert "another process took over its creation" in str(errors[0])
         assert store.study_info("w").problem == OTHER
         assert _optuna_names(store) == ["w"]
         study = store.load_study("w", problem=OTHER)
@@ -183,6 +185,31 @@ def test_a_plain_optuna_study_is_never_removed(url: str) -> None:
     with StudyStore(url) as store:
         optuna.create_study(study_name="plain", storage=store.optuna_storage)
         with pytest.raises(StorageError, match="'plain' .*was not created by evotuner"):
-            ensure_study(store, "plain", lambda: _create(store, "plain"), wait_s=0.2)
+            ensure_study(store, "plain", lambda r: _create(store, "plain", PROBLEM, r), wait_s=0.2)
         assert _optuna_names(store) == ["plain"]
         assert not store.list_studies()
+
+
+def test_of_two_processes_taking_over_one_creation_one_wins_and_the_other_joins(url: str) -> None:
+    _killed_while_creating(url, "w", "after")
+    with StudyStore(url) as a, StudyStore(url) as b:
+        stamp = a.creation_under_way("w")
+        assert stamp is not None and b.creation_under_way("w") == stamp
+        _create(a, "w", OTHER, stamp)
+        with pytest.raises(StorageError, match="moved on"):
+            _create(b, "w", PROBLEM, stamp)
+        assert b.study_info("w").problem == OTHER and _optuna_names(b) == ["w"]
+        assert ensure_study(b, "w", lambda r: _create(b, "w", PROBLEM, r), wait_s=0.3) is False   # b joins
+
+
+def test_a_second_wait_for_the_same_creation_does_not_start_over(url: str) -> None:
+    from evotuner.storage.start import Abandoned
+
+    _killed_while_creating(url, "w", "before")
+    with StudyStore(url) as store:
+        import time
+
+        t0 = time.monotonic()
+        first = await_study(store, "w", wait_s=0.5)
+        again = await_study(store, "w", wait_s=0.5)
+        assert isinstance(first, Abandoned) and again == first and time.monotonic() - t0 < 1.0
