@@ -10,6 +10,7 @@ it. It tells nothing itself and catches nothing: an exception is the loop's to t
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -25,6 +26,10 @@ from evotuner.problem import Problem
 from evotuner.startup import DeviceStart
 from evotuner.tally import Stopwatch, Tally
 from evotuner.vocabulary import DEVICE_ATTR, MEASURED_ATTRS, STOPPED_ATTR, measure_failure_reason
+
+#: Failures of a paired race's timing that the incumbent timed beside the config may have
+#: caused (the correctness checks run before the timing, on the config alone).
+PAIRED_FAULTS = frozenset({"illegal_access", "timeout", "crash"})
 
 #: (state, value, reason, attrs): what a trial is told.
 Verdict = tuple[str, float | None, str | None, dict[str, Any]]
@@ -67,6 +72,8 @@ class Judge:
         self.stopped = 0                     # of them, stopped early by racing
         #: (median µs, artifact) of this run's fastest measurement: a paired race's incumbent
         self.fastest: tuple[float, Any] | None = None
+        #: artifact keys a paired race failed beside: never paired with again
+        self.unpairable: set[str] = set()
 
     def __call__(self, number: int, config: KernelConfig, future: Any) -> Verdict | None:
         """Trial ``number``'s verdict on ``config``, built by ``future``; None when the config is
@@ -110,8 +117,16 @@ class Judge:
         t = time.perf_counter()
         outcome = submitted.pending.result()
         self.measured += 1
-        t = lap("measure", t)
         number, config, race = submitted.number, submitted.config, submitted.race
+        if race is not None and race.paired and isinstance(outcome, MeasureFailure) \
+                and outcome.kind in PAIRED_FAULTS:
+            # A fault in the timing may be the incumbent's (a sticky error surfaces at a
+            # synchronize, a hang at the timeout): time the config alone, and pair with that
+            # incumbent no more.
+            self.unpairable.add(str(race.incumbent_artifact.get("key")))
+            race = dataclasses.replace(race, incumbent_artifact=None)
+            outcome = self.measure.measure(submitted.artifact, self.problem, race=race)
+        t = lap("measure", t)
         if not self.coordinator.holds(config):
             return None                  # taken over while it was built or timed: its new owner records it
         self.store.record_measurement(self.study, number, config, outcome)
@@ -144,5 +159,8 @@ class Judge:
         incumbent = self.tally.incumbent(self.device.model)
         if incumbent is None:
             return None
-        pair = artifact_wire(self.fastest[1]) if self.racing.paired_margin is not None and self.fastest else None
+        pair = None
+        if self.racing.paired_margin is not None and self.fastest is not None \
+                and self.fastest[1].key not in self.unpairable:
+            pair = artifact_wire(self.fastest[1])
         return Race(incumbent, self.racing, pair)

@@ -26,15 +26,21 @@ PAIRED = dataclasses.replace(DEFAULT_RULE, paired_margin=PAIRED_MARGIN)
 # -- the rule ------------------------------------------------------------------------------
 
 def _drifting(n: int, rng: random.Random, slower: float, noise: float = 0.01) -> tuple[list[float], list[float]]:
-    """(config, incumbent) repetitions timed alternately while the clock drifts: both share
-    a slow swing of +-10% and a step of 8% halfway (the H100's windows moved that much),
-    each repetition its own noise."""
+    """(config, incumbent) repetitions timed alternately (I C, C I, I C, ... as time_cuda
+    orders them) while the clock drifts at every repetition: a slow swing of +-10% and a step
+    of 8% at a random repetition, inside a pair as often as between two (the H100's windows
+    moved that much); each repetition its own noise."""
     phase = rng.uniform(0, 2 * math.pi)
+    step_at = rng.randrange(2 * n)
+
+    def level(slot: int) -> float:
+        return (1.0 + 0.10 * math.sin(phase + slot / 18.0)) * (1.08 if slot >= step_at else 1.0)
+
     config, incumbent = [], []
     for j in range(n):
-        drift = (1.0 + 0.10 * math.sin(phase + j / 9.0)) * (1.08 if j >= n // 2 else 1.0)
-        config.append(1000.0 * slower * drift * (1.0 + rng.gauss(0.0, noise)))
-        incumbent.append(1000.0 * drift * (1.0 + rng.gauss(0.0, noise)))
+        inc_slot, cfg_slot = (2 * j, 2 * j + 1) if j % 2 == 0 else (2 * j + 1, 2 * j)
+        config.append(1000.0 * slower * level(cfg_slot) * (1.0 + rng.gauss(0.0, noise)))
+        incumbent.append(1000.0 * level(inc_slot) * (1.0 + rng.gauss(0.0, noise)))
     return config, incumbent
 
 
@@ -50,12 +56,13 @@ def test_the_paired_rule_sees_through_drift_that_hides_a_slower_config_from_the_
 
 
 def test_the_paired_rule_never_stops_a_config_within_its_margin_however_the_clock_drifts():
+    """The paired rule alone: this drift (up to +19%) is past the unpaired rule's 15% margin,
+    which is the GPU's measured drift, so that rule may stop such configs here."""
     rng = random.Random(1)
     for slower in (0.95, 1.0, 1.01, 1.02):
         for _ in range(300):
             config, incumbent = _drifting(64, rng, slower=slower)
-            race = Race(1000.0, PAIRED)
-            assert not any(race.stops(config[:n], incumbent[:n]) for n in race.rule.looks() if n <= 64)
+            assert not any(PAIRED.stops_paired(config[:n], incumbent[:n]) for n in PAIRED.looks() if n <= 64)
 
 
 def test_a_rule_that_does_not_pair_ignores_the_incumbents_repetitions():
@@ -113,6 +120,33 @@ def test_time_cuda_alternates_with_the_incumbent_up_to_the_paired_reps_then_time
     assert order[:6] == ["i", "c", "c", "i", "i", "c"]                  # which goes first alternates
     assert order.count("i") == 64 and order[128:] == ["c"] * (200 - 64)   # alone after the paired reps
     assert t.median_us == pytest.approx(100.0) and t.pair_samples_us == pytest.approx([100.0] * 64)
+
+
+def test_a_contenders_figures_come_from_its_repetitions_timed_alone(monkeypatch):
+    timing, cuda, _ = _fake_timing(monkeypatch, [])
+    order: list[str] = []
+
+    def config():         # reads slower beside the incumbent: the figures must not
+        cuda.now_ms += (0.150 if "i" in order[-2:] else 0.100)
+        order.append("c")
+
+    def incumbent():
+        order.append("i")
+        cuda.now_ms += 0.100
+
+    t = timing.time_cuda(config, warmup=0, reps=200, flush_l2=False, looks=PAIRED.looks(), stop=lambda a, b: False,
+                         pair=incumbent, pair_reps=64)
+    assert t.median_us == pytest.approx(100.0) and t.p80_us == pytest.approx(100.0)
+    assert sorted(t.samples_us)[-1] == pytest.approx(150.0) and t.repetitions == 200
+
+
+def test_a_budget_below_the_first_look_pairs_nothing(monkeypatch):
+    timing, cuda, _ = _fake_timing(monkeypatch, [])
+    order: list[str] = []
+    config, incumbent = _pair_kernels(cuda, order, 100.0, 100.0)
+    t = timing.time_cuda(config, warmup=0, reps=12, flush_l2=False, looks=PAIRED.looks(), stop=lambda a, b: False,
+                         pair=incumbent, pair_reps=64)
+    assert t.repetitions == 12 and "i" not in order and t.pair_samples_us == ()
 
 
 def test_time_cuda_stops_a_paired_config_that_is_clearly_slower(monkeypatch):
@@ -235,3 +269,31 @@ def test_full_timing_and_paired_race_together_are_refused_in_one_line(capsys, mo
                              "--storage", f"sqlite:///{tmp_path / 'c.db'}")
         assert_one_line_error(code, out, err, "--full-timing", "--paired-race", "drop one")
     assert not (tmp_path / "c.db").exists()
+
+
+def test_a_fault_in_a_paired_race_retimes_the_config_alone_and_drops_that_incumbent(store, space, builder):
+    from evotuner.measure import MeasureFailure
+
+    class FaultsBesideTheIncumbent(RacingScaffold):
+        """A sticky error whenever the incumbent is timed beside the config (the worker
+        cannot tell whose it was)."""
+
+        def measure(self, artifact, problem, race=None):
+            if race is not None and race.paired:
+                self.races_seen.append(race)
+                return MeasureFailure("illegal_access", "an illegal memory access was encountered")
+            return super().measure(artifact, problem, race)
+
+    _study(store, space, builder)
+    measure = FaultsBesideTheIncumbent()
+    _run(store, space, builder, measure, 3, racing=PAIRED)
+    trials = store.summary("r").trials
+    assert [t.state for t in trials] == ["COMPLETE"] * 3                  # no config failed for it
+    paired = [r for r in measure.races_seen if r is not None and r.paired]
+    assert paired, "no race was paired"
+    keys = [r.incumbent_artifact["key"] for r in paired]
+    assert len(keys) == len(set(keys))                                     # each incumbent failed beside once
+    for i, race in enumerate(measure.races_seen):
+        if race is not None and race.paired:                               # then the same config, alone
+            again = measure.races_seen[i + 1]
+            assert again is not None and not again.paired and again.incumbent_us == race.incumbent_us

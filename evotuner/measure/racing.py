@@ -34,11 +34,13 @@ until the GPU shows it keeps every winner): the request also carries the incumbe
 artifact; the worker loads it beside the config and, up to ``paired_reps`` repetitions,
 times the two alternately, repetition by repetition, in the same window. The ratio of
 each adjacent pair (config / incumbent) cancels the drift both saw, so its median's
-order-statistic lower bound (same level as above) may be held against a far smaller
-margin: the config stops once that bound exceeds ``1 + paired_margin``. The unpaired rule
-stays in force beside it. Why: a config 3-15% slower than the best cannot be told from
-drift by the unpaired rule and gets the full budget, and those are most of a guided
-study's configs (docs/measurement.md).
+order-statistic lower bound (the same ``alpha / len(LOOKS)`` per look) may be held against
+a far smaller margin: the config stops once that bound exceeds ``1 + paired_margin``. The
+unpaired rule stays in force beside it, so the chance of ever stopping a config within
+both margins is at most ``alpha`` plus ``alpha / 8`` for each paired look (16, 32, 64:
+``1.375 * alpha``). Why: a config 3-15% slower than the best cannot be told from drift by
+the unpaired rule and gets the full budget, and those are most of a guided study's configs
+(docs/measurement.md).
 
 Pure Python, no torch: the loop, the worker and the tests share it.
 """

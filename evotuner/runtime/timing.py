@@ -95,8 +95,11 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
     ending at or below ``pair_reps`` alternate with repetitions of ``pair`` (which one goes
     first alternates too), each with its own flush, lead and events, so both are timed at
     the same clocks; ``stop`` is then called as ``stop(samples, pair_samples)``, and the
-    repetitions past ``pair_reps`` run alone. ``pair`` is warmed up beside ``fn``.
-    ``Timing.pair_samples_us`` holds ``pair``'s; the median and percentiles are the config's own.
+    repetitions past ``pair_reps`` run alone. Only chunks a look follows are paired (a
+    budget of fewer repetitions than the first look pairs none). ``pair`` is warmed up beside
+    ``fn``. ``Timing.pair_samples_us`` holds ``pair``'s; the median and percentiles are the
+    config's own, over its repetitions timed alone where those are at least half of them
+    (``samples_us`` keeps all).
 
     ``lead=False`` queues the host lead only before the first repetition of each chunk
     (the queue is empty after a synchronize), for experiments: on the H100 it made a 1 ms
@@ -141,7 +144,7 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
         stopped = False
         done = 0
         for end in ends_at:
-            paired = pair is not None and end <= pair_reps
+            paired = pair is not None and end <= pair_reps and end < reps   # only chunks a look follows
             own: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
             theirs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
             for j in range(end - done):
@@ -159,7 +162,10 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
             if end < reps and stop is not None and (stop(samples, pair_samples) if pair is not None else stop(samples)):
                 stopped = True
                 break
-    ordered = sorted(samples)
+    # A config timed on alone after the paired chunks: its figures from those repetitions,
+    # timed as every unpaired config's are (alternating kernels may run at other clocks).
+    alone = samples[len(pair_samples):]
+    ordered = sorted(alone if pair_samples and len(alone) >= max(min_reps, len(samples) // 2) else samples)
     return Timing(median_us=_quantile(ordered, 0.5), p20_us=_quantile(ordered, 0.2), p80_us=_quantile(ordered, 0.8),
                   repetitions=len(samples), samples_us=tuple(samples), planned_repetitions=reps,
                   stopped_early=stopped, pair_samples_us=tuple(pair_samples))
