@@ -71,6 +71,8 @@ except ImportError:  # pragma: no cover - depends on the typer version
 
 
 DEBUG_ENV = "EVOTUNER_DEBUG"
+#: What turns $EVOTUNER_DEBUG off, as unset does (``EVOTUNER_DEBUG=0`` must not show tracebacks).
+_OFF = ("", "0", "false", "no", "off")
 NO_GPU = session.NO_GPU
 
 #: Trials ``resume`` adds when --trials is not given.
@@ -436,7 +438,7 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
         _never_raise(stream)
     consoles.out = Console(file=sys.stdout)
     consoles.err = Console(file=sys.stderr)
-    debug = bool(os.environ.get(DEBUG_ENV))
+    debug = os.environ.get(DEBUG_ENV, "").strip().lower() not in _OFF
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # the CLI reports progress itself

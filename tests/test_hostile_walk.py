@@ -1,0 +1,73 @@
+"""A second hostile walk of the CLI (after tests/test_hardening_walk.py): junk in the
+environment, damaged and foreign databases, failing commands that must leave nothing
+behind, options without a bound, and signals.
+
+Studies come from the synthetic replay sweep (no GPU, no nvcc); the CLI runs in-process
+through its error boundary unless a test needs a real process.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli_helpers import assert_one_line_error, run, scaffold_env
+
+REPO = Path(__file__).resolve().parents[1]
+SWEEP = REPO / "tests" / "data" / "replay" / "synthetic_d64.csv"
+SHAPE = "B=16,H=16,S=2048,D=64"
+
+
+@pytest.fixture
+def cli_env(monkeypatch, tmp_path, build_cache_dir):
+    scaffold_env(monkeypatch, build_cache_dir, tmp_path)
+    monkeypatch.setenv("COLUMNS", "80")
+    return tmp_path
+
+
+def _sweep_copy(dest: Path) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    csv = dest / SWEEP.name
+    shutil.copy(SWEEP, csv)
+    shutil.copy(SWEEP.with_name(SWEEP.name + ".json"), dest / (SWEEP.name + ".json"))
+    return csv
+
+
+def _replayed(capsys, where: Path, study: str = "s", trials: int = 4) -> Path:
+    csv = _sweep_copy(where / "sweep")
+    code, out, err = run(capsys, "search", "--study", study, "--shape", SHAPE, "--trials", trials, "--replay", csv)
+    assert code == 0, err
+    return csv
+
+
+def _child_env(cache: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVOTUNER_") and k not in ("COLUMNS", "LINES")}
+    env.update(EVOTUNER_CACHE_DIR=str(cache), **extra)
+    return env
+
+
+def _cli(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "evotuner.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+# -- the environment ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["0", "", "false", "no", "off", " OFF "])
+def test_evotuner_debug_set_to_a_false_value_keeps_errors_one_line(tmp_path, build_cache_dir, value):
+    result = _cli(["show", "--study", "s"], tmp_path, _child_env(build_cache_dir, EVOTUNER_DEBUG=value))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: no study database"), \
+        result.stderr
+
+
+def test_evotuner_debug_1_still_shows_the_traceback(tmp_path, build_cache_dir):
+    result = _cli(["show", "--study", "s"], tmp_path, _child_env(build_cache_dir, EVOTUNER_DEBUG="1"))
+    assert "Traceback" in result.stderr
