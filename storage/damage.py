@@ -7,8 +7,11 @@ TypeError that says nothing about where. When a read fails that way, :func:`loca
 reads every table evotuner and Optuna keep, *raw* (no type conversion), and checks each
 cell as its column's type would convert it; the first one that does not convert is the
 damage, and :func:`damaged` is the one-line :class:`StorageError` naming the table, the
-row, the column and what it holds, with the remedy. Where no cell is damaged the
-original exception stands (it is a bug, and the CLI reports it as one).
+row, the column and what it holds, with the remedy. A cell Optuna cannot do without may
+also be empty (a NULL parameter value, a NULL value its value type calls finite), and a row
+may name a row that is gone (``evotuner_studies.optuna_study_id`` pointing past Optuna's
+``studies``); :func:`locate` names those too. Where nothing is damaged the original
+exception stands (it is a bug, and the CLI reports it as one).
 """
 
 from __future__ import annotations
@@ -23,8 +26,18 @@ from sqlalchemy.engine import Connection
 
 from evotuner.errors import StorageError
 
-#: What a read of damaged rows raises inside SQLAlchemy, Optuna or evotuner's decoders.
-DECODE_ERRORS = (ValueError, LookupError, TypeError, OverflowError)
+#: What a read of damaged rows raises inside SQLAlchemy, Optuna or evotuner's decoders (Optuna
+#: asserts a value's type against the value: a NULL "finite" value is an AssertionError).
+DECODE_ERRORS = (ValueError, LookupError, TypeError, OverflowError, AssertionError)
+#: Cells Optuna's models let be NULL but cannot read back empty.
+REQUIRED = frozenset({("trial_params", "param_value")})
+#: Optuna's value tables: (value column, type column); ±inf and NaN are stored as NULL with
+#: their type, so a NULL value must say so and a number must be FINITE.
+TYPED_VALUES = {"trial_values": ("value", "value_type"),
+                "trial_intermediate_values": ("intermediate_value", "intermediate_value_type")}
+#: References no foreign key declares: (table, column) -> (table, column, value that names
+#: nothing on purpose). evotuner_studies.optuna_study_id is 0 while a creation is under way.
+REFERENCES = {("evotuner_studies", "optuna_study_id"): ("studies", "study_id", 0)}
 #: The remedy of every damage error.
 REMEDY = ("the database was damaged or edited by hand: restore it from a copy, or fix or delete "
           "that row (e.g. with the sqlite3 shell)")
@@ -46,7 +59,7 @@ class Damage:
 
 def damaged(where: str, table: str, row: Any, column: str, value: Any, why: str) -> StorageError:
     """The one-line error for a cell that cannot be read."""
-    shown = repr(value)
+    shown = "NULL" if value is None else repr(value)
     if len(shown) > 60:
         shown = shown[:57] + "..."
     return StorageError(f"database {where} is damaged: table {table}, row {row}, column {column} holds {shown} "
@@ -92,21 +105,55 @@ def check_cell(column: Any, value: Any, dialect: Any) -> str | None:
     return None
 
 
+def check_row(table: Table, cells: dict[str, Any]) -> tuple[str, str] | None:
+    """(column, why) of an empty cell the row cannot do without, or None."""
+    for column in table.columns:
+        if cells[column.name] is None and (not column.nullable or (table.name, column.name) in REQUIRED):
+            return column.name, "a value is needed"
+    if table.name in TYPED_VALUES:
+        value, kind = TYPED_VALUES[table.name]
+        if cells[kind] == "FINITE" and cells[value] is None:
+            return value, f"no number though {kind} is FINITE"
+        if cells[kind] not in (None, "FINITE") and cells[value] is not None:
+            return value, f"a number though {kind} is {cells[kind]} (whose value is kept empty)"
+    return None
+
+
 def locate(conn: Connection, tables: Iterable[Table]) -> Damage | None:
-    """The first cell of ``tables`` (those that exist) that does not read as its column's type."""
+    """The first cell of ``tables`` (those that exist) that does not read as its column's type,
+    else the first empty cell a row needs, else the first reference to a row that is gone."""
     from sqlalchemy import inspect
 
     present = set(inspect(conn).get_table_names())
+    tables = [t for t in tables if t.name in present]
     for table in tables:
-        if table.name not in present:
-            continue
         key = next(iter(table.primary_key.columns), None)
         raw = conn.execute(select(*(text(f'"{c.name}"') for c in table.columns)).select_from(text(f'"{table.name}"')))
         for values in raw:
             cells = dict(zip((c.name for c in table.columns), values))
-            for column in table.columns:
-                why = check_cell(column, cells[column.name], conn.dialect)
-                if why is not None:
-                    return Damage(table.name, cells[key.name] if key is not None else "?", column.name,
-                                  cells[column.name], why)
+            found = [(c.name, why) for c in table.columns if (why := check_cell(c, cells[c.name], conn.dialect))]
+            found = found or [w for w in [check_row(table, cells)] if w is not None]
+            if found:
+                column, why = found[0]
+                return Damage(table.name, cells[key.name] if key is not None else "?", column, cells[column], why)
+    return _dangling(conn, tables, present)
+
+
+def _dangling(conn: Connection, tables: list[Table], present: set[str]) -> Damage | None:
+    """The first cell naming a row of another table (a foreign key, or :data:`REFERENCES`) that is not there."""
+    for table in tables:
+        key = next(iter(table.primary_key.columns), None)
+        for column in table.columns:
+            targets = [(*fk.target_fullname.rsplit(".", 1), None) for fk in column.foreign_keys]
+            targets += [REFERENCES[(table.name, column.name)]] if (table.name, column.name) in REFERENCES else []
+            for target, target_column, exempt in targets:
+                if target not in present or key is None:
+                    continue
+                spare = f' AND "{column.name}" != {int(exempt)}' if exempt is not None else ""
+                row = conn.execute(text(
+                    f'SELECT "{key.name}", "{column.name}" FROM "{table.name}" WHERE "{column.name}" IS NOT NULL'
+                    f'{spare} AND "{column.name}" NOT IN (SELECT "{target_column}" FROM "{target}") LIMIT 1')).first()
+                if row is not None:
+                    return Damage(table.name, row[0], column.name, row[1],
+                                  f"no row of table {target} has {target_column} {row[1]!r}")
     return None

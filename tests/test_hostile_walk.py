@@ -71,3 +71,25 @@ def test_evotuner_debug_set_to_a_false_value_keeps_errors_one_line(tmp_path, bui
 def test_evotuner_debug_1_still_shows_the_traceback(tmp_path, build_cache_dir):
     result = _cli(["show", "--study", "s"], tmp_path, _child_env(build_cache_dir, EVOTUNER_DEBUG="1"))
     assert "Traceback" in result.stderr
+
+
+# -- damaged databases: one line naming the row, never "unexpected" ---------------------------------------
+
+
+@pytest.mark.parametrize("sql, says", [
+    ("UPDATE trial_params SET param_value = NULL WHERE param_id = 2", ("trial_params", "row 2", "param_value")),
+    ("UPDATE trial_values SET value = NULL", ("trial_values", "value", "FINITE")),
+    ("UPDATE trial_values SET value_type = 'INF_POS'", ("trial_values", "value", "INF_POS")),
+    ("PRAGMA foreign_keys = OFF; DELETE FROM studies", ("evotuner_studies", "optuna_study_id", "studies")),
+])
+def test_damage_that_reads_as_null_or_a_lost_row_is_one_line_naming_it(capsys, cli_env, sql, says):
+    csv = _replayed(capsys, cli_env)
+    conn = sqlite3.connect(cli_env / "evotuner.db")
+    conn.executescript(sql)
+    conn.commit()
+    conn.close()
+    for argv in (["show", "--study", "s"], ["export", "--study", "s", "-o", cli_env / "h.h"],
+                 ["resume", "--study", "s", "--trials", 6, "--replay", csv]):
+        code, out, err = run(capsys, *argv)
+        assert_one_line_error(code, out, err, "damaged", "restore it from a copy", *says)
+        assert "unexpected" not in err
