@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from optuna.exceptions import StorageInternalError
 from optuna.storages import RDBStorage
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -122,6 +122,7 @@ class StoreOpening:
                 )
 
     def _open_optuna_read_only(self) -> None:
+        self._refuse_studyless()
         try:
             self._optuna = RDBStorage(
                 readonly_url(self._url).render_as_string(hide_password=False),
@@ -133,6 +134,23 @@ class StoreOpening:
                                "install the optuna version that wrote it") from None
         except SQLAlchemyError as exc:
             raise _connect.translate(exc, self._url, "reading the study") from None
+
+    def _refuse_studyless(self) -> None:
+        """Read-only: a database without evotuner's study table (an empty file, an Optuna-only
+        database) holds no evotuner study; say so, rather than fail reading tables not there."""
+        try:
+            with self._engine.connect() as conn:
+                tables = {t for t in inspect(conn).get_table_names() if not t.startswith("sqlite_")}
+        except SQLAlchemyError as exc:
+            raise _connect.translate(exc, self._url, "reading the study") from None
+        if schema.studies.name in tables and "version_info" in tables:
+            return
+        remedy = "run `evotuner search` first, or point --storage / $EVOTUNER_STORAGE at the study database"
+        if not tables:
+            raise StorageError(f"database {self._where} is empty: it holds no study", remedy)
+        raise StorageError(f"database {self._where} holds no evotuner study (it has no "
+                           f"{schema.studies.name if schema.studies.name not in tables else 'version_info'} table)",
+                           remedy)
 
     @property
     def url(self) -> str:
@@ -184,7 +202,8 @@ class StoreOpening:
                 s.commit()
         except SQLAlchemyError as exc:
             s.rollback()
-            raise _connect.translate(exc, self._url, "writing the study") from exc
+            doing = "reading the study" if self.read_only else "writing the study"
+            raise _connect.translate(exc, self._url, doing) from exc
         except BaseException:
             s.rollback()
             raise

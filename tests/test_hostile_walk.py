@@ -93,3 +93,27 @@ def test_damage_that_reads_as_null_or_a_lost_row_is_one_line_naming_it(capsys, c
         code, out, err = run(capsys, *argv)
         assert_one_line_error(code, out, err, "damaged", "restore it from a copy", *says)
         assert "unexpected" not in err
+
+
+def _optuna_only(path: Path) -> None:
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    optuna.create_study(study_name="s", storage=f"sqlite:///{path}")
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda p: p.write_bytes(b""), "is empty: it holds no study"),
+    (_optuna_only, "holds no evotuner study"),
+])
+def test_reading_an_empty_or_optuna_only_database_is_one_line_and_leaves_it_as_found(capsys, cli_env, make, says):
+    db = cli_env / "x.db"
+    make(db)
+    before = db.read_bytes()
+    for argv in (["show", "--study", "s"], ["show", "--study", "s", "--json"], ["export", "--study", "s", "-o", "h.h"],
+                 ["report", "--study", "s", "-o", "rep"]):
+        code, out, err = run(capsys, *argv, "--storage", "sqlite:///x.db")
+        assert_one_line_error(code, out, err, says, str(db))
+        assert "unexpected" not in err and "writing" not in err
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in cli_env.iterdir()) == ["x.db"]
