@@ -24,6 +24,7 @@ errors); anything unexpected becomes one line too, with a pointer to
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from contextlib import ExitStack
@@ -442,6 +443,9 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # the CLI reports progress itself
+    # Optuna's storage warns (several lines, SQL and all) before retrying a failed read a
+    # slower way; what then fails is the CLI's one line, what then works needs no warning.
+    logging.getLogger("optuna.storages._rdb.storage").setLevel(logging.ERROR)
     with stopping.signals_stop():
         return _main(argv, debug)
 

@@ -131,8 +131,10 @@ def draw_history(plt: Any, summary: Any, title: str, path: Any) -> HistoryFacts:
     ax.set_ylabel("median latency (µs, lower is better)")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    # the legend beside the plot, never over its points (bbox_inches="tight" makes room for it)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    # the legend beside the plot, never over its points (bbox_inches="tight" makes room for it);
+    # none where nothing is labelled (no COMPLETE trial, no baseline on the scale)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.savefig(path, format="png", dpi=110, bbox_inches="tight")
     plt.close(fig)
     return HistoryFacts(ylim=facts_ylim, above_axis=above, off_scale_baselines=off_scale,

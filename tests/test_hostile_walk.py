@@ -117,3 +117,31 @@ def test_reading_an_empty_or_optuna_only_database_is_one_line_and_leaves_it_as_f
         assert "unexpected" not in err and "writing" not in err
     assert db.read_bytes() == before
     assert sorted(p.name for p in cli_env.iterdir()) == ["x.db"]
+
+
+def test_a_missing_optuna_table_is_one_line_without_optunas_fallback_warning(capsys, cli_env):
+    _replayed(capsys, cli_env)
+    conn = sqlite3.connect(cli_env / "evotuner.db")
+    conn.execute("DROP TABLE trial_values")
+    conn.commit()
+    conn.close()
+    result = _cli(["show", "--study", "s"], cli_env, _child_env(cli_env / "cache"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and "trial_values" in lines[0]
+
+
+def test_report_of_a_study_without_a_complete_trial_prints_no_matplotlib_warning(capsys, cli_env):
+    pytest.importorskip("matplotlib")
+    _replayed(capsys, cli_env, trials=2)
+    conn = sqlite3.connect(cli_env / "evotuner.db")
+    conn.execute("UPDATE trials SET state = 'PRUNED'")
+    conn.commit()
+    conn.close()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")        # matplotlib's "No artists with labels" is a failure
+        code, out, err = run(capsys, "report", "--study", "s", "-o", cli_env / "rep")
+    assert code == 0 and err == "", err
+    assert (cli_env / "rep" / "history.png").is_file()
