@@ -57,6 +57,9 @@ def make_report(store: StudyStore, study_name: str, output_dir: str | Path) -> R
     """Like :func:`write_report`, also saying which plots were left out and why."""
     plt = _pyplot()
     out = Path(output_dir)
+    summary = store.summary(study_name)        # a study not found creates no folder
+    if out.exists() and not out.is_dir():
+        raise ReportError(f"--output {out} is a file, not a folder", "pass a folder (created if missing)")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -65,7 +68,6 @@ def make_report(store: StudyStore, study_name: str, output_dir: str | Path) -> R
     protect = store.database_files()
     for name in REPORT_FILES:                  # refuse a link or the database before drawing anything
         check_target(out / name, protect=protect)
-    summary = store.summary(study_name)
     files: list[Path] = []
     skipped: dict[str, str] = {}
     complete = [t for t in summary.trials if t.state == "COMPLETE" and t.value is not None]

@@ -145,3 +145,23 @@ def test_report_of_a_study_without_a_complete_trial_prints_no_matplotlib_warning
         code, out, err = run(capsys, "report", "--study", "s", "-o", cli_env / "rep")
     assert code == 0 and err == "", err
     assert (cli_env / "rep" / "history.png").is_file()
+
+
+# -- a failing command leaves nothing behind ---------------------------------------------------------------
+
+
+def test_report_of_a_missing_study_creates_no_folder(capsys, cli_env):
+    pytest.importorskip("matplotlib")
+    _replayed(capsys, cli_env)
+    code, out, err = run(capsys, "report", "--study", "nope", "-o", cli_env / "rep" / "deeper")
+    assert_one_line_error(code, out, err, "'nope' not found")
+    assert not (cli_env / "rep").exists()
+
+
+def test_report_into_a_file_says_it_is_a_file(capsys, cli_env):
+    pytest.importorskip("matplotlib")
+    _replayed(capsys, cli_env)
+    (cli_env / "notes.txt").write_text("keep\n")
+    code, out, err = run(capsys, "report", "--study", "s", "-o", cli_env / "notes.txt")
+    assert_one_line_error(code, out, err, "notes.txt", "is a file, not a folder")
+    assert (cli_env / "notes.txt").read_text() == "keep\n"
