@@ -17,6 +17,7 @@ exit without reaping it), so the group id cannot have been reused by then.
 
 from __future__ import annotations
 
+import math
 import os
 import selectors
 import signal
@@ -51,7 +52,12 @@ def start(argv: Sequence[str], *, cwd: Path | str | None = None) -> subprocess.P
 
 def collect(proc: subprocess.Popen[bytes], timeout_s: float) -> ChildOutcome:
     """Read ``proc``'s output until it exits (plus :data:`EXIT_GRACE_S`) or ``timeout_s`` passes;
-    then kill its process group and reap it. An exception (Ctrl-C) kills the group too."""
+    then kill its process group and reap it. An exception (Ctrl-C) kills the group too.
+    ``timeout_s`` must be finite and above 0 (ValueError, the child killed): no child runs unbounded."""
+    if not 0 < timeout_s < math.inf:           # nan fails this too
+        kill_group(proc)
+        _reap(proc)
+        raise ValueError(f"timeout_s must be a finite number of seconds above 0, not {timeout_s!r}")
     started = time.monotonic()
     deadline = started + timeout_s
     kept = bytearray()

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from evotuner import columns
 from evotuner.cli_options import (
-    CausalOpt, DiagSpaceOpt, DtypeOpt, StorageOpt, consoles, one_line, open_store, app,
+    CausalOpt, DiagSpaceOpt, DtypeOpt, StorageOpt, ToolTimeoutOpt, consoles, one_line, open_store, app,
 )
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StudyMismatchError
@@ -28,7 +28,6 @@ OptShapeOpt = Annotated[Optional[str], typer.Option(
                     "(check needs only D; profile runs at the whole shape).")]
 ToolsOpt = Annotated[Optional[str], typer.Option(
     "--tools", help="compute-sanitizer tools, comma-separated [default: memcheck,racecheck,synccheck,initcheck].")]
-TimeoutOpt = Annotated[float, typer.Option("--timeout", min=10.0, help="Seconds one tool run may take (then it is killed).")]
 SdpaOpt = Annotated[bool, typer.Option("--sdpa/--no-sdpa", help="Also profile SDPA's default backend at the shape.")]
 
 
@@ -47,9 +46,7 @@ def _select(store_url: str | None, study: str | None, top: int, config: str | No
     from evotuner.space import parse_space
 
     if study is None:
-        if config is None or shape is None:
-            raise EvotunerError("name --study S (its best configs), or --config C with --shape B=..,H=..,S=..,D=..",
-                                "e.g. `evotuner check --study d64 --top 3`")
+        _need_target(study, config, shape)
         problem = Problem(Shape.parse(shape, require=require), dtype=dtype, causal=causal)
         cfg = KernelConfig.parse(config)
         # --space: a file or a packaged space's name; none: the space of the family the config names
@@ -80,6 +77,13 @@ def _select(store_url: str | None, study: str | None, top: int, config: str | No
     return _Selection(problem, space, picks, study)
 
 
+def _need_target(study: str | None, config: str | None, shape: str | None) -> None:
+    """What to run: a study, or a config with its shape (checked before any tool is looked up)."""
+    if study is None and (config is None or shape is None):
+        raise EvotunerError("name --study S (its best configs), or --config C with --shape B=..,H=..,S=..,D=..",
+                            "e.g. `evotuner check --study d64 --top 3`")
+
+
 def check(
     study: OptStudyOpt = None,
     top: DiagTopOpt = 3,
@@ -88,7 +92,7 @@ def check(
     dtype: DtypeOpt = "fp16",
     causal: CausalOpt = False,
     tools: ToolsOpt = None,
-    timeout: TimeoutOpt = 600.0,
+    timeout: ToolTimeoutOpt = 600.0,
     space: DiagSpaceOpt = None,
     storage: StorageOpt = None,
 ) -> None:
@@ -103,6 +107,7 @@ def check(
     from evotuner.tools import sanitizer
 
     wanted = diagnose.parse_tools(tools)
+    _need_target(study, config, shape)
     exe = sanitizer.executable()                 # ToolMissingError: one line naming compute-sanitizer
     diagnose.require_gpu("check")                # NoGpuError: one line
     sel = _select(storage, study, top, config, shape, dtype, causal, space)
@@ -145,7 +150,7 @@ def profile(
     dtype: DtypeOpt = "fp16",
     causal: CausalOpt = False,
     sdpa: SdpaOpt = True,
-    timeout: TimeoutOpt = 600.0,
+    timeout: ToolTimeoutOpt = 600.0,
     space: DiagSpaceOpt = None,
     storage: StorageOpt = None,
 ) -> None:
@@ -156,6 +161,7 @@ def profile(
     from evotuner.storage import diagnostics
     from evotuner.tools import ncu
 
+    _need_target(study, config, shape)
     exe = ncu.executable()                       # ToolMissingError: one line naming ncu
     diagnose.require_gpu("profile")
     sel = _select(storage, study, top, config, shape, dtype, causal, space, require=("B", "H", "S", "D"))

@@ -53,6 +53,8 @@ def _finite(lo: float, hi: float) -> Any:
 #: The longest --stale-after (a day) and --budget (an hour) accepted.
 MAX_STALE_AFTER_S = 86400.0
 MAX_BUDGET_S = 3600.0
+#: The longest --timeout of check/profile (a day): every tool run is killed by some deadline.
+MAX_TOOL_TIMEOUT_S = 86400.0
 
 
 def _study_name(ctx: typer.Context, param: Any, value: Any) -> Any:
@@ -165,6 +167,9 @@ BudgetOpt = Annotated[
     typer.Option("--budget", min=0.05, callback=_finite(0.05, MAX_BUDGET_S), help="Timing budget per config and per SDPA backend, seconds "
                                             "[default: the measure stage's, 0.5]."),
 ]
+ToolTimeoutOpt = Annotated[float, typer.Option(
+    "--timeout", min=10.0, callback=_finite(10.0, MAX_TOOL_TIMEOUT_S),
+    help="Seconds one tool run may take (then it is killed), at most a day.")]
 RequireCheckedOpt = Annotated[
     bool, typer.Option("--require-checked", help="Refuse (write nothing) unless every row passed `evotuner check`."),
 ]

@@ -165,3 +165,31 @@ def test_report_into_a_file_says_it_is_a_file(capsys, cli_env):
     code, out, err = run(capsys, "report", "--study", "s", "-o", cli_env / "notes.txt")
     assert_one_line_error(code, out, err, "notes.txt", "is a file, not a folder")
     assert (cli_env / "notes.txt").read_text() == "keep\n"
+
+
+# -- every child process has a deadline ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["check", "profile"])
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan", "100000"])
+def test_a_tool_timeout_without_a_bound_is_a_usage_error(capsys, cli_env, command, value):
+    code, out, err = run(capsys, command, "--study", "s", "--timeout", value)
+    assert_one_line_error(code, out, err, "--timeout")
+    assert code == 2
+
+
+@pytest.mark.parametrize("command", ["check", "profile"])
+def test_check_and_profile_say_what_to_run_before_looking_for_their_tool(capsys, cli_env, monkeypatch, command):
+    monkeypatch.setenv("PATH", str(cli_env / "no-tools"))
+    code, out, err = run(capsys, command)
+    assert_one_line_error(code, out, err, "name --study S", "--config C")
+
+
+@pytest.mark.parametrize("timeout", [float("inf"), float("nan"), 0.0, -1.0])
+def test_childproc_refuses_a_run_without_a_deadline_and_kills_the_child(tmp_path, timeout):
+    from evotuner import childproc
+
+    proc = childproc.start(["sleep", "300"])
+    with pytest.raises(ValueError, match="finite"):
+        childproc.collect(proc, timeout)
+    assert proc.returncode is not None
