@@ -125,6 +125,11 @@ def search(
     if search_space is not None:
         make_sampler(session.sampler_name(sampler, search_space), search_space, seed, problem)
     stages = _stages(replay, "search", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
+    if session.creates_database(storage):   # no study to read: check it all before the file is made
+        if search_space is None:
+            search_space, note = session.pick_space(problem=problem, replay=replay)
+        make_sampler(session.sampler_name(sampler, search_space), search_space, seed, problem)
+        stages.check(problem, search_space)
     with ExitStack() as stack:
         started = stages.start(stack)      # the GPU worker comes up while the study opens
         store = open_store(storage)

@@ -78,8 +78,8 @@ def _study_name(ctx: typer.Context, param: Any, value: Any) -> Any:
                 shown = raw.decode("utf-8", "backslashreplace")
                 raise typer.BadParameter(f"'{shown}' holds bytes that are not UTF-8 text; "
                                          "give the name in UTF-8") from None
-        if not name:
-            raise typer.BadParameter("the study name is empty")
+        if not name.strip():
+            raise typer.BadParameter("the study name is empty" if not name else "the study name is only blanks")
         out.append(name)
     return out[0] if isinstance(value, str) else out
 

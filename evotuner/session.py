@@ -67,6 +67,17 @@ def open_store(url: str | None, *, must_exist: bool = False, read_only: bool = F
     return StudyStore(url, read_only=read_only)
 
 
+def creates_database(url: str | None) -> bool:
+    """Whether opening ``url`` makes a new SQLite file (none is there yet): then no study can
+    be read from it, and a command checks its options before opening it, so that a refused
+    command leaves no database behind."""
+    path = sqlite_path(resolve_url(url))
+    try:
+        return path is not None and not path.exists()
+    except OSError:
+        return False
+
+
 def study_space(store: StudyStore, study: str) -> SearchSpace:
     """The space a study was created with, rebuilt from the text the store keeps."""
     info = store.summary(study)                 # StorageError naming the study if not found
@@ -125,6 +136,12 @@ class StageFactory:
         if not measure_pkg.gpu_available():
             raise no_gpu(command)
         return StageFactory(measure_pkg.GpuMeasure, None, self.delay, self.gpus)
+
+    def check(self, problem: Problem, space: SearchSpace) -> None:
+        """Refuse now what :meth:`stages` would: a replayed sweep recorded for another problem or
+        space, or not there (ReplayError / StudyMismatchError); nothing to check on a GPU."""
+        if self.replay is not None:
+            ReplayMeasure(self.replay, problem, space)
 
     def builder(self, space: SearchSpace, jobs: int | None, stack: ExitStack) -> Builder:
         return stack.enter_context(Builder(space.kernel, arch=space.arch, jobs=jobs))

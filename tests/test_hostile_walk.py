@@ -167,6 +167,28 @@ def test_report_into_a_file_says_it_is_a_file(capsys, cli_env):
     assert (cli_env / "notes.txt").read_text() == "keep\n"
 
 
+HOPPER_SWEEP = REPO / "tests" / "data" / "replay" / "hopper_synthetic_d64.csv"
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--replay", "nope.csv"], "sweep file not found"),
+    (["--replay", "."], "sweep file not found"),
+    (["--replay", "SWEEP", "--sampler", "TPE"], "unknown sampler 'TPE'"),
+    (["--replay", "SWEEP", "--sampler", "guided"], "sampler 'guided'"),
+    (["--replay", "SWEEP", "--space", "hopper"], "--replay"),
+    (["--replay", str(HOPPER_SWEEP)], "--replay"),
+    (["--replay", "SWEEP", "--study", "   "], "--study"),
+])
+def test_a_search_refused_for_its_options_creates_no_database(capsys, cli_env, extra, says):
+    csv = _sweep_copy(cli_env / "sweep")
+    extra = [str(csv) if e == "SWEEP" else e for e in extra]
+    study = [] if "--study" in extra else ["--study", "s"]
+    code, out, err = run(capsys, "search", *study, "--shape", SHAPE, "--trials", 2, *extra)
+    assert_one_line_error(code, out, err, says)
+    assert "unexpected" not in err
+    assert sorted(p.name for p in cli_env.iterdir()) == ["sweep"]
+
+
 # -- every child process has a deadline ----------------------------------------------------------------------
 
 
