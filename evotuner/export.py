@@ -415,6 +415,9 @@ def export_header(store: ExportSource, study_names: list[str], output: Path, *, 
     :data:`CHECK_TOOLS`, latest run); ``require_checked`` refuses, writing nothing,
     when a chosen row has not passed.
     """
+    if str(output) == "-":       # the usual "standard output" would be a stray file named '-'
+        raise ExportError("export: --output -: export writes a header file, not to standard output",
+                          "name the file, e.g. -o tuned_config.h (a file named '-': give its full path)")
     output = Path(output)
     if not study_names:
         raise ExportError("export: no study named", "name one or more studies to export")

@@ -215,3 +215,13 @@ def test_childproc_refuses_a_run_without_a_deadline_and_kills_the_child(tmp_path
     with pytest.raises(ValueError, match="finite"):
         childproc.collect(proc, timeout)
     assert proc.returncode is not None
+
+
+def test_export_to_dash_writes_no_file_named_dash(capsys, cli_env):
+    _replayed(capsys, cli_env)
+    code, out, err = run(capsys, "export", "--study", "s", "-o", "-")
+    assert_one_line_error(code, out, err, "--output -", "header file")
+    assert not (cli_env / "-").exists()
+    code, out, err = run(capsys, "export", "--study", "s", "-o", cli_env / "-")     # a file named '-' on purpose
+    assert code == 0, err
+    assert "kConfigs" in (cli_env / "-").read_text()
