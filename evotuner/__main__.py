@@ -2,6 +2,6 @@
 
 import sys
 
-from evotuner.cli import main
+from evotuner.launch import main
 
 sys.exit(main())

@@ -24,9 +24,18 @@ errors); anything unexpected becomes one line too, with a pointer to
 
 from __future__ import annotations
 
+import sys
+
+if __name__ == "__main__":  # pragma: no cover
+    # `python -m evotuner.cli` is `python -m evotuner` (evotuner.launch), run before this
+    # module's imports: a Ctrl-C while they load is one line there. It imports this module
+    # again as evotuner.cli and exits.
+    import runpy
+
+    runpy.run_module("evotuner", run_name="__main__", alter_sys=True)
+
 import logging
 import os
-import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -490,10 +499,3 @@ def _main(argv: list[str] | None, debug: bool) -> int:
         _error_line(f"unexpected {type(exc).__name__}: {one_line(str(exc))} "
                     f"(run with {DEBUG_ENV}=1 for the traceback)")
         return 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    # `python -m evotuner.cli`: run the imported module's main, not this __main__ copy's.
-    from evotuner.cli import main as _main
-
-    sys.exit(_main())

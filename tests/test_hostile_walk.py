@@ -225,3 +225,41 @@ def test_export_to_dash_writes_no_file_named_dash(capsys, cli_env):
     code, out, err = run(capsys, "export", "--study", "s", "-o", cli_env / "-")     # a file named '-' on purpose
     assert code == 0, err
     assert "kConfigs" in (cli_env / "-").read_text()
+
+
+# -- signals -----------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_while_the_cli_loads_is_one_line(tmp_path):
+    """The import of evotuner.cli interrupted (as a Ctrl-C in its first second does)."""
+    code = ("import sys\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'evotuner.cli':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            "from evotuner.launch import main\n"
+            "sys.exit(main(['show', '--study', 's']))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip().splitlines() == ["error: interrupted by user (while starting; nothing was done)"]
+
+
+@pytest.mark.parametrize("after", [0.3, 0.7])
+def test_a_real_ctrl_c_early_in_start_up_prints_no_traceback(tmp_path, build_cache_dir, after):
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "evotuner.cli", "show", "--study", "s"], cwd=tmp_path,
+                            env=_child_env(build_cache_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+    assert proc.returncode in (1, 130, -signal.SIGINT), (proc.returncode, err)   # -2: before Python's handler
+
+
+def test_every_entry_point_starts_through_launch():
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'evotuner = "evotuner.launch:main"' in text
+    assert "from evotuner.launch import main" in (REPO / "evotuner" / "__main__.py").read_text()
