@@ -374,7 +374,7 @@ def _interrupted(store: Any, study: str, trials: int) -> InterruptedByUser:
             break
         except (EvotunerError, Exception):  # noqa: BLE001 -- the message must come out whatever the database says
             continue
-    what = "terminated (SIGTERM)" if stopping.terminated() else "interrupted"
+    what = f"terminated ({stopping.signal_name()})" if stopping.terminated() else "interrupted"
     return InterruptedByUser(
         f"{what}: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
         f"continue with `evotuner resume --study {study} --trials {trials}`",
@@ -420,12 +420,10 @@ app.command()(cli_diagnostics.profile)
 # -- the error boundary ---------------------------------------------------------------------
 
 
-#: Exit status after SIGTERM (128 + 15, what a shell reports for a process it terminated).
-TERMINATED_EXIT = 143
-
-
 def _interrupt_exit() -> int:
-    return TERMINATED_EXIT if stopping.terminated() else 130
+    """128 + the stopping signal's number, as a shell reports it: 130 after Ctrl-C (SIGINT, 2),
+    143 after SIGTERM, 129 after SIGHUP."""
+    return 128 + (stopping.signal_number() or 2)
 
 
 def _error_line(message: str) -> None:
@@ -468,7 +466,7 @@ def _main(argv: list[str] | None, debug: bool) -> int:
     try:
         result = app(args=argv if argv is not None else sys.argv[1:], prog_name="evotuner", standalone_mode=False)
         if result == 130:   # typer turned a Ctrl-C into a bare exit status
-            _error_line("terminated (SIGTERM)" if stopping.terminated() else "interrupted by user")
+            _error_line(f"terminated ({stopping.signal_name()})" if stopping.terminated() else "interrupted by user")
             return _interrupt_exit()
         return result if isinstance(result, int) else 0
     except InterruptedByUser as exc:
@@ -487,10 +485,10 @@ def _main(argv: list[str] | None, debug: bool) -> int:
         _error_line(f"{one_line(message)} (see `evotuner --help`)")
         return int(getattr(exc, "exit_code", 2) or 2)
     except typer.Abort:
-        _error_line("terminated (SIGTERM)" if stopping.terminated() else "aborted")
+        _error_line(f"terminated ({stopping.signal_name()})" if stopping.terminated() else "aborted")
         return _interrupt_exit()
     except KeyboardInterrupt:
-        what = "terminated (SIGTERM)" if stopping.terminated() else "interrupted by user"
+        what = f"terminated ({stopping.signal_name()})" if stopping.terminated() else "interrupted by user"
         _error_line(f"{what} (trials in flight were marked FAIL; `evotuner resume` continues)")
         return _interrupt_exit()
     except Exception as exc:  # noqa: BLE001 -- the one boundary for everything unexpected

@@ -1,4 +1,4 @@
-"""A stop asked for from outside the loop: SIGTERM or Ctrl-C, as one process-wide flag.
+"""A stop asked for from outside the loop: SIGTERM, SIGHUP or Ctrl-C, as one process-wide flag.
 
 Python turns a signal into an exception raised wherever the main thread happens to be. When
 that is a finaliser (SQLAlchemy's ``InstanceState._cleanup``, any ``__del__``, a weakref
@@ -10,7 +10,9 @@ was lost. ``--gpus`` threads, where no signal is ever delivered, stop through it
 Contract: :func:`request` only sets a flag (safe inside a signal handler); :func:`check`
 raises ``KeyboardInterrupt`` while the flag is set; :func:`signals_stop` (one per CLI
 invocation) clears the flag, installs the handlers and puts the previous ones back;
-:func:`terminated` says whether the stop came from SIGTERM.
+:func:`terminated` says whether the stop came from SIGTERM or SIGHUP (a closed terminal, an
+ssh session dropped; left alone where it is ignored, as under ``nohup``), and :func:`signal_name`
+which.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from collections.abc import Iterator
 from typing import Any
 
 _requested = threading.Event()
-#: Whether SIGTERM was heard during the current :func:`signals_stop`.
-_heard = {"term": False}
+#: The terminating signal (SIGTERM or SIGHUP) heard during the current :func:`signals_stop`, if any.
+_heard: dict[str, int | None] = {"signal": None}
 
 
 def request() -> None:
@@ -46,17 +48,29 @@ def check() -> None:
 
 
 def terminated() -> bool:
-    """Whether the stop came from SIGTERM (the CLI then exits 143, not 130)."""
-    return _heard["term"]
+    """Whether the stop came from SIGTERM or SIGHUP (the CLI then exits 128 + its number, not 130)."""
+    return _heard["signal"] is not None
+
+
+def signal_name() -> str | None:
+    """``SIGTERM`` or ``SIGHUP`` when :func:`terminated`, else None."""
+    heard = _heard["signal"]
+    return None if heard is None else signal.Signals(heard).name
+
+
+def signal_number() -> int | None:
+    """The number of the terminating signal when :func:`terminated`, else None."""
+    return _heard["signal"]
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    """SIGTERM (kill, systemd, a batch scheduler's time limit) ends a command as Ctrl-C does:
-    the loop marks the trials in flight FAIL (interrupted) and the CLI says what was kept.
-    A second SIGTERM while that is done is ignored (SIGKILL remains)."""
-    if _heard["term"]:
+    """SIGTERM (kill, systemd, a batch scheduler's time limit) or SIGHUP (the terminal went
+    away) ends a command as Ctrl-C does: the loop marks the trials in flight FAIL
+    (interrupted) and the CLI says what was kept. A second one while that is done is
+    ignored (SIGKILL remains)."""
+    if _heard["signal"] is not None:
         return
-    _heard["term"] = True
+    _heard["signal"] = signum
     request()   # the loop raises it again if a finaliser swallows the one below
     raise KeyboardInterrupt
 
@@ -70,16 +84,19 @@ def _on_sigint(signum: int, frame: Any) -> None:
 
 @contextlib.contextmanager
 def signals_stop() -> Iterator[None]:
-    """SIGTERM and Ctrl-C stop the searches of this block (main thread only; elsewhere the
-    process's handlers are left alone). Ctrl-C keeps its handler where it was set to
-    something other than Python's default (ignored under ``nohup``, say)."""
-    _heard["term"] = False
+    """SIGTERM, SIGHUP and Ctrl-C stop the searches of this block (main thread only; elsewhere
+    the process's handlers are left alone). Ctrl-C and SIGHUP keep their handlers where they
+    were set to something other than the default (SIGHUP ignored under ``nohup``, say)."""
+    _heard["signal"] = None
     clear()
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, _on_sigterm)
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             previous[signal.SIGINT] = signal.signal(signal.SIGINT, _on_sigint)
+        hup = getattr(signal, "SIGHUP", None)
+        if hup is not None and signal.getsignal(hup) == signal.SIG_DFL:
+            previous[hup] = signal.signal(hup, _on_sigterm)
     try:
         yield
     finally:

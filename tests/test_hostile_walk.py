@@ -263,3 +263,55 @@ def test_every_entry_point_starts_through_launch():
     text = (REPO / "pyproject.toml").read_text()
     assert 'evotuner = "evotuner.launch:main"' in text
     assert "from evotuner.launch import main" in (REPO / "evotuner" / "__main__.py").read_text()
+
+
+def _search_until(tmp_path: Path, env: dict[str, str], trials: int, seen_mark: str, preexec=None):
+    """A replayed search as a process, read until its output shows ``seen_mark``."""
+    import time
+
+    csv = _sweep_copy(tmp_path / "sweep")
+    proc = subprocess.Popen([sys.executable, "-m", "evotuner.cli", "search", "--study", "t", "--shape", SHAPE,
+                             "--trials", str(trials), "--replay", str(csv), "--replay-delay", "0.02,0.05"],
+                            cwd=tmp_path, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=preexec)
+    deadline, seen = time.monotonic() + 120, ""
+    while time.monotonic() < deadline and seen_mark not in seen:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen += line
+    assert seen_mark in seen, seen
+    return proc
+
+
+def test_sighup_ends_a_search_as_sigterm_does(tmp_path, build_cache_dir):
+    import json
+    import signal
+
+    env = _child_env(build_cache_dir)
+    proc = _search_until(tmp_path, env, 500, "#3 ", lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+    try:
+        proc.send_signal(signal.SIGHUP)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = err.strip().splitlines()
+    assert proc.returncode == 129 and len(lines) == 1, (proc.returncode, err)
+    assert lines[0].startswith("error: terminated (SIGHUP): study 't' keeps its "), lines[0]
+    shown = _cli(["show", "--study", "t", "--json"], tmp_path, env)
+    assert not [t for t in json.loads(shown.stdout)["trials"] if t["state"] == "RUNNING"]
+
+
+def test_sighup_ignored_as_under_nohup_stays_ignored(tmp_path, build_cache_dir):
+    import signal
+
+    proc = _search_until(tmp_path, _child_env(build_cache_dir), 8, "#1 ",
+                         lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        proc.send_signal(signal.SIGHUP)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
