@@ -149,12 +149,21 @@ ReplayOpt = Annotated[
     Optional[Path],
     typer.Option("--replay", help="Answer builds and measurements from a recorded sweep CSV (scripts/sweep.py); needs no GPU or nvcc."),
 ]
-ReportDirOpt = Annotated[Path, typer.Option(
-    "--output", "-o", help="Folder for the report's PNG (and HTML) files, report.json and, when the study has "
-                           "profiles, ncu_profiles.md.")]
+def _path_given(ctx: typer.Context, param: Any, value: str | None) -> str | None:
+    """An output path as given (text, so ``./-`` and a trailing ``/`` survive): an empty one
+    (``-o "$DIR"`` with DIR unset) is a usage error, never the current folder."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("the path is empty")
+    return value
+
+
+ReportDirOpt = Annotated[str, typer.Option(
+    "--output", "-o", callback=_path_given,
+    help="Folder for the report's PNG (and HTML) files, report.json and, when the study has profiles, "
+         "ncu_profiles.md.")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best trials to list.")]
-OutputOpt = Annotated[Path, typer.Option("--output", "-o", help="The C++ header to write.")]
+OutputOpt = Annotated[str, typer.Option("--output", "-o", callback=_path_given, help="The C++ header to write.")]
 ConfigOpt = Annotated[str, typer.Option("--config", help="Kernel config NAME=VALUE,... (every space parameter).")]
 CompileShapeOpt = Annotated[str, typer.Option(
     "--shape", help="The head dim, D=64 (hopper: 64, 96, 128, 192, 256; FlashCore: 32, 64, 96, 128, 256): the "

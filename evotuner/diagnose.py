@@ -242,8 +242,9 @@ def iter_checks(targets: list[Target], problem: Problem, tools: tuple[str, ...],
 
 
 def parse_tools(text: str | None) -> tuple[str, ...]:
-    """``memcheck,racecheck`` -> the tools, in the given order; None -> all of sanitizer.TOOLS."""
-    if not text:
+    """``memcheck,racecheck`` -> the tools, in the given order; None -> all of sanitizer.TOOLS
+    (an empty --tools names none, and is refused)."""
+    if text is None:
         return sanitizer.TOOLS
     tools = tuple(t.strip() for t in text.split(",") if t.strip())
     unknown = [t for t in tools if t not in sanitizer.TOOLS]

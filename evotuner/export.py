@@ -417,8 +417,8 @@ def export_header(store: ExportSource, study_names: list[str], output: Path, *, 
     """
     if str(output) == "-":       # the usual "standard output" would be a stray file named '-'
         raise ExportError("export: --output -: export writes a header file, not to standard output",
-                          "name the file, e.g. -o tuned_config.h (a file named '-': give its full path)")
-    output = Path(output)
+                          "name the file, e.g. -o tuned_config.h (./- for a file named '-')")
+    raw, output = output, Path(output)
     if not study_names:
         raise ExportError("export: no study named", "name one or more studies to export")
     if len(set(study_names)) != len(study_names):
@@ -431,8 +431,9 @@ def export_header(store: ExportSource, study_names: list[str], output: Path, *, 
         is_dir = output.is_dir()
     except OSError:              # e.g. a name too long: the output rule below says so
         is_dir = False
-    if is_dir:
-        raise ExportError(f"export: output {output} is a directory", "give a file name, e.g. tuned_config.h")
+    if is_dir or str(raw).endswith("/"):
+        raise ExportError(f"export: output {raw} {'is a directory' if is_dir else 'names a folder (it ends in /)'}",
+                          "give a file name, e.g. tuned_config.h")
     try:                         # refuse the database, a link or a device before any work
         check_target(output, protect=store.database_files())
     except EvotunerError as exc:

@@ -309,7 +309,7 @@ def sampler_name(given: str | None, space: SearchSpace) -> str:
     """``--sampler`` as given, else the default of the space's kernel family."""
     from evotuner.family.registry import get_family
 
-    return given or get_family(space.kernel).default_sampler
+    return given if given is not None else get_family(space.kernel).default_sampler   # '' is refused as unknown
 
 
 def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSpace, sampler: str, seed: int,

@@ -222,7 +222,7 @@ def test_export_to_dash_writes_no_file_named_dash(capsys, cli_env):
     code, out, err = run(capsys, "export", "--study", "s", "-o", "-")
     assert_one_line_error(code, out, err, "--output -", "header file")
     assert not (cli_env / "-").exists()
-    code, out, err = run(capsys, "export", "--study", "s", "-o", cli_env / "-")     # a file named '-' on purpose
+    code, out, err = run(capsys, "export", "--study", "s", "-o", "./-")     # a file named '-' on purpose
     assert code == 0, err
     assert "kConfigs" in (cli_env / "-").read_text()
 
@@ -315,3 +315,31 @@ def test_sighup_ignored_as_under_nohup_stays_ignored(tmp_path, build_cache_dir):
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
+
+
+@pytest.mark.parametrize("command", ["export", "report"])
+def test_an_empty_output_path_is_a_usage_error_not_the_current_folder(capsys, cli_env, command):
+    _replayed(capsys, cli_env)
+    before = sorted(p.name for p in cli_env.iterdir())
+    code, out, err = run(capsys, command, "--study", "s", "-o", "")
+    assert_one_line_error(code, out, err, "--output", "the path is empty")
+    assert code == 2 and sorted(p.name for p in cli_env.iterdir()) == before
+
+
+def test_export_to_a_name_ending_in_a_slash_writes_no_file(capsys, cli_env):
+    _replayed(capsys, cli_env)
+    code, out, err = run(capsys, "export", "--study", "s", "-o", "h.h/")
+    assert_one_line_error(code, out, err, "h.h/", "names a folder")
+    assert not (cli_env / "h.h").exists()
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["search", "--study", "s", "--shape", SHAPE, "--trials", "2", "--replay", "SWEEP", "--sampler", ""],
+     "unknown sampler ''"),
+    (["check", "--study", "s", "--tools", ""], "--tools"),
+])
+def test_an_empty_choice_is_refused_not_read_as_the_default(capsys, cli_env, argv, says):
+    csv = _sweep_copy(cli_env / "sweep")
+    code, out, err = run(capsys, *[str(csv) if a == "SWEEP" else a for a in argv])
+    assert_one_line_error(code, out, err, says)
+    assert not (cli_env / "evotuner.db").exists()
