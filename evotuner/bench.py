@@ -21,7 +21,7 @@ from evotuner.errors import EvotunerError
 from evotuner.measure.base import MeasureFailure, Measurement, MeasureStage
 from evotuner.measure.gpu import BASELINES
 from evotuner.problem import Problem
-from evotuner.space import parse_space
+from evotuner.space import stored_space
 from evotuner.vocabulary import config_of
 
 #: The baselines a ratio is given against, in column order (MeasureStage.baselines' keys).
@@ -153,7 +153,7 @@ def bench_study(
     """
     summary = store.summary(study)
     problem = summary.problem
-    space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
+    space = stored_space(store.space_text(study), study, summary.space_name)
     chosen = best_configs(summary, space, top)
     if not chosen:
         raise EvotunerError(

@@ -58,7 +58,7 @@ from evotuner.lengths import problem_of_options
 from evotuner.problem import Problem, Shape
 from evotuner.propose import make_sampler
 from evotuner.report import make_report
-from evotuner.space import load_space, parse_space
+from evotuner.space import load_space, stored_space
 from evotuner.textsafe import for_terminal
 from evotuner.cli_render import (
     SearchView, bench_lines, decoded_json, export_lines, print_json, print_lines, render_summary, report_dict,
@@ -201,7 +201,7 @@ def show(
     store = open_store(storage, must_exist=True, read_only=True)
     try:
         summary = store.summary(study)
-        space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
+        space = stored_space(store.space_text(study), study, summary.space_name)
         diag = cli_diagnostics.load(store, study)
     finally:
         store.close()

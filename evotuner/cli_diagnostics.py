@@ -43,7 +43,7 @@ def _select(store_url: str | None, study: str | None, top: int, config: str | No
             dtype: str, causal: bool, space_path: Path | None, require: tuple[str, ...] = ("D",)) -> _Selection:
     from evotuner import session
     from evotuner.bench import best_configs
-    from evotuner.space import parse_space
+    from evotuner.space import stored_space
 
     if study is None:
         _need_target(study, config, shape)
@@ -57,7 +57,7 @@ def _select(store_url: str | None, study: str | None, top: int, config: str | No
     store = open_store(store_url, must_exist=True)
     try:
         summary = store.summary(study)
-        space = parse_space(store.space_text(study), f"study {study!r} space {summary.space_name!r}")
+        space = stored_space(store.space_text(study), study, summary.space_name)
     finally:
         store.close()
     problem = summary.problem

@@ -29,7 +29,7 @@ from evotuner.measure.replay import ReplayMeasure
 from evotuner.numbers import parse_real
 from evotuner.problem import Problem, Shape
 from evotuner.propose import MODEL_SAMPLERS, make_sampler
-from evotuner.space import SearchSpace, load_space, parse_space
+from evotuner.space import SearchSpace, load_space, stored_space
 from evotuner.storage import StudyStore
 from evotuner.storage.connect import resolve_url, sqlite_path
 from evotuner.storage.start import await_study, ensure_study
@@ -81,7 +81,7 @@ def creates_database(url: str | None) -> bool:
 def study_space(store: StudyStore, study: str) -> SearchSpace:
     """The space a study was created with, rebuilt from the text the store keeps."""
     info = store.summary(study)                 # StorageError naming the study if not found
-    return parse_space(store.space_text(study), f"study {study!r} space {info.space_name!r}")
+    return stored_space(store.space_text(study), study, info.space_name)
 
 
 def gpu_list(gpus: str | None, replay: Path | None) -> tuple[int, ...] | None:

@@ -82,3 +82,16 @@ def parse_space(text: str, where: str = "<string>") -> SearchSpace:
                          "load_space(path), so the base file beside it can be found")
     return SpaceLoader(where).load(data, text)
 
+
+#: The remedy of a study whose stored space text no longer parses.
+STORED_REMEDY = ("the study's stored space (evotuner_studies.space_text) is damaged or was edited by hand: "
+                 "restore the database from a copy")
+
+
+def stored_space(text: str, study: str, space_name: str) -> SearchSpace:
+    """The space a study's database keeps (its ``space_text``); a text that does not parse is
+    a damaged database, not a file to fix: SpaceError naming the study, with that remedy."""
+    try:
+        return parse_space(text, f"study {study!r} space {space_name!r}")
+    except SpaceError as exc:
+        raise SpaceError(exc.message, STORED_REMEDY) from None

@@ -343,3 +343,15 @@ def test_an_empty_choice_is_refused_not_read_as_the_default(capsys, cli_env, arg
     code, out, err = run(capsys, *[str(csv) if a == "SWEEP" else a for a in argv])
     assert_one_line_error(code, out, err, says)
     assert not (cli_env / "evotuner.db").exists()
+
+
+def test_a_damaged_stored_space_says_the_database_is_damaged(capsys, cli_env):
+    csv = _replayed(capsys, cli_env)
+    conn = sqlite3.connect(cli_env / "evotuner.db")
+    conn.execute("UPDATE evotuner_studies SET space_text = 'junk ['")
+    conn.commit()
+    conn.close()
+    for argv in (["show", "--study", "s"], ["resume", "--study", "s", "--trials", 6, "--replay", csv]):
+        code, out, err = run(capsys, *argv)
+        assert_one_line_error(code, out, err, "study 's'", "evotuner_studies.space_text", "restore the database")
+        assert "fix the line" not in err
