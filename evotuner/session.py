@@ -64,6 +64,10 @@ def open_store(url: str | None, *, must_exist: bool = False, read_only: bool = F
             f"no study database at {path}",
             "run `evotuner search` first, or point --storage / $EVOTUNER_STORAGE at the database",
         )
+    if must_exist and path is not None and path.is_file() and path.stat().st_size == 0:
+        # an empty file holds no study: say so before opening it writes evotuner's tables into it
+        raise StorageError(f"database {path} is empty: it holds no study",
+                           "run `evotuner search` first, or point --storage / $EVOTUNER_STORAGE at the study database")
     return StudyStore(url, read_only=read_only)
 
 

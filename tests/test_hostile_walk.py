@@ -355,3 +355,12 @@ def test_a_damaged_stored_space_says_the_database_is_damaged(capsys, cli_env):
         code, out, err = run(capsys, *argv)
         assert_one_line_error(code, out, err, "study 's'", "evotuner_studies.space_text", "restore the database")
         assert "fix the line" not in err
+
+
+def test_resume_on_an_empty_file_leaves_it_empty(capsys, cli_env):
+    csv = _sweep_copy(cli_env / "sweep")
+    (cli_env / "evotuner.db").write_bytes(b"")
+    code, out, err = run(capsys, "resume", "--study", "s", "--replay", csv)
+    assert_one_line_error(code, out, err, "is empty: it holds no study")
+    assert (cli_env / "evotuner.db").read_bytes() == b""
+    assert sorted(p.name for p in cli_env.iterdir()) == ["evotuner.db", "sweep"]
