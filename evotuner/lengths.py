@@ -15,8 +15,10 @@ lengths (``H=32,HKV=8,D=128``) into a :class:`~evotuner.problem.Problem`.
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import stat
 from pathlib import Path
 
 from evotuner.errors import ShapeError
@@ -53,8 +55,13 @@ def _draw(spec: str, option: str) -> tuple[int, ...]:
 
 
 def _read_file(path: Path, option: str) -> tuple[int, ...]:
+    """A regular file's lengths. Opened without blocking, so a FIFO nobody writes to (or a
+    device) is refused at once instead of waited on for ever."""
     try:
-        with path.open("rb") as f:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ShapeError(f"{option} @{path}: not a regular file", "name a text file of sequence lengths")
             data = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ShapeError(f"{option} @{path}: cannot read it ({exc.strerror or exc})",

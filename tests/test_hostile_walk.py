@@ -364,3 +364,16 @@ def test_resume_on_an_empty_file_leaves_it_empty(capsys, cli_env):
     assert_one_line_error(code, out, err, "is empty: it holds no study")
     assert (cli_env / "evotuner.db").read_bytes() == b""
     assert sorted(p.name for p in cli_env.iterdir()) == ["evotuner.db", "sweep"]
+
+
+@pytest.mark.parametrize("make", ["fifo", "device"])
+def test_lengths_from_a_fifo_or_a_device_is_refused_at_once(capsys, cli_env, make):
+    csv = _sweep_copy(cli_env / "sweep")
+    if make == "fifo":
+        os.mkfifo(cli_env / "lengths")       # nobody writes to it: reading it would wait for ever
+        where = cli_env / "lengths"
+    else:
+        where = Path("/dev/zero")
+    code, out, err = run(capsys, "search", "--study", "s", "--shape", "H=16,D=64", "--lengths", f"@{where}",
+                         "--trials", 2, "--replay", csv)
+    assert_one_line_error(code, out, err, "--lengths", "not a regular file")
