@@ -377,3 +377,27 @@ def test_lengths_from_a_fifo_or_a_device_is_refused_at_once(capsys, cli_env, mak
     code, out, err = run(capsys, "search", "--study", "s", "--shape", "H=16,D=64", "--lengths", f"@{where}",
                          "--trials", 2, "--replay", csv)
     assert_one_line_error(code, out, err, "--lengths", "not a regular file")
+
+
+def test_a_relative_evotuner_nvcc_is_run_from_where_it_was_named(capsys, cli_env, monkeypatch):
+    """The build runs nvcc in its own folder: EVOTUNER_NVCC=./nvcc used to be 'No such file'."""
+    exe = cli_env / "nvcc"
+    exe.write_text('#!/bin/sh\nif [ "$1" = "--version" ]; then echo "Cuda compilation tools, release 13.0, '
+                   'V13.0.88"; exit 0; fi\necho ran\nexit 0\n')
+    exe.chmod(0o755)
+    monkeypatch.setenv("EVOTUNER_NVCC", "./nvcc")
+    monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(cli_env / "cache"))
+    code, out, err = run(capsys, "compile", "--config", "BLOCK_M=64,BLOCK_N=32,NUM_WARPS=4,STAGES=1,MIN_BLOCKS=1",
+                         "--shape", "D=64")
+    assert_one_line_error(code, out, err, "wrote no kernel.cubin", str(exe))
+
+
+def test_a_relative_tool_path_comes_back_absolute(tmp_path, monkeypatch):
+    from evotuner.tools import find_tool
+
+    tool = tmp_path / "ncu"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("EVOTUNER_NCU", "./ncu")
+    assert find_tool("ncu", "EVOTUNER_NCU") == tool

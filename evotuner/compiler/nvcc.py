@@ -55,7 +55,12 @@ class CompileOutcome:
 
 
 def find_nvcc(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """Resolve the nvcc executable or raise BuildError naming where it looked."""
+    """The nvcc executable, as an absolute path (builds run it from their own folder, where a
+    relative ``EVOTUNER_NVCC=./nvcc`` or PATH entry names nothing), or BuildError naming where it looked."""
+    return _find_nvcc(explicit).absolute()
+
+
+def _find_nvcc(explicit: str | os.PathLike[str] | None) -> Path:
     if explicit is not None:
         return _check_executable(Path(explicit), "nvcc= argument")
     env = os.environ.get("EVOTUNER_NVCC")

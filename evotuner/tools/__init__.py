@@ -33,10 +33,15 @@ class ProfilerPermissionError(ToolError):
 
 
 def find_tool(name: str, env_var: str) -> Path:
-    """The tool's executable: ``$<env_var>``, else PATH, else ``$CUDA_HOME/bin`` / /usr/local/cuda/bin.
+    """The tool's executable, as an absolute path (it runs from a folder of its own):
+    ``$<env_var>``, else PATH, else ``$CUDA_HOME/bin`` / /usr/local/cuda/bin.
 
     Raises :class:`ToolMissingError` naming the tool and where it looked.
     """
+    return _find_tool(name, env_var).absolute()
+
+
+def _find_tool(name: str, env_var: str) -> Path:
     given = os.environ.get(env_var)
     if given:
         path = Path(given)
