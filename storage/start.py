@@ -181,8 +181,8 @@ def ensure_study(store: Any, name: str, create: Callable[[Any], Any], wait_s: fl
     creation to complete (:func:`await_study`) and returns False, as if the study had
     existed. A creation that stood still for the whole wait (its creator died or stalled) is
     taken over: ``create(stamp)`` (storage/creation.py). A plain Optuna study of that name
-    (never given an evotuner row) still fails with the store's "not created by evotuner"
-    error after the wait.
+    (never given an evotuner row) fails at once with the store's "not created by evotuner"
+    error.
     """
     replacing = None
     for _ in range(CREATE_ATTEMPTS):
@@ -206,11 +206,10 @@ def await_study(store: Any, name: str, wait_s: float | None = None) -> bool | Ab
     study); True when it is, False when it turned out not to exist (its creator undid a
     failed creation: the caller may create it), :class:`Abandoned` when a creation stood
     still for ``wait_s`` (default :data:`STUDY_ROW_WAIT_S`, counted from when this process
-    first saw that creation): the caller may take it over. The store's not-found /
-    not-evotuner error when the name is held by something else (a plain Optuna study) after
-    ``wait_s``."""
+    first saw that creation): the caller may take it over. The store's not-evotuner (or
+    damaged-row) error at once when no creation is under way: the row comes first, so a name
+    Optuna alone holds is another application's study."""
     wait_s = STUDY_ROW_WAIT_S if wait_s is None else wait_s
-    deadline = time.monotonic() + wait_s
     pause = 0.02
     while True:
         try:
@@ -220,9 +219,10 @@ def await_study(store: Any, name: str, wait_s: float | None = None) -> bool | Ab
             if not store.study_exists(name):
                 return False
             under_way = store.creation_under_way(name)
-            if under_way is not None and _since(store, name, under_way) + wait_s <= time.monotonic():
+            if under_way is None:
+                store.study_info(name)   # completed just now; else the store's error
+                return True
+            if _since(store, name, under_way) + wait_s <= time.monotonic():
                 return Abandoned(under_way)
-            if under_way is None and time.monotonic() >= deadline:
-                raise
         time.sleep(pause)
         pause = min(0.25, pause * 1.5)   # a creator takes milliseconds; a long wait need not hammer the lock

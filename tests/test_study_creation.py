@@ -181,11 +181,15 @@ def test_a_creation_that_completes_is_waited_for_not_cleared(url: str, monkeypat
         assert store.study_info("w").problem == PROBLEM
 
 
-def test_a_plain_optuna_study_is_never_removed(url: str) -> None:
+def test_a_plain_optuna_study_is_refused_at_once_and_never_removed(url: str) -> None:
+    import time
+
     with StudyStore(url) as store:
         optuna.create_study(study_name="plain", storage=store.optuna_storage)
+        t0 = time.monotonic()
         with pytest.raises(StorageError, match="'plain' .*was not created by evotuner"):
-            ensure_study(store, "plain", lambda r: _create(store, "plain", PROBLEM, r), wait_s=0.2)
+            ensure_study(store, "plain", lambda r: _create(store, "plain", PROBLEM, r), wait_s=30.0)
+        assert time.monotonic() - t0 < 5.0                     # no creation under way: nothing to wait for
         assert _optuna_names(store) == ["plain"]
         assert not store.list_studies()
 
