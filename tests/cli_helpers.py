@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from evotuner import cli
@@ -40,3 +41,13 @@ def assert_one_line_error(code, out, err, *fragments):
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
+
+
+def sweep_copy(sweep: Path, dest: Path) -> Path:
+    """A copy of recorded sweep ``sweep`` (and its sidecar) in folder ``dest``: a test that may
+    damage or move it leaves the fixture alone."""
+    dest.mkdir(parents=True, exist_ok=True)
+    csv = dest / sweep.name
+    shutil.copy(sweep, csv)
+    shutil.copy(sweep.with_name(sweep.name + ".json"), dest / (sweep.name + ".json"))
+    return csv

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import assert_one_line_error, run, scaffold_env
+from cli_helpers import assert_one_line_error, run, scaffold_env, sweep_copy
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = REPO / "tests" / "data" / "sweep_h100_d64.csv"
@@ -34,11 +33,7 @@ def cli_env(monkeypatch, tmp_path, build_cache_dir):
 
 
 def _sweep_copy(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    csv = dest / SWEEP.name
-    shutil.copy(SWEEP, csv)
-    shutil.copy(SWEEP.with_name(SWEEP.name + ".json"), dest / (SWEEP.name + ".json"))
-    return csv
+    return sweep_copy(SWEEP, dest)
 
 
 def _replayed(capsys, where: Path, study: str = "s", trials: int = 4, db: str = "sqlite:///evotuner.db",

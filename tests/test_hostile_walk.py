@@ -9,7 +9,6 @@ through its error boundary unless a test needs a real process.
 from __future__ import annotations
 
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -17,26 +16,16 @@ from pathlib import Path
 
 import pytest
 
-from cli_helpers import assert_one_line_error, run, scaffold_env
+from cli_helpers import assert_one_line_error, run, sweep_copy
+from test_hardening_walk import cli_env  # noqa: F401 -- the same fixture
 
 REPO = Path(__file__).resolve().parents[1]
 SWEEP = REPO / "tests" / "data" / "replay" / "synthetic_d64.csv"
 SHAPE = "B=16,H=16,S=2048,D=64"
 
 
-@pytest.fixture
-def cli_env(monkeypatch, tmp_path, build_cache_dir):
-    scaffold_env(monkeypatch, build_cache_dir, tmp_path)
-    monkeypatch.setenv("COLUMNS", "80")
-    return tmp_path
-
-
 def _sweep_copy(dest: Path) -> Path:
-    dest.mkdir(parents=True, exist_ok=True)
-    csv = dest / SWEEP.name
-    shutil.copy(SWEEP, csv)
-    shutil.copy(SWEEP.with_name(SWEEP.name + ".json"), dest / (SWEEP.name + ".json"))
-    return csv
+    return sweep_copy(SWEEP, dest)
 
 
 def _replayed(capsys, where: Path, study: str = "s", trials: int = 4) -> Path:
