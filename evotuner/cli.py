@@ -352,7 +352,7 @@ def bench(
 
 
 def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure, *,
-         stale_after=None, mixed_gpus=False, transfer=False, racing=True) -> None:
+         stale_after=None, mixed_gpus=False, transfer=False, racing=session.DEFAULT_RULE) -> None:
     view = SearchView(study, problem)
     try:
         with view.live():
@@ -374,7 +374,7 @@ def _interrupted(store: Any, study: str, trials: int) -> InterruptedByUser:
             break
         except (EvotunerError, Exception):  # noqa: BLE001 -- the message must come out whatever the database says
             continue
-    what = f"terminated ({stopping.signal_name()})" if stopping.terminated() else "interrupted"
+    what = stopping.stopped_by("interrupted")
     return InterruptedByUser(
         f"{what}: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
         f"continue with `evotuner resume --study {study} --trials {trials}`",
@@ -466,7 +466,7 @@ def _main(argv: list[str] | None, debug: bool) -> int:
     try:
         result = app(args=argv if argv is not None else sys.argv[1:], prog_name="evotuner", standalone_mode=False)
         if result == 130:   # typer turned a Ctrl-C into a bare exit status
-            _error_line(f"terminated ({stopping.signal_name()})" if stopping.terminated() else "interrupted by user")
+            _error_line(stopping.stopped_by("interrupted by user"))
             return _interrupt_exit()
         return result if isinstance(result, int) else 0
     except InterruptedByUser as exc:
@@ -485,10 +485,10 @@ def _main(argv: list[str] | None, debug: bool) -> int:
         _error_line(f"{one_line(message)} (see `evotuner --help`)")
         return int(getattr(exc, "exit_code", 2) or 2)
     except typer.Abort:
-        _error_line(f"terminated ({stopping.signal_name()})" if stopping.terminated() else "aborted")
+        _error_line(stopping.stopped_by("aborted"))
         return _interrupt_exit()
     except KeyboardInterrupt:
-        what = f"terminated ({stopping.signal_name()})" if stopping.terminated() else "interrupted by user"
+        what = stopping.stopped_by("interrupted by user")
         _error_line(f"{what} (trials in flight were marked FAIL; `evotuner resume` continues)")
         return _interrupt_exit()
     except Exception as exc:  # noqa: BLE001 -- the one boundary for everything unexpected

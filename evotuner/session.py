@@ -385,7 +385,7 @@ def resume_study(store: StudyStore, study: str, *, shape: Shape | None = None,
 def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpace, sampler: str, seed: int,
               trials: int, builder: Any, measure: MeasureStage,
               on_event: Callable[[object], None] | None = None, *, stale_after: float | None = None,
-              mixed_gpus: bool = False, transfer: bool = True, racing: RaceRule | bool | None = True) -> SearchResult:
+              mixed_gpus: bool = False, transfer: bool = True, racing: RaceRule | None = DEFAULT_RULE) -> SearchResult:
     """Run ``study`` to ``trials`` finished trials; a new study starts from its family's
     recommended config and, with ``transfer``, from the nearest studies of its family and GPU
     model in the database (:mod:`evotuner.transfer`: their measurements for a sampler of
@@ -393,9 +393,9 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
     its sampler reloads them whenever the study runs). Other workers may run the study at once
     (each worker samples with its own seed, derived from the study's); ``measure`` a list: one
     measure stage per GPU (``--gpus``), run by one coordinator (:mod:`evotuner.multigpu`).
-    ``racing``: a clearly slower config's timing stops early (:mod:`evotuner.measure.racing`),
-    by this rule (True: the default rule, :func:`race_rule`); False or None gives every config
-    the whole budget (``--full-timing``)."""
+    ``racing``: the rule by which a clearly slower config's timing stops early
+    (:mod:`evotuner.measure.racing`, :func:`race_rule`); None gives every config the whole
+    budget (``--full-timing``)."""
     first = measure[0] if isinstance(measure, list) else measure
 
     def sampler_for(worker_seed: int | None) -> Any:
@@ -409,7 +409,7 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
                                      takes_related=sampler in MODEL_SAMPLERS)
     common: dict[str, Any] = dict(store=store, study_name=study, problem=problem, space=space, trials=trials,
                                   builder=builder, on_event=on_event, start=start,
-                                  racing=DEFAULT_RULE if racing is True else racing or None)
+                                  racing=racing)
     if isinstance(measure, list):
         from evotuner.multigpu import run_multi
 

@@ -58,6 +58,12 @@ def signal_name() -> str | None:
     return None if heard is None else signal.Signals(heard).name
 
 
+def stopped_by(otherwise: str) -> str:
+    """What stopped the command, for its message: ``terminated (SIGTERM)`` / ``terminated
+    (SIGHUP)`` when :func:`terminated`, else ``otherwise`` (Ctrl-C's words)."""
+    return f"terminated ({signal_name()})" if terminated() else otherwise
+
+
 def signal_number() -> int | None:
     """The number of the terminating signal when :func:`terminated`, else None."""
     return _heard["signal"]

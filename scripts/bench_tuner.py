@@ -66,6 +66,7 @@ from evotuner.compiler import Builder
 from evotuner.errors import EvotunerError, NoGpuError
 from evotuner.loop import TIMING_KEYS
 from evotuner.measure.base import MeasureOutcome, MeasureStage, PendingMeasure
+from evotuner.measure.racing import DEFAULT_RULE, RaceRule
 from evotuner.problem import Problem, Shape
 
 DEFAULT_SHAPE = "B=16,H=16,S=2048,D=64"
@@ -216,7 +217,7 @@ def run_phase(
     db_path: Path,
     measure_factory: Callable[[], MeasureStage],
     build_timeout_s: float = 180.0,
-    racing: Any = True,
+    racing: RaceRule | None = DEFAULT_RULE,
 ) -> PhaseReport:
     """One fresh study of ``trials`` trials against the build cache at ``cache_dir``."""
     builds: list[ev.BuildFinished] = []
@@ -338,7 +339,7 @@ def bench_tuner(
     measure_factory: Callable[[], MeasureStage],
     phases: Sequence[str] = PHASES,
     on_phase: Callable[[PhaseReport], None] | None = None,
-    racing: Any = True,
+    racing: RaceRule | None = DEFAULT_RULE,
 ) -> dict[str, PhaseReport]:
     """Run the phases in order against one build cache under ``workdir`` (which must hold
     no build cache yet, so the first phase is cold)."""

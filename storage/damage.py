@@ -25,6 +25,7 @@ from sqlalchemy import Boolean, DateTime, Enum, Float, Integer, Table, select, t
 from sqlalchemy.engine import Connection
 
 from evotuner.errors import StorageError
+from evotuner.storage import schema
 
 #: What a read of damaged rows raises inside SQLAlchemy, Optuna or evotuner's decoders (Optuna
 #: asserts a value's type against the value: a NULL "finite" value is an AssertionError).
@@ -36,8 +37,8 @@ REQUIRED = frozenset({("trial_params", "param_value")})
 TYPED_VALUES = {"trial_values": ("value", "value_type"),
                 "trial_intermediate_values": ("intermediate_value", "intermediate_value_type")}
 #: References no foreign key declares: (table, column) -> (table, column, value that names
-#: nothing on purpose). evotuner_studies.optuna_study_id is 0 while a creation is under way.
-REFERENCES = {("evotuner_studies", "optuna_study_id"): ("studies", "study_id", 0)}
+#: nothing on purpose). evotuner_studies.optuna_study_id is CREATING while a creation is under way.
+REFERENCES = {("evotuner_studies", "optuna_study_id"): ("studies", "study_id", schema.CREATING)}
 #: The remedy of every damage error.
 REMEDY = ("the database was damaged or edited by hand: restore it from a copy, or fix or delete "
           "that row (e.g. with the sqlite3 shell)")

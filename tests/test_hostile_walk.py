@@ -273,18 +273,25 @@ def _search_until(tmp_path: Path, env: dict[str, str], trials: int, seen_mark: s
     return proc
 
 
+def _hang_up(proc, timeout: float) -> str:
+    """SIGHUP to ``proc``, then its stderr once it ended (killed if it outlives ``timeout``)."""
+    import signal
+
+    try:
+        proc.send_signal(signal.SIGHUP)
+        return proc.communicate(timeout=timeout)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_sighup_ends_a_search_as_sigterm_does(tmp_path, build_cache_dir):
     import json
     import signal
 
     env = _child_env(build_cache_dir)
     proc = _search_until(tmp_path, env, 500, "#3 ", lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
-    try:
-        proc.send_signal(signal.SIGHUP)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err = _hang_up(proc, 60)
     lines = err.strip().splitlines()
     assert proc.returncode == 129 and len(lines) == 1, (proc.returncode, err)
     assert lines[0].startswith("error: terminated (SIGHUP): study 't' keeps its "), lines[0]
@@ -297,12 +304,7 @@ def test_sighup_ignored_as_under_nohup_stays_ignored(tmp_path, build_cache_dir):
 
     proc = _search_until(tmp_path, _child_env(build_cache_dir), 8, "#1 ",
                          lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
-    try:
-        proc.send_signal(signal.SIGHUP)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    err = _hang_up(proc, 120)
     assert proc.returncode == 0, err
 
 

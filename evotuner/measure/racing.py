@@ -67,6 +67,11 @@ def binom_cdf_half(n: int, k: int) -> float:
     return float(Fraction(sum(math.comb(n, i) for i in range(k + 1)), 2 ** n))
 
 
+def pair_ratios(samples: Sequence[float], incumbent_samples: Sequence[float]) -> list[float]:
+    """Config / incumbent of each pair of repetitions timed alternately (the same order)."""
+    return [c / i for c, i in zip(samples, incumbent_samples) if i > 0]
+
+
 @lru_cache(maxsize=None)
 def lower_rank(n: int, level: float) -> int:
     """The largest rank ``k`` (1-based) with ``P(x(k) > median) <= level`` among ``n``
@@ -145,7 +150,7 @@ class RaceRule:
         paired_margin``. False when the rule does not pair."""
         if self.paired_margin is None:
             return False
-        bound = self.bound([c / i for c, i in zip(samples, incumbent_samples) if i > 0])
+        bound = self.bound(pair_ratios(samples, incumbent_samples))
         return bound is not None and bound > 1.0 + self.paired_margin
 
     def describe(self) -> str:

@@ -47,6 +47,7 @@ from evotuner.compiler.result import Artifact
 from evotuner.measure.protocol import (
     PipeClosed, ProtocolError, Reply, Request, read_message_blocking, write_message,
 )
+from evotuner.measure.racing import pair_ratios
 from evotuner.measure.worker_tools import DiagnosticOps, ragged_problem, unload_if_healthy
 from evotuner.problem import Problem
 
@@ -229,7 +230,7 @@ class Worker(DiagnosticOps):
         key = str(wire.get("sha256") or wire.get("key") or wire["cubin"])
         if self._incumbent is not None and self._incumbent[0] == key:
             return self._incumbent[1], {"incumbent": key}
-        self.drop_incumbent()
+        self._drop_incumbent()
         try:
             loaded = self._module({**wire, "problem": problem})
         except Exception as exc:   # a missing or foreign cubin: race unpaired; a broken context is fatal
@@ -241,7 +242,7 @@ class Worker(DiagnosticOps):
         self._incumbent = (key, loaded[0])
         return loaded[0], {"incumbent": key}
 
-    def drop_incumbent(self) -> None:
+    def _drop_incumbent(self) -> None:
         """Unload the paired race's incumbent module, if one is loaded."""
         if self._incumbent is not None:
             from evotuner.runtime import cuda
@@ -378,7 +379,7 @@ def _paired_figures(timing: Any) -> dict[str, Any]:
     theirs = list(timing.pair_samples_us)
     if not theirs:
         return {"pairs": 0}
-    ratios = sorted(c / i for c, i in zip(timing.samples_us, theirs) if i > 0)
+    ratios = sorted(pair_ratios(timing.samples_us, theirs))
     return {"pairs": len(theirs), "incumbent_median_us": sorted(theirs)[len(theirs) // 2],
             "ratio_median": ratios[len(ratios) // 2] if ratios else None}
 
