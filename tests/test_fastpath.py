@@ -381,3 +381,28 @@ def test_a_cached_build_loads_on_the_first_call(native):
     code = "import json\nfrom evotuner.runtime import fastpath as f\nf.start()\nprint(json.dumps(f.status()))"
     state = _fresh_process({}, code)
     assert state == f"on ({fastpath.build_dir() / ('evotuner_fastpath_' + fastpath.build_key() + '.so')})"
+
+
+EXIT_HOLDING = """
+import json, sys
+from types import SimpleNamespace
+sys.path.insert(0, {tests!r})
+import test_fastpath as T
+from evotuner.runtime import fastpath as f
+assert f.build().startswith("on ("), f.status()
+mod = f.native()
+binder, driver = T._binder(T.ROLES[:4]), T.FakeDriver(320)
+q, k, v = T._qkv()
+config = {{"BLOCK_N": 128, "STAGES": 2}}     # kept as the table's own copy
+spec = T._spec(binder, driver, q, owner=SimpleNamespace(buffers=[q.clone()]), choice=SimpleNamespace(why="x"))
+assert mod.register(q, k, v, False, None, config, "bhsd", False, None, spec, 0, 0, 0)
+assert mod.run(q, k, v, False, None, dict(config), "bhsd", False, None, False) is not None
+print(json.dumps(mod.counts()))
+"""
+
+
+def test_a_process_exits_cleanly_with_plans_in_the_table(native):
+    """The table's Python references outlive the interpreter: C++ destroyed them after Python
+    had finalized, without the GIL, and freeing a dict config's copy then crashed every process
+    that had called flash_attention with a dict config, at exit (SIGSEGV on the H100, rc 139)."""
+    assert _fresh_process({}, EXIT_HOLDING.format(tests=str(ROOT / "tests")))[:2] == [1, 1]   # flags, plans held

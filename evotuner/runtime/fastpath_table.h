@@ -108,10 +108,14 @@ struct KeyHash {
     }
 };
 
+// The tables hold Python references, so they are never destroyed: C++ runs static destructors
+// after the interpreter has finalized, without the GIL, and a reference dropped then aborts or
+// crashes the process at exit (a dict config's copy did: SIGSEGV on the H100, tests/test_fastpath.py).
+// The process is ending; the OS takes the memory back.
 std::mutex g_mu;
-std::vector<std::array<Ref, kFlags>> g_flags;      // a flag tuple's id is its index
-std::unordered_map<Key, Entry, KeyHash> g_plans;
-std::deque<Key> g_order;                           // registration order (the oldest goes first)
+auto& g_flags = *new std::vector<std::array<Ref, kFlags>>();   // a flag tuple's id is its index
+auto& g_plans = *new std::unordered_map<Key, Entry, KeyHash>();
+auto& g_order = *new std::deque<Key>();                         // registration order (the oldest goes first)
 PyObject* g_config_type = nullptr;                 // evotuner.config.KernelConfig
 PyObject* g_launch_failed = nullptr;               // raises the launch error (Python side)
 
