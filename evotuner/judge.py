@@ -124,7 +124,7 @@ class Judge:
             # synchronize, a hang at the timeout): time the config alone, and pair with that
             # incumbent no more.
             self.unpairable.add(str(race.incumbent_artifact.get("key")))
-            race = dataclasses.replace(race, incumbent_artifact=None)
+            race = dataclasses.replace(race, incumbent_artifact=None, incumbent_artifact_us=None)
             outcome = self.measure.measure(submitted.artifact, self.problem, race=race)
         t = lap("measure", t)
         if not self.coordinator.holds(config):
@@ -159,8 +159,7 @@ class Judge:
         incumbent = self.tally.incumbent(self.device.model)
         if incumbent is None:
             return None
-        pair = None
         if self.racing.paired_margin is not None and self.fastest is not None \
                 and self.fastest[1].key not in self.unpairable:
-            pair = artifact_wire(self.fastest[1])
-        return Race(incumbent, self.racing, pair)
+            return Race(incumbent, self.racing, artifact_wire(self.fastest[1]), self.fastest[0])
+        return Race(incumbent, self.racing)

@@ -73,9 +73,9 @@ def test_a_rule_that_does_not_pair_ignores_the_incumbents_repetitions():
 
 def test_the_paired_rule_travels_on_the_wire_and_is_checked():
     wire = {"cubin": "/c/k.cubin", "entry": "e", "family": "hopper", "key": "k", "sha256": "s", "meta": {"abi": 3}}
-    race = Race(512.5, PAIRED, wire)
+    race = Race(512.5, PAIRED, wire, 520.0)
     again = Race.from_wire(race.to_wire())
-    assert again == race and again.incumbent_artifact == wire and again.paired
+    assert again == race and again.incumbent_artifact == wire and again.paired and again.incumbent_artifact_us == 520.0
     assert RaceRule.from_wire(PAIRED.to_wire()) == PAIRED and RaceRule.from_wire({}) == DEFAULT_RULE
     assert "alternately" in PAIRED.describe() and "alternately" not in DEFAULT_RULE.describe()
     with pytest.raises(ValueError, match="paired_margin"):
@@ -83,10 +83,17 @@ def test_the_paired_rule_travels_on_the_wire_and_is_checked():
     with pytest.raises(ValueError, match="paired_reps"):
         RaceRule(paired_margin=0.03, paired_reps=50)
     with pytest.raises(ValueError, match="cubin"):
-        Race(1.0, PAIRED, {"entry": "e"})
+        Race(1.0, PAIRED, {"entry": "e"}, 1.0)
+    for us in (None, 0.0, float("nan")):          # a paired race needs the incumbent's recorded median
+        with pytest.raises(ValueError, match="incumbent_artifact_us"):
+            Race(1.0, PAIRED, wire, us)
+    with pytest.raises(ValueError, match="incumbent_artifact_us"):
+        Race(1.0, PAIRED, None, 1.0)
+    with pytest.raises(ValueError, match="not a number"):
+        Race.from_wire({**race.to_wire(), "incumbent_artifact_us": "fast"})
     with pytest.raises(ValueError, match="incumbent_artifact"):
         Race.from_wire({"incumbent_us": 1.0, "incumbent_artifact": "k.cubin"})
-    assert not Race(1.0, PAIRED).paired and not Race(1.0, DEFAULT_RULE, wire).paired
+    assert not Race(1.0, PAIRED).paired and not Race(1.0, DEFAULT_RULE, wire, 1.0).paired
 
 
 # -- time_cuda's alternate timing on a fake CUDA clock ------------------------------------------
@@ -153,7 +160,7 @@ def test_time_cuda_stops_a_paired_config_that_is_clearly_slower(monkeypatch):
     timing, cuda, _ = _fake_timing(monkeypatch, [])
     order: list[str] = []
     config, incumbent = _pair_kernels(cuda, order, 110.0, 100.0)
-    race = Race(100.0 / 1.2, PAIRED, {"cubin": "k"})          # so the unpaired rule alone would stop nothing
+    race = Race(100.0 / 1.2, PAIRED, {"cubin": "k"}, 100.0)          # so the unpaired rule alone would stop nothing
     t = timing.time_cuda(config, warmup=0, reps=400, flush_l2=False, looks=race.rule.looks(), stop=race.stops,
                          pair=incumbent, pair_reps=race.rule.paired_reps)
     assert t.stopped_early and t.repetitions == 16 == len(t.pair_samples_us)
@@ -183,6 +190,7 @@ def test_a_paired_rule_names_the_runs_fastest_unstopped_artifact(store, space, b
             fastest = min(timed_in_full, key=lambda j: times[j])
             assert race is not None and race.rule == rule and race.paired
             assert race.incumbent_artifact == artifact_wire(artifacts[fastest])
+            assert race.incumbent_artifact_us == pytest.approx(times[fastest])   # the scale of a paired stop
         if race is None or times[i] <= race.rule.threshold(race.incumbent_us):
             timed_in_full.append(i)           # a stopped config never becomes the one paired with
 
@@ -217,7 +225,8 @@ def test_the_worker_keeps_the_incumbent_loaded_and_races_unpaired_when_it_cannot
     paired = dataclasses.replace(DEFAULT_RULE, paired_margin=0.03)
 
     def race(cubin, rule=paired):
-        return Race(100.0, rule, {"cubin": cubin, "entry": "e", "family": "f", "key": cubin, "sha256": cubin, "meta": {}})
+        return Race(100.0, rule, {"cubin": cubin, "entry": "e", "family": "f", "key": cubin, "sha256": cubin, "meta": {}},
+                    100.0)
 
     assert worker._pair(None, PROBLEM.as_dict()) == (None, {})
     assert worker._pair(race("a", DEFAULT_RULE), PROBLEM.as_dict()) == (None, {})     # the rule does not pair
@@ -297,3 +306,28 @@ def test_a_fault_in_a_paired_race_retimes_the_config_alone_and_drops_that_incumb
         if race is not None and race.paired:                               # then the same config, alone
             again = measure.races_seen[i + 1]
             assert again is not None and not again.paired and again.incumbent_us == race.incumbent_us
+
+
+def test_a_paired_stop_is_recorded_on_the_incumbents_scale_not_its_windows_level(monkeypatch):
+    """Two H100 studies recorded 927 and 941 µs as their best for configs that re-timed at 1011
+    and 1040 µs beside the 958 µs best of a full-timing study: a paired stop's 16-64 repetitions
+    came in a window that read fast, and the raw figure shadowed the incumbent. Here the window
+    reads 10% fast for both kernels; the config is 6% slower than the incumbent, whose
+    full-budget median is 100 µs: its raw median (95.4) would read below the incumbent, the
+    recorded one is its ratio times 100."""
+    from evotuner.measure.worker import recorded_figures
+
+    timing, cuda, _ = _fake_timing(monkeypatch, [])
+    order: list[str] = []
+    config, incumbent = _pair_kernels(cuda, order, 106.0 * 0.9, 100.0 * 0.9)
+    race = Race(100.0, PAIRED, {"cubin": "k"}, 100.0)
+    t = timing.time_cuda(config, warmup=0, reps=500, flush_l2=False, looks=race.rule.looks(), stop=race.stops,
+                         pair=incumbent, pair_reps=race.rule.paired_reps)
+    assert t.stopped_early and t.median_us == pytest.approx(95.4)
+    median, p20, p80 = recorded_figures(t, race)
+    assert median == pytest.approx(106.0) and p20 == pytest.approx(106.0) and p80 == pytest.approx(106.0)
+    assert median > (1 + PAIRED_MARGIN) * race.incumbent_artifact_us
+    # a contender (not stopped) and an unpaired stop keep their own figures
+    assert recorded_figures(dataclasses.replace(t, stopped_early=False), race) == (t.median_us, t.p20_us, t.p80_us)
+    assert recorded_figures(t, Race(100.0, DEFAULT_RULE)) == (t.median_us, t.p20_us, t.p80_us)
+

@@ -15,7 +15,7 @@ from evotuner.problem import Problem, Shape
 from evotuner.runtime import attention as A
 from evotuner.runtime import check as C
 from evotuner.runtime import cuda
-from evotuner.runtime.timing import _quantile
+from evotuner.measure.racing import quantile as _quantile
 
 
 def t(*shape: int, dtype: torch.dtype = torch.float16) -> torch.Tensor:

@@ -42,8 +42,9 @@ class Measurement:
     repetitions: int   # repetitions timed (the figures above are theirs)
     #: Racing (evotuner/measure/racing.py): the timing stopped after ``repetitions`` of the
     #: ``planned_repetitions`` the budget allowed, the config being clearly slower than
-    #: ``incumbent_us``, the study's best so far that the request carried. The median is the
-    #: honest median of the repetitions it had.
+    #: ``incumbent_us``, the study's best so far that the request carried. The figures are
+    #: those of the repetitions it had; after a paired race's stop, its ratios to the
+    #: incumbent timed beside it times that incumbent's recorded median (racing.paired_figures).
     stopped_early: bool = False
     planned_repetitions: int | None = None
     incumbent_us: float | None = None

@@ -17,7 +17,8 @@ Requests (parent → worker), ``op`` first:
 * ``fingerprint`` {}: the device fingerprint (``Reply.value`` is a dict).
 * ``measure``     {cubin, entry, family, key, sha256, meta, problem, seed, budget_s, race}: gate + time;
   ``race`` is None or {incumbent_us, alpha, margin, min_reps, paired_margin, paired_reps,
-  [incumbent_artifact: {cubin, entry, family, key, sha256, meta}]} (evotuner/measure/racing.py):
+  [incumbent_artifact: {cubin, entry, family, key, sha256, meta}, incumbent_artifact_us]}
+  (evotuner/measure/racing.py):
   the timing may stop early once the config is clearly slower than the incumbent (in a
   paired race, than the incumbent's artifact timed alternately with it).
 * ``baselines``   {problem, budget_s}: SDPA backends at the problem's shape (a packed

@@ -5,8 +5,10 @@ far, µs, on this GPU model) and the :class:`RaceRule`. The worker times the con
 chunks; at each *look* (``RaceRule.looks``: 16, 32, 64, ... repetitions) it asks
 :meth:`RaceRule.stops` whether a conservative lower confidence bound of the config's
 median already exceeds ``incumbent * (1 + margin)``. If so, the timing stops there and
-the config is recorded with its honest median so far and the repetitions it had
-(``Measurement.stopped_early``); otherwise it gets the whole budget. A config that may
+the config is recorded with its median so far and the repetitions it had
+(``Measurement.stopped_early``); a config stopped in a paired race, with its pair ratios'
+quantiles times the incumbent's recorded median (:func:`paired_figures`). Otherwise it
+gets the whole budget. A config that may
 beat the incumbent is never stopped: it is a contender and gets the full budget.
 
 The rule (docs/measurement.md has the derivation, the simulation on recorded sweeps and
@@ -70,6 +72,33 @@ def binom_cdf_half(n: int, k: int) -> float:
 def pair_ratios(samples: Sequence[float], incumbent_samples: Sequence[float]) -> list[float]:
     """Config / incumbent of each pair of repetitions timed alternately (the same order)."""
     return [c / i for c, i in zip(samples, incumbent_samples) if i > 0]
+
+
+def paired_figures(samples: Sequence[float], incumbent_samples: Sequence[float], incumbent_us: float
+                   ) -> tuple[float, float, float] | None:
+    """(median, p20, p80) µs of a config stopped in a paired race, on the scale of full-budget
+    timings: the quantiles of its adjacent-pair ratios times ``incumbent_us``, the median
+    recorded for the incumbent it was paired with. None without pairs.
+
+    Why not its own median: a paired stop comes after 16-64 repetitions, whose absolute
+    level drifts with the window (+-5% and more on the H100) although their ratio does not;
+    the study's best is the minimum over many such short figures, so raw ones let configs
+    3-10% slower read below the incumbent and shadow it (two H100 studies recorded 927 and
+    941 µs for configs that re-timed at 1011 and 1040 µs beside a 958 µs best;
+    docs/measurement.md). The ratio's median is above the stop's ``1 + paired_margin``
+    whenever the paired rule stopped it, so such a figure never reads below its incumbent."""
+    ratios = sorted(pair_ratios(samples, incumbent_samples))
+    if not ratios:
+        return None
+    return tuple(quantile(ratios, q) * incumbent_us for q in (0.5, 0.2, 0.8))  # type: ignore[return-value]
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of already sorted values (every timing's figures)."""
+    pos = q * (len(sorted_values) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 @lru_cache(maxsize=None)
@@ -193,12 +222,20 @@ class Race:
     incumbent_us: float
     rule: RaceRule = DEFAULT_RULE
     incumbent_artifact: Mapping[str, Any] | None = field(default=None, compare=False)
+    #: The median recorded for ``incumbent_artifact`` (its full-budget timing): the scale a
+    #: paired-stopped config's figures are given on (:func:`paired_figures`).
+    incumbent_artifact_us: float | None = None
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.incumbent_us) and self.incumbent_us > 0):
             raise ValueError(f"Race.incumbent_us={self.incumbent_us!r}: not a positive time")
         if self.incumbent_artifact is not None and not isinstance(self.incumbent_artifact.get("cubin"), str):
             raise ValueError(f"Race.incumbent_artifact has no cubin path: {dict(self.incumbent_artifact)!r:.200}")
+        us = self.incumbent_artifact_us
+        if (self.incumbent_artifact is None) != (us is None) or (
+                us is not None and not (isinstance(us, (int, float)) and math.isfinite(us) and us > 0)):
+            raise ValueError(f"Race.incumbent_artifact_us={us!r}: a paired race names the incumbent's artifact "
+                             "and its recorded median (a positive time), an unpaired one neither")
 
     @property
     def paired(self) -> bool:
@@ -213,6 +250,7 @@ class Race:
         wire = {"incumbent_us": self.incumbent_us, **self.rule.to_wire()}
         if self.incumbent_artifact is not None:
             wire["incumbent_artifact"] = dict(self.incumbent_artifact)
+            wire["incumbent_artifact_us"] = self.incumbent_artifact_us
         return wire
 
     @classmethod
@@ -225,4 +263,8 @@ class Race:
         artifact = value.get("incumbent_artifact")
         if artifact is not None and not isinstance(artifact, dict):
             raise ValueError(f"race's incumbent_artifact is a {type(artifact).__name__}, not an object")
-        return cls(float(value["incumbent_us"]), RaceRule.from_wire(value), artifact)
+        us = value.get("incumbent_artifact_us")
+        if us is not None and (isinstance(us, bool) or not isinstance(us, (int, float))):
+            raise ValueError(f"race's incumbent_artifact_us is a {type(us).__name__}, not a number")
+        return cls(float(value["incumbent_us"]), RaceRule.from_wire(value), artifact,
+                   None if us is None else float(us))

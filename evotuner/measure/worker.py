@@ -23,7 +23,9 @@ A measure request runs, in order:
    than the incumbent the request carries, and says so in the measurement. A paired race
    also carries the incumbent's artifact: the worker keeps it loaded while it stays the
    incumbent and times it alternately with the config (``detail["paired"]`` says how it
-   went, or why the race ran unpaired: an artifact that cannot load here).
+   went, or why the race ran unpaired: an artifact that cannot load here). A config the
+   paired race stops gets figures on the incumbent's scale (``racing.paired_figures``; its
+   own median goes in ``detail["paired"]["raw_median_us"]``).
 
 A sticky CUDA error (illegal address, launch failure...) loses the context:
 the worker sends a ``fatal`` failure and exits at once (``os._exit``, no
@@ -47,7 +49,7 @@ from evotuner.compiler.result import Artifact
 from evotuner.measure.protocol import (
     PipeClosed, ProtocolError, Reply, Request, read_message_blocking, write_message,
 )
-from evotuner.measure.racing import pair_ratios
+from evotuner.measure.racing import pair_ratios, paired_figures
 from evotuner.measure.worker_tools import DiagnosticOps, ragged_problem, unload_if_healthy
 from evotuner.problem import Problem
 
@@ -154,7 +156,9 @@ class Worker(DiagnosticOps):
         finally:
             unload_if_healthy(module, cuda)
         phases = {"load_s": t1 - t0, "check_s": t2 - t1, "time_s": t3 - t2}
-        median, p20, p80 = timing.median_us, timing.p20_us, timing.p80_us
+        median, p20, p80 = recorded_figures(timing, race)
+        if median != timing.median_us:
+            paired["raw_median_us"] = timing.median_us
         measurement: dict[str, Any] = {
             "median_us": median, "p20_us": p20, "p80_us": p80, "tflops": problem.tflops(median),
             "max_error": study["max_error"], "tolerance": study["tolerance"], "repetitions": timing.repetitions,
@@ -371,6 +375,17 @@ def _is_sticky(exc: BaseException) -> bool:
 def _annotate(reply: Reply, where: str) -> Reply:
     assert reply.failure is not None
     return Reply.fail(reply.failure.kind, f"{reply.failure.reason} {where}", fatal=reply.fatal)
+
+
+def recorded_figures(timing: Any, race: Any) -> tuple[float, float, float]:
+    """The (median, p20, p80) µs a measurement records: the timing's own; for a config a
+    paired race stopped, its pair ratios on the incumbent's recorded scale
+    (``racing.paired_figures``: a short window's level would let it shadow the incumbent)."""
+    if timing.stopped_early and timing.pair_samples_us and race is not None and race.paired:
+        scaled = paired_figures(timing.samples_us, timing.pair_samples_us, race.incumbent_artifact_us)
+        if scaled is not None:
+            return scaled
+    return timing.median_us, timing.p20_us, timing.p80_us
 
 
 def _paired_figures(timing: Any) -> dict[str, Any]:

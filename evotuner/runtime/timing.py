@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 import torch
 
 from evotuner.errors import EvotunerError
+from evotuner.measure.racing import quantile
 
 
 @dataclass(frozen=True)
@@ -32,15 +33,6 @@ class Timing:
     def as_dict(self) -> dict[str, float | int]:
         return {"median_us": self.median_us, "p20_us": self.p20_us, "p80_us": self.p80_us,
                 "repetitions": self.repetitions}
-
-
-def _quantile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear-interpolated quantile of already sorted values."""
-    n = len(sorted_values)
-    pos = q * (n - 1)
-    lo = int(pos)
-    hi = min(lo + 1, n - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 _flush_buffers: dict[int, torch.Tensor] = {}
@@ -166,7 +158,7 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
     # timed as every unpaired config's are (alternating kernels may run at other clocks).
     alone = samples[len(pair_samples):]
     ordered = sorted(alone if pair_samples and len(alone) >= max(min_reps, len(samples) // 2) else samples)
-    return Timing(median_us=_quantile(ordered, 0.5), p20_us=_quantile(ordered, 0.2), p80_us=_quantile(ordered, 0.8),
+    return Timing(median_us=quantile(ordered, 0.5), p20_us=quantile(ordered, 0.2), p80_us=quantile(ordered, 0.8),
                   repetitions=len(samples), samples_us=tuple(samples), planned_repetitions=reps,
                   stopped_early=stopped, pair_samples_us=tuple(pair_samples))
 
