@@ -114,7 +114,7 @@ def search(
     replay_delay: ReplayDelayOpt = None,
     transfer: TransferOpt = True,
     full_timing: FullTimingOpt = False,
-    paired_race: PairedRaceOpt = False,
+    paired_race: PairedRaceOpt = None,
 ) -> None:
     """Tune the kernel for one problem: run the study until it has --trials finished trials.
 
@@ -171,7 +171,7 @@ def resume(
     stale_after: StaleAfterOpt = None,
     replay_delay: ReplayDelayOpt = None,
     full_timing: FullTimingOpt = False,
-    paired_race: PairedRaceOpt = False,
+    paired_race: PairedRaceOpt = None,
 ) -> None:
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
     racing = session.race_rule(full_timing=full_timing, paired=paired_race)

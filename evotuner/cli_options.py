@@ -210,10 +210,12 @@ FullTimingOpt = Annotated[
                                        "than the study's best so far stops early; docs/measurement.md)."),
 ]
 PairedRaceOpt = Annotated[
-    bool,
-    typer.Option("--paired-race", help="Race each config against this run's fastest, timed alternately with it in "
-                                       "the same window, so a config 3% slower stops early too (experimental: "
-                                       "docs/measurement.md)."),
+    Optional[bool],
+    typer.Option("--paired-race/--no-paired-race",
+                 help="Race each config against this run's fastest, timed alternately with it in the same window, "
+                      "so a config 3% slower stops early too (default: on, unless --full-timing; "
+                      "--no-paired-race races against the best figure alone, 15% margin; docs/measurement.md).",
+                 show_default=False),
 ]
 TransferOpt = Annotated[
     bool,

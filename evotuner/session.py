@@ -419,8 +419,11 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
                       allow_mixed_gpus=mixed_gpus, **common)
 
 
-def race_rule(*, full_timing: bool = False, paired: bool = False) -> RaceRule | None:
-    """The racing rule of ``--full-timing`` (None: no racing) and ``--paired-race``."""
+def race_rule(*, full_timing: bool = False, paired: bool | None = None) -> RaceRule | None:
+    """The racing rule of ``--full-timing`` (None: no racing) and ``--paired-race/--no-paired-race``
+    (None: paired unless ``full_timing``; docs/measurement.md, "Paired racing", has the H100 runs)."""
+    if paired is None:
+        paired = not full_timing
     if full_timing and paired:
         raise EvotunerError("--full-timing times every config in full; --paired-race stops the slower ones early",
                             "drop one of the two options")

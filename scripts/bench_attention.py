@@ -99,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="time SDPA's default and every config of a shape in turn, this many rounds; the figures "
                          "become the median over rounds and xdef the median of the per-round ratios (a config "
                          "timed right after a heavy correctness check or another kernel can lose 10%%)")
-    ap.add_argument("--tuned", metavar="STORAGE", default=None,
+    ap.add_argument("--tuned", metavar="STORAGE", action="append", default=[],
                     help="a study database: at each shape and dtype, also time the best COMPLETE config of every "
-                         "study of that exact problem there (source tuned:STUDY), beside the recommended one")
+                         "study of that exact problem there (source tuned:STUDY, or tuned:STUDY@STORAGE when "
+                         "several are given), beside the recommended one; repeatable")
     args = ap.parse_args(argv)
 
     if not torch.cuda.is_available():
@@ -113,7 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     except EvotunerError as exc:
         print(f"bench_attention: {exc}", file=sys.stderr)
         return 2
-    tuned = study_bests(args.tuned) if args.tuned else {}
+    tuned: dict = {}
+    for url in args.tuned:
+        for key, bests in study_bests(url).items():
+            tuned.setdefault(key, []).extend((study if len(args.tuned) == 1 else f"{study}@{url}", c)
+                                             for study, c in bests)
     shapes = args.shapes or list(STANDARD_SHAPES)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     props = torch.cuda.get_device_properties(0)

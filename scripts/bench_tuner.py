@@ -36,8 +36,9 @@ and the figures of issue 28 (search throughput):
 * per_trial_s       the loop's time per measurement: build wait, load, check, timing, the
                     rest of the measure call, record;
 * racing            timings stopped early, repetitions timed against planned (``saved``);
-                    ``--full-timing`` turns racing off for the comparison, ``--paired-race``
-                    races against this run's fastest timed alternately (evotuner/measure/racing.py).
+                    ``--full-timing`` turns racing off for the comparison; as in ``evotuner search``,
+                    racing is paired (against this run's fastest timed alternately) unless
+                    ``--no-paired-race`` (evotuner/measure/racing.py).
 
 Targets (issue 4): cold <= 3.2 min (>= 20 trials/min) for 64 trials on the 16-core H100
 machine; warm <= 1 min. The JSON has them under ``targets``.
@@ -401,7 +402,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", type=Path, default=None, help="where the cache and databases go (default: temp)")
     p.add_argument("--keep", action="store_true", help="keep the work dir (default: removed at the end)")
     p.add_argument("--full-timing", action="store_true", help="time every config for the whole budget (no racing)")
-    p.add_argument("--paired-race", action="store_true", help="race against this run's fastest timed alternately")
+    p.add_argument("--paired-race", action=argparse.BooleanOptionalAction, default=None,
+                   help="race against this run's fastest timed alternately (default: as evotuner search, on "
+                        "unless --full-timing)")
     return p
 
 
@@ -470,7 +473,8 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
         meta = {"shape": str(problem.shape), "problem": problem.as_dict(), "space": space.name,
                 "sampler": sampler, "seed": args.seed, "jobs": jobs, "trials": args.trials,
                 "budget_s": args.budget, "workdir": str(workdir), "cpu_count": os.cpu_count(),
-                "racing": not args.full_timing, "paired_race": args.paired_race}
+                "racing": not args.full_timing,
+                "paired_race": args.paired_race if args.paired_race is not None else not args.full_timing}
 
         def write(reports: dict[str, PhaseReport]) -> None:
             data = {**meta, "phases": {k: r.as_dict() for k, r in reports.items()},

@@ -225,16 +225,25 @@ for what in "${@:-all}"; do
           --workdir "/tmp/evotuner-throughput-$mode" -o "$out/throughput_$mode.json" 2>&1 | tee "$out/throughput_$mode.log" | tail -25
       done ;;
     paired)
-      # --paired-race (issue 28): the worker's test, then cold 64-trial hopper studies on one machine in turns
-      # (racing, paired, full timing, paired again): wall, stopped configs and each best, from the user's command.
+      # Paired racing (issue 28, the default of `evotuner search` since 2026-11-26): the worker's GPU tests, then on
+      # one machine cold 64-trial hopper studies, paired on one GPU and (with two GPUs visible) --gpus 0,1, and with
+      # --full-timing, and every study's best re-timed in one process beside SDPA (bench_attention --tuned, 9 rounds):
+      # the wall times, the speed-up of two GPUs, and whether paired racing keeps the full-timing study's best.
       step "GPU tests: racing and paired racing in the real worker"
-      timeout 300 python3 -m pytest -q -rs -m gpu tests/gpu/test_measure.py 2>&1 | tee "$out/paired_tests.log" | tail -8
-      for mode in racing paired full paired2; do
-        extra=""; [ "$mode" = full ] && extra="--full-timing"; [ "${mode#paired}" != "$mode" ] && extra="--paired-race"
-        step "bench_gpus: a cold 64-trial study, $mode"
-        timeout 200 python3 scripts/bench_gpus.py --trials 64 --causal --runs none --extra="$extra" --run-timeout 180 \
-          --workdir "/tmp/evotuner-paired-$mode" -o "$out/paired_$mode.json" 2>&1 | tee "$out/paired_$mode.log" | tail -25
-      done ;;
+      timeout 150 python3 -m pytest -q -rs -m gpu tests/gpu/test_measure.py 2>&1 | tee "$out/paired_tests.log" | tail -3
+      ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
+      runs=none; [ "$ngpu" -ge 2 ] && runs=none,0+1
+      rm -rf /tmp/evotuner-paired /tmp/evotuner-full
+      step "bench_gpus: cold 64-trial studies, paired racing ($runs)"
+      timeout 200 python3 scripts/bench_gpus.py --trials 64 --causal --runs $runs --run-timeout 100 \
+        --workdir /tmp/evotuner-paired -o "$out/paired.json" 2>&1 | tee "$out/paired.log" | grep -E "^[0-9]-|wall_s|to_first|best_us|stopped|speedup_wall|exact"
+      step "bench_gpus: a cold 64-trial study, full timing"
+      timeout 150 python3 scripts/bench_gpus.py --trials 64 --causal --runs none --extra=--full-timing --run-timeout 100 \
+        --workdir /tmp/evotuner-full -o "$out/full.json" 2>&1 | tee "$out/full.log" | grep -E "wall_s|to_first|best_us|exact"
+      step "each study's best re-timed in one process"
+      tuned=$(for db in /tmp/evotuner-paired/*/study.db /tmp/evotuner-full/*/study.db; do printf -- " --tuned sqlite:///%s" "$db"; done)
+      timeout 200 python3 scripts/bench_attention.py --family hopper --shapes 4,32,4096,128,1 --dtypes fp16 --rounds 9 \
+        $tuned --output "$out/paired_rebest" 2>&1 | tee "$out/paired_rebest.log" | tail -8 ;;
     kernels)
       # The kernel changes of 2026-11-26 (issue 25): two CTAs per SM (CTAS_PER_SM=2) under every scheduler and the
       # split-KV combine that loads 8 splits' partials at once: their GPU tests, compute-sanitizer on each, then the

@@ -255,7 +255,8 @@ def test_paired_figures_say_how_the_alternate_timing_went():
 
 # -- the command line ----------------------------------------------------------------------
 
-def test_search_races_paired_on_request(capsys, monkeypatch, tmp_path, build_cache_dir):
+@pytest.mark.parametrize("flag", [None, "--paired-race", "--no-paired-race"])
+def test_search_races_paired_by_default_and_unpaired_on_request(capsys, monkeypatch, tmp_path, build_cache_dir, flag):
     from test_racing_loop import _cli
 
     made: list[RacingScaffold] = []
@@ -264,9 +265,19 @@ def test_search_races_paired_on_request(capsys, monkeypatch, tmp_path, build_cac
         made.append(RacingScaffold())
         return made[-1]
 
-    _cli(capsys, monkeypatch, tmp_path, build_cache_dir, factory, "--paired-race")
+    _cli(capsys, monkeypatch, tmp_path, build_cache_dir, factory, *([flag] if flag else []))
     races = [r for r in made[0].races_seen if r is not None]
-    assert races and all(r.rule.paired_margin == PAIRED_MARGIN and r.paired for r in races)
+    if flag == "--no-paired-race":
+        assert races and all(r.rule == DEFAULT_RULE and not r.paired for r in races)
+    else:
+        assert races and all(r.rule.paired_margin == PAIRED_MARGIN and r.paired for r in races)
+
+
+def test_full_timing_alone_races_nothing():
+    from evotuner.session import race_rule
+
+    assert race_rule(full_timing=True) is None and race_rule(full_timing=True, paired=False) is None
+    assert race_rule().paired_margin == PAIRED_MARGIN and race_rule(paired=False) == DEFAULT_RULE
 
 
 def test_full_timing_and_paired_race_together_are_refused_in_one_line(capsys, monkeypatch, tmp_path):
