@@ -232,9 +232,10 @@ class _Search:
                 self._poll_followed()
                 pending = self.flights.pending
                 if pending:
-                    # the baselines go where the GPU would idle: while the oldest build compiles,
-                    # else right after the first measurement
-                    self._baselines_if_due(idle=not pending[0].future.done())
+                    # the baselines come right after the first measurement, never in front of it: put
+                    # where the first build compiles, they outlasted it and held the first measurement
+                    # back (they take seconds: the SDPA backends, each timed for the budget)
+                    self._baselines_if_due(idle=False)
                     self._collect(pending.popleft())
                     continue
                 self._baselines_if_due(idle=True)
@@ -268,8 +269,8 @@ class _Search:
         self._poll_followed()
 
     def _baselines_if_due(self, *, idle: bool) -> None:
-        """Measure the baselines now if they are pending and the GPU would otherwise idle
-        (``idle``) or the first measurement is done."""
+        """Measure the baselines now if they are pending and the first measurement is done, or
+        nothing is in flight (``idle``: no build or measurement for the GPU to wait on)."""
         if self.device.due(idle=idle, measured=self.judge.measured):
             self._baselines(wait=False)
 

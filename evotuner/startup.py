@@ -59,8 +59,8 @@ class DeviceStart:
         self.pending = True
 
     def due(self, *, idle: bool, measured: int) -> bool:
-        """The baselines are pending and the GPU would otherwise idle (``idle``) or the first
-        measurement is done."""
+        """The baselines are pending and the first measurement is done, or nothing is in
+        flight (``idle``): nothing waits behind them."""
         return self.pending and (idle or measured > 0)
 
     def measure_baselines(self, wait: Callable[[], None] | None) -> dict[str, float | None] | None:
