@@ -470,11 +470,11 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
             workdir = args.workdir
             workdir.mkdir(parents=True, exist_ok=True)
         sampler = session.sampler_name(args.sampler, space)   # default: the family's, as `evotuner search`
+        racing = session.race_rule(full_timing=args.full_timing, paired=args.paired_race)   # as `evotuner search`
         meta = {"shape": str(problem.shape), "problem": problem.as_dict(), "space": space.name,
                 "sampler": sampler, "seed": args.seed, "jobs": jobs, "trials": args.trials,
                 "budget_s": args.budget, "workdir": str(workdir), "cpu_count": os.cpu_count(),
-                "racing": not args.full_timing,
-                "paired_race": args.paired_race if args.paired_race is not None else not args.full_timing}
+                "racing": racing is not None, "paired_race": racing is not None and racing.paired_margin is not None}
 
         def write(reports: dict[str, PhaseReport]) -> None:
             data = {**meta, "phases": {k: r.as_dict() for k, r in reports.items()},
@@ -493,7 +493,7 @@ def main(argv: Sequence[str] | None = None, *, measure_factory: Callable[[], Mea
         reports = bench_tuner(problem=problem, space=space, trials=args.trials, sampler_name=sampler,
                               seed=args.seed, jobs=jobs, workdir=workdir, measure_factory=measure_factory,
                               phases=phases, on_phase=on_phase,
-                              racing=session.race_rule(full_timing=args.full_timing, paired=args.paired_race))
+                              racing=racing)
         out.print(_table(reports, jobs))
         goal = targets(reports, args.trials)
         for phase in ("cold", "warm"):

@@ -49,7 +49,7 @@ from evotuner.compiler.result import Artifact
 from evotuner.measure.protocol import (
     PipeClosed, ProtocolError, Reply, Request, read_message_blocking, write_message,
 )
-from evotuner.measure.racing import pair_ratios, paired_figures
+from evotuner.measure.racing import pair_ratios, paired_figures, quantile
 from evotuner.measure.worker_tools import DiagnosticOps, ragged_problem, unload_if_healthy
 from evotuner.problem import Problem
 
@@ -395,8 +395,8 @@ def _paired_figures(timing: Any) -> dict[str, Any]:
     if not theirs:
         return {"pairs": 0}
     ratios = sorted(pair_ratios(timing.samples_us, theirs))
-    return {"pairs": len(theirs), "incumbent_median_us": sorted(theirs)[len(theirs) // 2],
-            "ratio_median": ratios[len(ratios) // 2] if ratios else None}
+    return {"pairs": len(theirs), "incumbent_median_us": quantile(sorted(theirs), 0.5),
+            "ratio_median": quantile(ratios, 0.5) if ratios else None}
 
 
 # ---------------------------------------------------------------------- main
