@@ -4,7 +4,8 @@
 It imports the CLI inside an error boundary of its own: loading the CLI's modules (torch,
 Optuna, SQLAlchemy) takes about a second, and a Ctrl-C meanwhile would otherwise print the
 traceback of whatever import it landed in. It comes out as the one line any later Ctrl-C
-gives, with exit status 130. This module imports nothing heavy itself.
+gives, with exit status 130. This module imports nothing heavy itself; for ``search`` and ``resume`` on a GPU machine it
+first spawns the GPU worker (:mod:`evotuner.prestart`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,12 @@ INTERRUPTED_EXIT = 130
 
 def main(argv: list[str] | None = None) -> int:
     """Run ``evotuner ARGV`` (``sys.argv[1:]`` when None); returns the exit status."""
+    from evotuner import prestart
+
     try:
+        # a command that measures gets its GPU worker now: its torch import and CUDA context
+        # (seconds) come up while the CLI's modules load (evotuner.prestart)
+        prestart.start_early(sys.argv[1:] if argv is None else argv)
         from evotuner.cli import main as cli_main
 
         return cli_main(argv)
@@ -28,3 +34,5 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError):
             pass
         return INTERRUPTED_EXIT
+    finally:
+        prestart.discard()       # an early worker the command did not take ends with it

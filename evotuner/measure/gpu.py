@@ -25,12 +25,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from functools import lru_cache
 from typing import Any, Sequence
 
 from evotuner.compiler.result import Artifact
+from evotuner import prestart
 from evotuner.errors import NoGpuError
 from evotuner.measure.base import MeasureFailure, MeasureOutcome, MeasureStage, PendingMeasure
 from evotuner.measure.protocol import (
@@ -92,7 +92,7 @@ class GpuMeasure(MeasureStage):
         self.start_timeout_s = float(start_timeout_s)
         self.budget_s = float(budget_s)
         self.seed = int(seed)
-        self.worker_cmd = list(worker_cmd) if worker_cmd is not None else [python, "-m", "evotuner.measure.worker"]
+        self.worker_cmd = list(worker_cmd) if worker_cmd is not None else prestart.worker_command(python)
         self.env = env
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: FrameReader | None = None
@@ -370,21 +370,16 @@ class GpuMeasure(MeasureStage):
         return self._read_reply(request.op, timeout_s)
 
     def _spawn(self) -> None:
-        env = dict(os.environ if self.env is None else self.env)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env["EVOTUNER_WORKER_DEVICE"] = str(self.device_index)
-        # stderr goes to a file, never a pipe: a chatty worker cannot fill a pipe and block.
-        self._stderr = tempfile.TemporaryFile(prefix="evotuner-worker-", suffix=".stderr")
+        env = prestart.worker_env(self.env)
+        # the worker the entry point spawned before the CLI was imported, when it is this one
+        spawned = prestart.take(self.worker_cmd, env)
         self._last_stderr = ""
-        try:
-            self._proc = subprocess.Popen(
-                self.worker_cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr,
-                env=env, start_new_session=True, close_fds=True,
-            )
-        except OSError as exc:
-            self._stderr.close()
-            self._stderr = None
-            raise _WorkerLost("crash", f"GPU worker could not be started: {self.worker_cmd[0]}: {exc}") from None
+        if spawned is None:
+            try:
+                spawned = prestart.spawn(self.worker_cmd, env)
+            except OSError as exc:
+                raise _WorkerLost("crash", f"GPU worker could not be started: {self.worker_cmd[0]}: {exc}") from None
+        self._proc, self._stderr = spawned.proc, spawned.stderr
         assert self._proc.stdout is not None
         self._reader = FrameReader(self._proc.stdout.fileno())
         self.spawns += 1
@@ -425,27 +420,7 @@ class GpuMeasure(MeasureStage):
         if owed is not None:
             owed.settle(MeasureFailure("crash", "the GPU worker was stopped before it answered this measurement"))
         if proc is not None:
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    proc.kill()
-            else:
-                # The leader is gone; children it left in its group go too.
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            try:
-                proc.wait(timeout=30.0)
-            except subprocess.TimeoutExpired:  # pragma: no cover - uninterruptible (D state) process
-                pass
-            for stream in (proc.stdin, proc.stdout):
-                try:
-                    if stream is not None:
-                        stream.close()
-                except OSError:
-                    pass
+            prestart.stop(proc)
         if self._stderr is not None:
             try:
                 self._stderr.seek(0)

@@ -429,6 +429,13 @@ def main() -> None:
     reply_fd = os.dup(1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    # torch now, before the first request: a worker the entry point spawned early
+    # (evotuner.prestart) imports it while the parent is still importing its own modules.
+    # A torch that cannot be imported is left to ``init``, which says why in its reply.
+    try:
+        import torch  # noqa: F401
+    except BaseException:  # noqa: BLE001 -- reported by op_init
+        pass
     out = os.fdopen(reply_fd, "wb", buffering=0)
     inp = os.fdopen(os.dup(0), "rb", buffering=0)
     status = serve(inp, out)
