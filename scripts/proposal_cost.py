@@ -3,7 +3,7 @@
 
     python scripts/proposal_cost.py tests/data/sweep_h100_hopper_d64.csv \\
         --space search_spaces/hopper_grid.toml --trials 500 [--sampler guided] [--seed 0] \\
-        [--ranges 0-50,100-150,400-500] [--output cost.json]
+        [--ranges 0-50,100-150,400-500] [--output cost.json] [--related OTHER_SWEEP.csv ...]
 
 One cold study (no recommended config, no transfer: the sampler alone, as
 scripts/sampler_benchmark.py runs it) goes through the real search loop
@@ -20,6 +20,10 @@ Every 50 trials it prints the last 50 trials' median to stderr.
 
 The first trial of a guided study includes enumerating the space and the cost model's
 estimate of every feasible config (once per sampler).
+
+``--related OTHER.csv`` (repeatable) gives the guided sampler other problems' studies, as a
+transfer from a database holding them would (``evotuner.transfer``): each sweep's 64 fastest
+measured configs and up to 32 of its compiled failures, at the similarity transfer assigns.
 """
 
 from __future__ import annotations
@@ -97,8 +101,25 @@ def parse_ranges(text: str) -> list[tuple[int, int]]:
     return out
 
 
+def related_study(sweep: Path, target: Any) -> Any:
+    """Sweep ``sweep`` as a related study of problem ``target``: its 64 fastest measured configs
+    and up to 32 compiled failures (what a finished 64-trial study of it would hand over)."""
+    from evotuner.family import get_family
+    from evotuner.gpmodel import Related
+    from evotuner.measure.replay import read_sweep
+    from evotuner.transfer import similarity
+
+    table = read_sweep(sweep)
+    family = get_family("hopper")
+    ok = sorted((r for r in table.rows.values() if r.status == "ok"), key=lambda r: r.median_us)[:64]
+    failed = [r for r in table.rows.values() if r.status != "ok" and r.compiled][:32]
+    points = tuple((r.config, r.median_us if r.status == "ok" else None, family.estimate_us(r.config, table.problem))
+                   for r in ok + failed)
+    return Related(sweep.stem, similarity(target, table.problem), points)
+
+
 def run(sweep: Path, space_path: str | None, sampler_name: str, seed: int,
-        trials: int) -> tuple[TimedSampler, dict[int, float]]:
+        trials: int, related: tuple[Path, ...] = ()) -> tuple[TimedSampler, dict[int, float]]:
     """One replayed study; returns the timed sampler and {trial number: finished at (s)}."""
     from evotuner import events as ev
     from evotuner import session
@@ -110,7 +131,8 @@ def run(sweep: Path, space_path: str | None, sampler_name: str, seed: int,
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     space = load_space(space_path)
     problem = read_sweep(sweep).problem
-    sampler = TimedSampler(make_sampler(sampler_name, space, seed, problem))
+    others = tuple(related_study(path, problem) for path in related)
+    sampler = TimedSampler(make_sampler(sampler_name, space, seed, problem, related=others))
     finished: dict[int, float] = {}
     started = time.perf_counter()
 
@@ -156,14 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trials", type=int, default=500)
     ap.add_argument("--ranges", default="0-50,100-150,400-500", help="trial-number ranges, half-open")
     ap.add_argument("--output", type=Path, default=None, help="also write the figures as JSON here")
+    ap.add_argument("--related", type=Path, action="append", default=[],
+                    help="another problem's sweep, as a related study (guided; repeatable)")
     args = ap.parse_args(argv)
     ranges = parse_ranges(args.ranges)
 
     started = time.perf_counter()
-    sampler, finished = run(args.sweep, args.space, args.sampler, args.seed, args.trials)
+    sampler, finished = run(args.sweep, args.space, args.sampler, args.seed, args.trials, tuple(args.related))
     wall = time.perf_counter() - started
     rows = [summarize(sampler, finished, lo, hi) for lo, hi in ranges]
-    print(f"{args.sweep.name}, {args.sampler}, seed {args.seed}: {len(finished)} trials in {wall:.0f} s")
+    with_related = f", {len(args.related)} related studies" if args.related else ""
+    print(f"{args.sweep.name}, {args.sampler}, seed {args.seed}{with_related}: {len(finished)} trials in {wall:.0f} s")
     print("| trials | n | proposal median ms | mean | p90 | max | CPU median ms | trial wall median ms |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
@@ -175,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
               f"| {r['max_ms']:.1f} | {r['cpu_median_ms']:.1f} | {tw} |")
     if args.output is not None:
         args.output.write_text(json.dumps({"sweep": str(args.sweep), "space": args.space, "sampler": args.sampler,
+                                           "related": [str(p) for p in args.related],
                                            "seed": args.seed, "trials": len(finished), "wall_s": wall,
                                            "ranges": rows,
                                            "per_trial_ms": {n: 1e3 * s for n, s in sorted(sampler.seconds.items())},

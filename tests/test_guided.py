@@ -333,6 +333,30 @@ def _lead(related, problem, grid):
     return min(options, key=lambda c: HOPPER.estimate_us(c, problem))
 
 
+def test_with_related_studies_the_length_scales_are_fitted_as_the_evidence_grows(grid, monkeypatch):
+    """The related studies' points count toward the refit rule: a fit at every proposal over
+    them (each study brings up to 96) made a proposal 9x dearer (issue 28: 35-63 s of a
+    64-trial study proposing on the H100 machine). Cold, the rule is unchanged (the test above)."""
+    from evotuner import guided
+
+    fitted, fit = [], GuidedSampler._fit_length_scales
+
+    def record(self, points):
+        fitted.append(len(points.y))
+        return fit(self, points)
+
+    monkeypatch.setattr(GuidedSampler, "_fit_length_scales", record)
+    problem = _problem()
+    estimate, noisy = _noisy(problem)
+    related = (_related("d128", problem), _related("d128_causal", problem))
+    known = sum(len(r.points) for r in related)
+    assert known > guided.REFIT_EVERY_UNTIL
+    configs = _walk(GuidedSampler(grid, problem, estimate, 0, related=related), grid, problem, noisy, 30)
+    assert len(set(configs)) == 30
+    # one fit, then one each time the known count (related points + this study's) grew by 10%
+    assert 1 <= len(fitted) <= 3, fitted
+
+
 def test_related_studies_leave_the_first_pick_and_put_their_lead_second(grid):
     """At 2,8,8192,64 causal the model's first pick is 11-14% off the optimum (cold needs 26
     evaluations, docs/samplers.md); the 1,16,4096,64 bf16 sweep's fastest configs include
