@@ -108,3 +108,36 @@ def test_the_worker_imports_torch_before_its_first_request(tmp_path):
                           capture_output=True, env=env, timeout=60)
     assert proc.returncode == 0                            # no request came: EOF ends it
     assert marker.exists()
+
+
+def test_the_searching_commands_run_one_blas_thread_unless_the_environment_says(monkeypatch):
+    monkeypatch.delenv(launch.BLAS_THREADS_ENV, raising=False)
+    launch.one_blas_thread(["show", "--study", "s"])
+    assert launch.BLAS_THREADS_ENV not in os.environ
+    launch.one_blas_thread(["search", "--study", "s"])
+    assert os.environ[launch.BLAS_THREADS_ENV] == "1"
+    monkeypatch.setenv(launch.BLAS_THREADS_ENV, "4")
+    launch.one_blas_thread(["resume", "--study", "s"])
+    assert os.environ[launch.BLAS_THREADS_ENV] == "4"
+
+
+def test_the_early_worker_runs_in_the_environment_the_search_then_has(driver, monkeypatch):
+    """The BLAS setting comes before the early spawn, so the measure stage still adopts it."""
+    monkeypatch.delenv(launch.BLAS_THREADS_ENV, raising=False)
+    adopted = []
+
+    def cli_main(argv):
+        gm = GpuMeasure(start_timeout_s=120.0)
+        try:
+            early = prestart._early
+            gm.start()
+            adopted.append(early is not None and gm.spawned_pids == [early.proc.pid])
+        finally:
+            gm.close()
+        return 0
+
+    import evotuner.cli
+
+    monkeypatch.setattr(evotuner.cli, "main", cli_main)
+    assert launch.main(["search", "--study", "s", "--shape", "D=64"]) == 0
+    assert adopted == [True]
