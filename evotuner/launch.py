@@ -4,8 +4,9 @@
 It imports the CLI inside an error boundary of its own: loading the CLI's modules (torch,
 Optuna, SQLAlchemy) takes about a second, and a Ctrl-C meanwhile would otherwise print the
 traceback of whatever import it landed in. It comes out as the one line any later Ctrl-C
-gives, with exit status 130. This module imports nothing heavy itself; for ``search`` and ``resume`` on a GPU machine it
-first spawns the GPU worker (:mod:`evotuner.prestart`).
+gives, with exit status 130. This module imports nothing heavy itself. For ``search`` and
+``resume`` it first sets numpy's BLAS to one thread (:func:`one_blas_thread`) and, on a GPU
+machine, spawns the GPU worker (:mod:`evotuner.prestart`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ BLAS_THREADS_ENV = "OPENBLAS_NUM_THREADS"
 def one_blas_thread(argv: list[str]) -> None:
     """``search`` and ``resume``: numpy's OpenBLAS runs one thread, unless ``OPENBLAS_NUM_THREADS``
     says otherwise. The guided sampler's linear algebra runs in the search process while nvcc
-    builds take the host's cores; OpenBLAS's own threads then wait on them, and a proposal took
-    up to 10x longer (the slowest 2.3 s against 0.25 s with one thread, replayed on 2 busy
-    cores). Set before numpy loads (it reads the variable once) and before the GPU worker is
-    spawned, so the worker the search adopts runs in the same environment."""
+    builds take the host's cores; OpenBLAS's own threads then wait on them (a replayed seeded
+    study on two busy cores: 19 s against 7 s with one thread, its slowest proposal 8.7 s
+    against 0.17 s; docs/measurements/proposal_cost/README.md). Set before numpy loads (it
+    reads the variable once) and before the GPU worker is spawned, so the worker the search
+    adopts runs in the same environment."""
     from evotuner.prestart import MEASURING_COMMANDS
 
     if argv and argv[0] in MEASURING_COMMANDS:

@@ -29,8 +29,8 @@ import threading
 from functools import lru_cache
 from typing import Any, Sequence
 
-from evotuner.compiler.result import Artifact
 from evotuner import prestart
+from evotuner.compiler.result import Artifact
 from evotuner.errors import NoGpuError
 from evotuner.measure.base import MeasureFailure, MeasureOutcome, MeasureStage, PendingMeasure
 from evotuner.measure.protocol import (
