@@ -113,6 +113,10 @@ REFIT_GROWTH = 0.1
 GP_POINTS = 128
 GP_BEST = 48
 GP_RECENT = 32
+#: Candidates whose posterior sd is computed at a time, in order of their EI bound (_best_gain).
+SD_CHUNK = 256
+#: The posterior standard deviation of candidates, by their indices.
+SdOf = Callable[[np.ndarray], np.ndarray]
 #: Standard deviation of one measurement's log time (run-to-run noise, ~1 %).
 NOISE_SD = 0.01
 #: Where an estimate of ``inf`` puts a config: this far (log) above the worst finite estimate.
@@ -292,18 +296,38 @@ class GuidedSampler(BaseSampler):
         if self._lead is not None and free[self._lead]:
             return self._lead             # the related studies' lead (see the module docstring)
         try:
-            mean, sd = self._predict(seen, free)
+            mean, sd_of = self._predict(seen, free)
         except np.linalg.LinAlgError:     # a covariance numerically singular: take the model's next best
             return int(np.argmin(np.where(free, self._prior + jitter, np.inf)))
         best = min(measured.values()) if measured else float(mean.min())
         rows = np.flatnonzero(free)
-        gain = expected_improvement(best, mean, sd) + jitter[rows]
-        return int(rows[np.argmax(gain)])
+        return int(rows[self._best_gain(best, mean, sd_of, jitter[rows])])
 
-    def _predict(self, seen: "Observed", free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Posterior mean and standard deviation of the log time of every free candidate (rows
-        where ``free``) given what the study (at most GP_POINTS of its known configs, see
-        :func:`conditioning`) and the related studies know."""
+    def _best_gain(self, best: float, mean: np.ndarray, sd_of: SdOf, jitter: np.ndarray) -> int:
+        """The index of the largest expected improvement (plus ``jitter``) over the candidates
+        of posterior ``mean``, the first of equals, as an argmax over all of them would give;
+        their posterior sd (``sd_of(indices)``, the dear part: its cost is the GP's points
+        squared per candidate) is computed only where it can matter. EI grows with the sd and no
+        posterior sd exceeds the prior's, so a candidate whose EI at the prior sd is below the
+        best EI found cannot win: candidates go in order of that bound, SD_CHUNK at a time,
+        until the best found beats the next bound."""
+        bound = expected_improvement(best, mean, np.full(len(mean), self.settings.signal_sd)) + jitter
+        order = np.argsort(-bound, kind="stable")
+        top, top_gain = -1, -math.inf
+        for start in range(0, len(order), SD_CHUNK):
+            if top >= 0 and top_gain > bound[order[start]]:
+                break
+            idx = np.sort(order[start:start + SD_CHUNK])
+            gain = expected_improvement(best, mean[idx], sd_of(idx)) + jitter[idx]
+            i = int(np.argmax(gain))                 # the first of equals within the chunk
+            if gain[i] > top_gain or (gain[i] == top_gain and idx[i] < top):
+                top, top_gain = int(idx[i]), float(gain[i])
+        return top
+
+    def _predict(self, seen: "Observed", free: np.ndarray) -> tuple[np.ndarray, SdOf]:
+        """Posterior mean of the log time of every free candidate (rows where ``free``), and
+        their standard deviation by index into those candidates, given what the study (at most
+        GP_POINTS of its known configs, see :func:`conditioning`) and the related studies know."""
         assert self._x is not None and self._prior is not None
         measured, failed = seen.measured, seen.failed
         residual = {row: value - self._prior[row] for row, value in measured.items()}
@@ -317,8 +341,8 @@ class GuidedSampler(BaseSampler):
             scales = self._length_scales(points, len(measured) + len(failed) + len(self._tasks.points.y))
         else:
             scales = np.full(points.x.shape[1], self.settings.length_scale)
-        mean, sd = self._posterior(points, scales, self._x[free])
-        return self._prior[free] + bias + mean, sd
+        mean, sd_of = self._posterior(points, scales, self._x[free])
+        return self._prior[free] + bias + mean, sd_of
 
     def _length_scales(self, points: "Points", known: int) -> np.ndarray:
         """The length scales fitted on ``points`` (their FIT_POINTS lowest residuals), or the last
@@ -355,20 +379,23 @@ class GuidedSampler(BaseSampler):
                 scales[d] = min(zip(nll.tolist(), LENGTH_SCALES))[1]
         return scales
 
-    def _posterior(self, points: "Points", scales: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """GP posterior mean and standard deviation of the residual here at the scaled configs ``x``."""
+    def _posterior(self, points: "Points", scales: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, SdOf]:
+        """GP posterior mean of the residual here at the scaled configs ``x``, and their posterior
+        standard deviation by index into ``x`` (computed when asked: n^2 per config)."""
         var = self.settings.signal_sd ** 2
         chol = self._cholesky(points, scales)
-        # L^-1 once (n^3, n <= GP_POINTS), then one product for every candidate: a general solve
+        # L^-1 once (n^3, n <= GP_POINTS + the related points), then products: a general solve
         # against the candidates' (n, m) block factorised L again and ran two triangular sweeps
         # over m = thousands of columns, half this proposal's cost on hopper.toml's 5064 configs.
         chol_inv = np.linalg.inv(chol)
         alpha = chol_inv.T @ (chol_inv @ points.y)
         k_cross = self._kernel(x, points.x, scales) * points.weight[None, :]
-        mean = k_cross @ alpha
-        v = chol_inv @ k_cross.T
-        sd = np.sqrt(np.clip(var - (v * v).sum(axis=0), 1e-12, None))
-        return mean, sd
+
+        def sd_of(idx: np.ndarray) -> np.ndarray:
+            v = chol_inv @ k_cross[idx].T
+            return np.sqrt(np.clip(var - (v * v).sum(axis=0), 1e-12, None))
+
+        return k_cross @ alpha, sd_of
 
     def _cholesky(self, points: "Points", scales: np.ndarray) -> np.ndarray:
         """Cholesky factor of the points' covariance (kernel times task correlation, plus measurement noise)."""

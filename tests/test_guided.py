@@ -244,6 +244,54 @@ def test_the_gp_conditions_on_at_most_gp_points_of_the_studys_configs(grid, monk
     assert sizes == [min(known, 24) for known in range(1, 60)]   # trial k knows k configs
 
 
+def _full_gain(self, best, mean, sd_of, jitter):
+    """The reference: every candidate's posterior sd, then the argmax."""
+    import numpy as np
+
+    from evotuner.gpmodel import expected_improvement
+
+    return int(np.argmax(expected_improvement(best, mean, sd_of(np.arange(len(mean)))) + jitter))
+
+
+def test_the_best_gain_is_the_argmax_over_all_while_computing_few_posterior_sds(grid):
+    import numpy as np
+
+    problem = _problem()
+    sampler = GuidedSampler(grid, problem, lambda c: HOPPER.estimate_us(c, problem), 0)
+    signal = sampler.settings.signal_sd
+    rng = np.random.default_rng(1)
+    computed_share = []
+    for case in range(300):
+        m = int(rng.integers(1, 4000))
+        mean = rng.normal(0.0, 0.1, m)
+        sd = rng.uniform(1e-4, signal, m)
+        if case % 3 == 0:
+            sd[:] = signal * 0.999                        # no sd far below the bound: little to skip
+        jitter = rng.uniform(0.0, 1e-9, m)
+        best = float(mean.min() + rng.normal(0.0, 0.05))
+        asked = []
+
+        def sd_of(idx):
+            asked.append(len(idx))
+            return sd[idx]
+
+        assert sampler._best_gain(best, mean, sd_of, jitter) == _full_gain(sampler, best, mean, lambda i: sd[i], jitter)
+        computed_share.append(sum(asked) / m)
+    assert np.median(computed_share) < 0.5
+
+
+def test_the_pruned_pick_proposes_what_the_full_pick_would(grid, monkeypatch):
+    problem = _problem()
+    estimate, noisy = _noisy(problem)
+    related = (_related("d128", problem), _related("d128_causal", problem))
+    walks = []
+    for full in (False, True):
+        if full:
+            monkeypatch.setattr(GuidedSampler, "_best_gain", _full_gain)
+        walks.append(_walk(GuidedSampler(grid, problem, estimate, 3, related=related), grid, problem, noisy, 40))
+    assert walks[0] == walks[1]
+
+
 def test_the_capped_points_are_the_fastest_the_newest_in_flight_first_and_a_spread():
     from evotuner.gpmodel import Observed as _Observed, conditioning as _conditioning
 

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""The guided sampler's proposal cost for a study seeded from real studies, on the full space.
+
+    python scripts/proposal_cost_seeded.py --storage sqlite:///bars.db --study g3 [--sources g2,g1,g4] \\
+        [--trials 48] [--device "NVIDIA H100 80GB HBM3"] [--seed 0]
+
+scripts/proposal_cost.py replays a recorded sweep, so its space is the sweep's (hopper_grid,
+645-855 configs); a study a user seeds runs on its family's full space (hopper.toml: about 5000
+feasible configs at D=128), where the GP's posterior over every candidate costs more. This
+script takes a study's problem and space from a database (``--study``), its related studies
+as ``search`` would load them (``evotuner.transfer``: ``--sources``, default the sources the
+study recorded), and asks ``--trials`` proposals of the guided sampler twice, cold and seeded,
+in an in-memory Optuna study told the cost model's estimate times a fixed noise (no GPU, no
+builds: the sampler's own cost). Prints per run the first proposal (it enumerates the space
+and estimates every config), the median and the maximum of the rest, and the total.
+
+One BLAS thread, as ``evotuner search`` runs (evotuner.launch), unless OPENBLAS_NUM_THREADS
+is set. The database of the session that found the cost (``docs/measurements/gqa/
+bars_h100_1126i/bars.db.gz``, gunzipped) holds studies g1-g4 (GQA) and w1-w2 (D=256).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+import optuna
+
+
+def proposals(space, problem, estimate, related, trials: int, seed: int) -> list[float]:
+    """Seconds per proposal of ``trials`` guided proposals, each told its noisy estimate."""
+    from evotuner.guided import GuidedSampler
+    from evotuner.propose import suggest
+
+    study = optuna.create_study(sampler=GuidedSampler(space, problem, estimate, seed, related=related))
+    rng = np.random.default_rng(seed)
+    seconds = []
+    for _ in range(trials):
+        started = time.perf_counter()
+        trial = study.ask()
+        config = suggest(trial, space)
+        seconds.append(time.perf_counter() - started)
+        us = estimate(config)
+        if np.isfinite(us):
+            study.tell(trial, us * (1.0 + 0.05 * rng.standard_normal()))
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--storage", required=True, help="the study database (a SQLAlchemy URL)")
+    ap.add_argument("--study", required=True, help="the study whose problem and space are used")
+    ap.add_argument("--sources", default=None, help="related studies, comma-separated (default: the study's recorded)")
+    ap.add_argument("--device", default="NVIDIA H100 80GB HBM3", help="the GPU model the sources were measured on")
+    ap.add_argument("--trials", type=int, default=48)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+
+    from evotuner.family import get_family
+    from evotuner.session import study_space
+    from evotuner.storage import StudyStore
+    from evotuner.transfer import plan_transfer, related
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    with StudyStore(args.storage, read_only=True) as store:
+        problem = store.study_info(args.study).problem
+        space = study_space(store, args.study)
+        names = tuple(args.sources.split(",")) if args.sources else store.transfer_sources(args.study)
+        plan = plan_transfer(store, args.study, problem, space, {"name": args.device}, studies=len(names), only=names)
+        family = get_family(space.kernel)
+        seeded = related(plan.sources, family.estimate_us)
+    print(f"{args.study}: {problem}, space {space.name}; related: "
+          + (", ".join(f"{r.name} ({len(r.points)} points)" for r in seeded) or "none"))
+    estimate = lambda config: family.estimate_us(config, problem)   # noqa: E731
+    for label, rel in (("cold", ()), ("seeded", seeded)):
+        ms = [1e3 * s for s in proposals(space, problem, estimate, rel, args.trials, args.seed)]
+        rest = ms[1:] or ms
+        print(f"  {label:6s}: first {ms[0]:.0f} ms, then median {statistics.median(rest):.1f} ms, "
+              f"max {max(rest):.1f} ms; {args.trials} proposals in {sum(ms) / 1e3:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
