@@ -28,9 +28,9 @@ def one_blas_thread(argv: list[str]) -> None:
     against 0.17 s; docs/measurements/proposal_cost/README.md). Set before numpy loads (it
     reads the variable once) and before the GPU worker is spawned, so the worker the search
     adopts runs in the same environment."""
-    from evotuner.prestart import MEASURING_COMMANDS
+    from evotuner.prestart import measuring
 
-    if argv and argv[0] in MEASURING_COMMANDS:
+    if measuring(argv):
         os.environ.setdefault(BLAS_THREADS_ENV, "1")
 
 

@@ -73,11 +73,16 @@ def worker_env(base: dict[str, str] | None = None) -> dict[str, str]:
 _early: Spawned | None = None
 
 
+def measuring(argv: Sequence[str]) -> bool:
+    """Whether ``evotuner ARGV`` is a command that measures (``search``, ``resume``)."""
+    return bool(argv) and argv[0] in MEASURING_COMMANDS
+
+
 def wanted(argv: Sequence[str]) -> bool:
     """Whether ``evotuner ARGV`` measures on this machine's GPU: ``search`` or ``resume``, not
     replayed and not asking for help, an NVIDIA driver present, and not switched off by
     ``EVOTUNER_NO_EARLY_WORKER=1``."""
-    if not argv or argv[0] not in MEASURING_COMMANDS:
+    if not measuring(argv):
         return False
     if os.environ.get(OFF_ENV, "").strip() not in ("", "0"):
         return False
