@@ -2,7 +2,7 @@
 
 The search runs in a subprocess (tests/data/replay/kill_driver.py: run_search with
 ReplayMeasure + ReplayBuilder on a real SQLite file, PATH without nvcc). The test
-kills it with SIGKILL a random (seeded) time after the loop has started, 20 times,
+kills it with SIGKILL a random (seeded) time after its first trial has started, 20 times,
 then lets a last run finish. At the end the study must hold exactly N finished
 trials and no RUNNING one, and no config may have been measured twice -- except
 that a kill landing between a measurement and its record loses that trial (it
@@ -28,6 +28,7 @@ import pytest
 from evotuner.measure.replay import read_sweep
 from evotuner.space import load_space
 from evotuner.storage import StudyStore
+from evotuner.vocabulary import RECOVERED_ATTR
 
 DATA = Path(__file__).parent / "data" / "replay"
 SWEEP = DATA / "synthetic_d64.csv"
@@ -75,18 +76,20 @@ def test_twenty_kills_lose_nothing(tmp_path: Path) -> None:
         assert attempts <= 3 * KILLS, f"only {len(killed_pids)} kills landed in {attempts} runs"
         proc = _start(url, calls)
         if _wait_searching(proc):
-            # A start now also joins the study (worker row, seat, claims). Up to 0.25 s: at 0.05-0.5 s
-            # the 100 trials were done before the 20th kill on an idle 2-core machine (about 20 trials/s).
+            # Counted from the first trial in flight, so a slow start (joining the study: worker row,
+            # seat, claims) cannot eat the delay. Up to 0.25 s: at 0.05-0.5 s the 100 trials were
+            # done before the 20th kill on an idle 2-core machine (about 20 trials/s).
             time.sleep(rng.uniform(0.02, 0.25))
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+            out, _ = proc.communicate(timeout=30)
+            assert "outcome" not in out, f"kill {len(killed_pids) + 1} landed after the search ended"
             killed_pids.append(proc.pid)
+            continue
         else:
             out, err = proc.communicate(timeout=30)
             assert proc.returncode == 0, err[-2000:]
             pytest.fail(f"the search finished before kill {len(killed_pids) + 1}: {out.strip()}")
-        proc.communicate(timeout=30)
 
     final = _start(url, calls)
     out, err = final.communicate(timeout=120)
@@ -101,8 +104,14 @@ def test_twenty_kills_lose_nothing(tmp_path: Path) -> None:
                 and not (t.error or "").startswith("interrupted")]
     assert len(finished) == TRIALS, states
     interrupted = [t for t in summary.trials if (t.error or "").startswith("interrupted")]
-    print(f"{len(interrupted)} trials were left in flight by the {KILLS} kills")
-    assert len(interrupted) >= KILLS // 2, "the kills did not land inside the search"
+    recovered = [t for t in summary.trials if RECOVERED_ATTR in t.attrs]
+    print(f"the {KILLS} kills left {len(interrupted)} trials in flight and {len(recovered)} measured "
+          "but not told")
+    # Every kill landed between the first trial's start and the end of the search (checked above).
+    # Most leave a trial in flight (FAIL, interrupted) or one measured and recorded but not told
+    # (told by the resume from the record); the others land between a tell and the next ask. Of
+    # 20 kills, 9-16 left a trial in flight and 0-4 one untold (2-core machine, idle or loaded).
+    assert len(interrupted) + len(recovered) >= KILLS // 4, "too few kills caught a trial in flight"
     own = Counter(t.config for t in finished if t.duplicate_of is None)
     assert max(own.values()) == 1, [c for c, n in own.items() if n > 1]
     for t in finished:                     # every finished trial says what the sweep recorded
