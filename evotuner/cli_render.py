@@ -204,12 +204,15 @@ def decoded_json(summary: Any, space: Any) -> dict[str, Any]:
 
 
 def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space: Any = None) -> list[Text]:
-    """The best trials: one column per parameter under its fixed short header, the figures, the legend."""
+    """The best trials: one column per parameter under its fixed short header, the figures, the
+    legend. A parameter the space allows one value of gets no column: the legend names its value."""
     done = sorted((t for t in summary.trials
                    if t.state == "COMPLETE" and t.value is not None and t.duplicate_of is None),
                   key=lambda t: t.value)[:top]
     configs = [_config_values(t, space) for t in done]
-    names = columns.param_names(configs, tuple(space.names) if space is not None else ())
+    fixed = {p.name: p.values[0] for p in space.params if len(p.values) == 1} if space is not None else {}
+    names = [n for n in columns.param_names(configs, tuple(space.names) if space is not None else ())
+             if not (n in fixed and all(c.get(n, fixed[n]) == fixed[n] for c in configs))]
     short = columns.headers(names)
     fastest = min((v for v in baselines.values() if v), default=None)
     cols = [columns.Col("#", right=True), *(columns.Col(for_terminal(short[n]), right=True, group=1, tight=True)
@@ -222,6 +225,9 @@ def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space
     width = consoles.out.width
     lines = columns.table_lines(cols, rows, width, title=f"best {len(done)} of {len(summary.trials)} trials")
     lines += [Text(line) for line in columns.legend_lines(short, width)]
+    held = [f"{n}={v}" for n, v in fixed.items() if n not in names]
+    if held and done:
+        lines += [Text(line) for line in columns.wrap("every config here: " + ", ".join(held), width, 2)]
     if any(stopped):   # racing stopped these early: their median is of fewer repetitions
         lines += [Text(line) for line in columns.wrap(
             "* timing stopped early (racing): clearly slower than the best, median of fewer repetitions", width, 2)]

@@ -72,8 +72,12 @@ def assert_whole(text: str, width: int = 80) -> None:
 
 
 def assert_legend(text: str, space) -> None:
-    """Each parameter's header pair ``X = NAME`` on one line (a header that is the name needs none)."""
+    """Each parameter's header pair ``X = NAME`` on one line (a header that is the name needs none);
+    a parameter the space fixes to one value may instead be named once with it (``NAME=value``)."""
+    fixed = {p.name: p.values[0] for p in space.params if len(p.values) == 1}
     for name, short in columns.headers(space.names).items():
+        if name in fixed and any(f"{name}={fixed[name]}" in line for line in text.splitlines()):
+            continue
         if short != name:
             assert any(f"{short} = {name}" in line for line in text.splitlines()), (name, text)
 
@@ -137,7 +141,10 @@ def test_every_command_reads_whole_at_80_columns(family, db, cli80, capsys, monk
     assert "evotuner check" in out and "first finding: Invalid __global__ write" in " ".join(out.split())
 
     best = next(line for line in out.splitlines() if re.match(r"^\s*\d+\s", line)).split()
-    config = ",".join(f"{n}={v}" for n, v in zip(space.names, best[1:1 + len(space.names)]))
+    fixed = {p.name: p.values[0] for p in space.params if len(p.values) == 1}   # no column: named below
+    shown = [n for n in space.names if n not in fixed]
+    config = ",".join([*(f"{n}={v}" for n, v in zip(shown, best[1:1 + len(shown)])),
+                       *(f"{n}={v}" for n, v in fixed.items())])
     code, out, err = run(capsys, "compile", "--config", config, "--shape", "D=64", *extra)
     assert code in (0, 3), err
     assert_whole(out)
@@ -256,8 +263,9 @@ def test_the_best_table_marks_timings_racing_stopped_early() -> None:
 
 
 def test_a_hopper_config_beside_its_figures_takes_one_line_at_80_columns(monkeypatch) -> None:
-    """hopper.toml's eleven and hopper_split.toml's thirteen parameters, trial numbers past 9:
-    the parameter columns stand one space apart rather than stacking each row's figures on a
+    """hopper.toml's eleven and hopper_split.toml's thirteen parameters (three of them fixed
+    there, named once under the table instead of a column each), trial numbers past 9: the
+    parameter columns stand one space apart rather than stacking each row's figures on a
     second line; a table that fits with two spaces keeps them."""
     from types import SimpleNamespace
 
@@ -288,6 +296,9 @@ def test_a_hopper_config_beside_its_figures_takes_one_line_at_80_columns(monkeyp
         head = next(line for line in lines if line.lstrip().startswith("# "))
         assert head.split()[:3] == ["#", "BN", "CW"] and head.rstrip().endswith("vs SDPA"), head
         assert "  vs SDPA" in head                         # the figures keep their two spaces
+        if space_file == "hopper_split.toml":             # its one-value knobs: no column, one line
+            assert "SCHE" not in head and "CLUS" not in head, head
+            assert "every config here: SCHED=0, EXP_EMU=0, CTAS_PER_SM=1" in " ".join(lines), text
     grid = "\n".join(table("hopper_grid.toml"))
     assert "  BN  CW  STAG" in grid                        # fits as it was: two spaces
 
