@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification a landing's note quotes, in one script (run on the H100 machine from the
 # project root, after `source .device/setup.sh` there). Logs go to $OUT (default out/verify).
-#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|shipped|gpus|throughput|paired|kernels|midsize|decode|all]...
+#   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|shipped|gpus|throughput|paired|kernels|midsize|decode|cluster|all]...
 set -uo pipefail
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
@@ -308,6 +308,23 @@ for what in "${@:-all}"; do
         --sk 4096,32768,131072 --batch 1,16 --output "$out/decode_tuned" 2>&1 | tee "$out/decode_tuned.log" | tail -40
       cp /tmp/evotuner-decode.db "$out/decode.db"
       tar czf "$out/decode_logs.tgz" "$out"/decode_*,*.log && rm -f "$out"/decode_*,*.log ;;
+    cluster)
+      # CTA pairs sharing K/V loads (CLUSTER=2): the GPU tests (bit-equal to CLUSTER=1 and right on
+      # fresh inputs), compute-sanitizer on the pairs, then the pair against the same config unpaired
+      # and SDPA at non-causal shapes, same run (graph-free CUDA-event timing, L2 flushed, 5 rounds)
+      step "CLUSTER=2 GPU tests"
+      timeout 570 python3 -m pytest -q -rs -m gpu tests/gpu/test_hopper_cluster.py 2>&1 | tee "$out/cluster_tests.log" | tail -8
+      for tool in memcheck racecheck synccheck; do
+        step "compute-sanitizer --tool $tool on the CTA pairs"
+        timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_paths.py --only cluster \
+          > "$out/cluster_sanitize_$tool.log" 2>&1; echo "rc=$? $(grep -c ok "$out/cluster_sanitize_$tool.log") ok"
+        tail -3 "$out/cluster_sanitize_$tool.log"
+      done
+      step "bench_attention: SCHED 0/1 with and without CLUSTER=2 (recommended tiles otherwise)"
+      timeout 480 python3 scripts/bench_attention.py --family hopper --dtypes fp16 --rounds 5 \
+        --config SCHED=1,CLUSTER=1 --config SCHED=1,CLUSTER=2 --config SCHED=0,CLUSTER=1 --config SCHED=0,CLUSTER=2 \
+        --shapes 8,16,2048,128,0 --shapes 1,32,8192,128,0 --shapes 4,64,2048,128,0 --shapes 4,16,2048,256,0 \
+        --shapes 16,16,2048,64,0 --output "$out/bench_cluster" 2>&1 | tee "$out/bench_cluster.log" | tail -40 ;;
     workers|all)
       step "two search processes on one study (exact budget, nothing measured twice)"
       timeout 240 python3 scripts/two_workers.py --trials 24 --gpus 0 --workdir /tmp/evotuner-two 2>&1 | tee "$out/two_workers.log" | tail -12 ;;

@@ -12,7 +12,8 @@ GQA query-head packing (SPLITS not dividing the key blocks, more splits than blo
 with split, packed heads with and without split), each call checked against the fp32
 reference so a silent wrong result fails too. Exit status 0 when every output is right.
 ``--only split`` runs the split-KV cases alone, ``--only ctas`` those with two CTAs per SM
-(CTAS_PER_SM=2, every scheduler); ``--head-dim 96`` every group's cases at that head dim.
+(CTAS_PER_SM=2, every scheduler), ``--only cluster`` the CTA pairs sharing K/V loads
+(CLUSTER=2); ``--head-dim 96`` every group's cases at that head dim.
 """
 
 from __future__ import annotations
@@ -101,7 +102,17 @@ CTAS = (
     (2, 33, 33, 300, 300, 128, False, _TWO_CTAS + ",BLOCK_N=64,STAGES=2,SCHED=1"),    # 330 tiles > 264 CTAs
     (2, 40, 8, 513, 200, 64, True, _TWO_CTAS + ",BLOCK_N=128,STAGES=2,SCHED=2"),
 )
-GROUPS = {"split": SPLIT, "ctas": CTAS}
+_PAIR = "CONSUMER_WGS=2,REG_PROD=24,REG_CONS=240,OVERLAP=1,PINGPONG=1,RESCALE_LOG2=8,EXP_EMU=0,CLUSTER=2"
+#: (B, H, HKV, Sq, Sk, D, causal, config): CTA pairs sharing K/V loads (CLUSTER=2, non-causal):
+#: an odd number of query blocks (the last pair's second CTA has no rows), GQA, SCHED 0 and 1
+#: with more pairs than the persistent grid's, D 64 (one panel), 128 and 256.
+CLUSTER = (
+    (3, 5, 5, 97, 513, 128, False, _PAIR + ",CTAS_PER_SM=1,BLOCK_N=128,STAGES=2,SCHED=0"),
+    (2, 40, 8, 300, 200, 128, False, _PAIR + ",CTAS_PER_SM=1,BLOCK_N=128,STAGES=2,SCHED=1"),   # 120 pairs > 66
+    (1, 8, 2, 513, 131, 64, False, _PAIR + ",CTAS_PER_SM=1,BLOCK_N=128,STAGES=2,SCHED=1"),
+    (1, 2, 1, 300, 150, 256, False, _PAIR + ",BLOCK_N=64,STAGES=1,SCHED=1"),
+)
+GROUPS = {"split": SPLIT, "ctas": CTAS, "cluster": CLUSTER}
 
 
 def _dense(family: str | None, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool,

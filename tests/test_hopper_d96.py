@@ -110,8 +110,8 @@ def test_d96_maps_are_one_panel_per_box_over_the_true_width():
     view = launch.tma_view(2, 3, 97, 96, 3 * 97 * 96, 97 * 96, 96, 128, 1)
     assert view["dims"] == (96, 97, 1, 3, 2) and view["box"] == (64, 128, 1, 1, 1)
     assert view["byte_strides"] == (96 * 2, 96 * 2, 97 * 96 * 2, 3 * 97 * 96 * 2)
-    assert all(launch.map_box(w, 128, 80, 64, 96)["panels"] == 1 for w in range(4))
-    assert launch.map_box(launch.MAP_K, 128, 80, 64, 128)["panels"] == 2             # D=128 unchanged
+    assert all(launch.map_box(w, 128, 80, 64, 96, 1)["panels"] == 1 for w in range(4))
+    assert launch.map_box(launch.MAP_K, 128, 80, 64, 128, 1)["panels"] == 2             # D=128 unchanged
     assert launch.tma_view(1, 1, 5, 128, 640, 640, 128, 64, 2)["dims"] == (64, 5, 2, 1, 1)
     base = 0x7F0000000000
     assert launch.tma_fault(base, 2, 4, 96, 4 * 33 * 96, 33 * 96, 96, 1) == launch.FAULT_NONE

@@ -65,7 +65,7 @@ RECOMMENDED = [(d, dt, c, s) for d in HOPPER.head_dims for dt in DTYPES for c in
 def test_space_loads_and_names_the_family():
     assert SPACE.kernel == "hopper" and SPACE.arch == "sm_90a"
     assert set(SPACE.names) == {"BLOCK_N", "CONSUMER_WGS", "STAGES", "REG_PROD", "REG_CONS", "OVERLAP", "PINGPONG",
-                                "SCHED", "RESCALE_LOG2", "EXP_EMU", "CTAS_PER_SM"}
+                                "SCHED", "RESCALE_LOG2", "EXP_EMU", "CTAS_PER_SM", "CLUSTER"}
     feasible = [c for c in SPACE.configs() if SPACE.violated(c, _problem(64)) is None]
     assert 1000 <= len(feasible) <= 20000
 
@@ -81,6 +81,9 @@ def test_space_loads_and_names_the_family():
     (dict(CTAS_PER_SM=2), "register_pool"),                                  # 2 WGs: 80 launch regs
     (dict(CTAS_PER_SM=2, CONSUMER_WGS=1, PINGPONG=0, REG_CONS=240), "register_pool"),   # 128*(24+240) > 256*128
     (dict(CTAS_PER_SM=2, CONSUMER_WGS=1, PINGPONG=0, REG_CONS=232), "smem_per_sm"),     # 2 x 146 KiB
+    # CTA pairs: SCHED 0 or 1 only (the pair walks its tiles in lockstep), one CTA per SM
+    (dict(CLUSTER=2, SCHED=2), "cluster"),
+    (dict(CLUSTER=2, CTAS_PER_SM=2, CONSUMER_WGS=1, PINGPONG=0, REG_CONS=232, STAGES=1), "cluster"),
 ])
 def test_static_constraints_mirror_the_kernels_static_asserts(config, constraint):
     base = dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
@@ -161,21 +164,23 @@ def test_params_layout_matches_params_h(tmp_path):
 
 
 def test_meta_table_decodes_onto_the_common_names_and_refuses_other_versions():
-    values = [HP.HOPPER_ABI_VERSION, 384, 197760, 128, 128, 128, 0, 1, 2, 2, 24, 240, 1, 1, 64, 1, 8, 0, 0, 4, 1, 2]
+    values = [HP.HOPPER_ABI_VERSION, 384, 197760, 128, 128, 128, 0, 1, 2, 2, 24, 240, 1, 1, 64, 1, 8, 0, 0, 4, 1, 2, 2]
     raw = b"".join(v.to_bytes(4, "little", signed=True) for v in values)
     meta = HOPPER.decode_meta(raw)
     assert meta["threads"] == 384 and meta["min_blocks"] == 2 and meta["dtype"] == 1 and meta["sched"] == 1
-    assert meta["ctas_per_sm"] == 2
+    assert meta["ctas_per_sm"] == 2 and meta["cluster"] == 2
     assert meta["splits"] == 4 and meta["pack_gqa"] == 1
     assert set(meta) == set(("abi", "threads", "smem_bytes", "head_dim", "is_causal", "dtype", "min_blocks")) | set(
         HOPPER.meta_fields)
     from evotuner.abi import MetaError
     with pytest.raises(MetaError, match="HOPPER_ABI_VERSION 7"):
         HOPPER.decode_meta(b"\x07\0\0\0" + raw[4:])
-    with pytest.raises(MetaError, match="expected 88"):
+    with pytest.raises(MetaError, match="expected 92"):
         HOPPER.decode_meta(raw[:-4])
     with pytest.raises(MetaError, match="inconsistent"):   # CTAS_PER_SM is 1 or 2
-        HOPPER.decode_meta(raw[:-4] + (3).to_bytes(4, "little"))
+        HOPPER.decode_meta(raw[:-8] + (3).to_bytes(4, "little") + raw[-4:])
+    with pytest.raises(MetaError, match="inconsistent"):   # CLUSTER is 1 or 2
+        HOPPER.decode_meta(raw[:-4] + (4).to_bytes(4, "little"))
 
 
 # --------------------------------------------------------------------------- build + gate
@@ -341,8 +346,45 @@ def test_space_smem_formula_equals_the_cubins_meta_table(builder, d, knobs):
     meta = result.artifact.meta
     assert meta["smem_bytes"] == _smem_formula(cfg, problem)
     assert meta["block_m"] == 64 * knobs["CONSUMER_WGS"] and meta["threads"] == 128 * (knobs["CONSUMER_WGS"] + 1)
-    assert all(meta[f] == knobs[p] for p, f in HOPPER.echoed.items())
+    assert all(meta[f] == knobs.get(p, HOPPER.optional_params.get(p)) for p, f in HOPPER.echoed.items())
     gate = apply_gate(result, SPACE.gate, family=HOPPER)       # incl. "Used N" == the launch cap
+    assert gate.passed, gate.reason
+
+
+#: CLUSTER=2 (CTA pairs sharing K/V loads): non-causal only; SCHED 0 and 1, D 64 (one panel:
+#: the pair's first CTA loads it all), 128 and 256 (hopper_wide.toml), an odd BLOCK_N.
+CLUSTER_SAMPLE = [
+    (64, dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=3, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
+              RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1, CLUSTER=2)),
+    (128, dict(BLOCK_N=176, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
+               RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1, CLUSTER=2)),
+    (128, dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=1,
+               RESCALE_LOG2=0, EXP_EMU=0, CTAS_PER_SM=1, CLUSTER=2)),
+    (256, dict(BLOCK_N=80, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
+               RESCALE_LOG2=8, EXP_EMU=0, CLUSTER=2)),
+    (256, dict(BLOCK_N=64, CONSUMER_WGS=2, STAGES=1, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=1,
+               RESCALE_LOG2=8, EXP_EMU=0, CLUSTER=2)),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("d, knobs", CLUSTER_SAMPLE)
+def test_a_cluster_build_is_a_pair_in_its_cubin_and_passes_the_gate(builder, d, knobs):
+    """The cubin records the pair (meta ``cluster``; the PTX ``.reqnctapercluster 2, 1, 1``
+    a plain launch honours), keeps the launch register cap and spills nothing; a causal
+    problem is refused by the space before any build."""
+    from evotuner.config import KernelConfig
+    cfg, problem = KernelConfig.of(knobs), _problem(d, "fp16", False)
+    space = load_space(HOPPER.space_for(problem))
+    assert space.violated(cfg, problem) is None
+    assert space.violated(cfg, _problem(d, "fp16", True)).name == "cluster"
+    result = builder.build(cfg, problem)
+    assert result.ok, result.error
+    meta = result.artifact.meta
+    assert meta["cluster"] == 2 and meta["smem_bytes"] == _smem_formula(cfg, problem)
+    report = parse_ptxas(result.ptxas_log, HOPPER.entry)
+    assert report.spill_stores == 0 and report.spill_loads == 0 and report.stack == 0, report
+    gate = apply_gate(result, space.gate, family=HOPPER)
     assert gate.passed, gate.reason
 
 
@@ -453,6 +495,16 @@ def test_launch_packs_params_and_grid_per_scheduler(fake_maps):
     with pytest.raises(Exception, match="tile counter"):
         HOPPER.launch({**META, "sched": 2}, _args(workspace=0), dev)
     assert HP.Params.from_buffer_copy(HOPPER.launch(META, _args(lse=False), dev).args[0]).lse is None
+
+
+def test_a_cluster_launch_maps_k_and_v_a_panel_at_a_time_and_launches_whole_pairs(fake_maps):
+    dev = DeviceInfo(index=0, sm_count=132)
+    meta = {**META, "sched": 0, "cluster": 2}
+    spec = HOPPER.launch(meta, _args(Sq=300), dev)                  # 3 query blocks: 2 pairs
+    assert spec.grid == (4, 5, 3)
+    assert [(c[0], c[3], c[4]) for c in fake_maps] == [("q", 128, 2), ("k", 128, 1), ("v", 128, 1), ("o", 64, 1)]
+    assert HOPPER.launch({**meta, "sched": 1}, _args(Sq=300), dev).grid == (2 * 2 * 5 * 3, 1, 1)
+    assert HOPPER.launch({**meta, "sched": 1}, _args(B=16, H=16, Sq=2048), dev).grid == (132, 1, 1)
 
 
 def test_layouts_tma_cannot_take_are_refused_naming_the_stride(fake_maps):

@@ -48,12 +48,39 @@ def _cases(seed: int = 0) -> dict[str, list[tuple[int, ...]]]:
             for D in (64, 96, 128, 256)
             for sb, sh, ss in ((S * H * D, S * D, D), (S * H * D, D, H * D))
             for rows, panels in ((128, max(1, D // 64)), (64, 1))]
-    box = [(w, bm, bn, ob, D) for w in range(4) for bm, bn, ob in ((128, 176, 64), (64, 128, 32)) for D in (64, 96, 256)]
-    grid = [(sched, sq, bm, splits, H, B, sms, ctas)
+    box = [(w, bm, bn, ob, D, cl) for w in range(4) for bm, bn, ob in ((128, 176, 64), (64, 128, 32))
+           for D in (64, 96, 256) for cl in (1, 2)]
+    grid = [(sched, sq, bm, splits, H, B, sms, ctas, cl)
             for sched in (0, 1, 2) for sq in (0, 1, 128, 129, 8192) for bm in (64, 128)
-            for splits in (1, 3) for H, B in ((1, 1), (32, 4)) for sms in (0, 1, 132) for ctas in (1, 2)]
+            for splits in (1, 3) for H, B in ((1, 1), (32, 4)) for sms in (0, 1, 132) for ctas in (1, 2)
+            for cl in (1, 2)]
     return {"tma_fault": fault, "tma_view": view, "map_box": box, "launch_grid": grid,
             "legal_stride": [(s,) for s in strides]}
+
+
+@pytest.mark.parametrize("sched", [0, 1])
+@pytest.mark.parametrize("seqlen_q, heads, batch", [(128, 1, 1), (129, 1, 1), (640, 3, 2), (8192, 32, 4)])
+def test_a_cluster_grid_holds_whole_pairs_that_cover_every_query_block(sched, seqlen_q, heads, batch):
+    block_m, sms = 128, 132
+    m_blocks = -(-seqlen_q // block_m)
+    g = launch.launch_grid(sched, seqlen_q, block_m, 1, heads, batch, sms, 1, 2)
+    assert g["x"] % 2 == 0                                   # __cluster_dims__(2, 1, 1) needs it
+    pairs = -(-m_blocks // 2) * heads * batch               # the kernel's tiles (tile_scheduler.cuh num_tiles)
+    if sched == 0:
+        assert (g["x"], g["y"], g["z"]) == (2 * -(-m_blocks // 2), heads, batch)
+    else:
+        assert g["x"] == 2 * min(sms // 2, pairs) and g["x"] <= sms
+    one = launch.launch_grid(sched, seqlen_q, block_m, 1, heads, batch, sms, 1, 1)
+    assert one == {"x": m_blocks if sched == 0 else min(sms, m_blocks * heads * batch),
+                   "y": heads if sched == 0 else 1, "z": batch if sched == 0 else 1}
+
+
+def test_a_cluster_loads_k_and_v_one_panel_at_a_time():
+    for D in (64, 128, 256):
+        assert launch.map_box(launch.MAP_Q, 128, 128, 64, D, 2)["panels"] == D // 64
+        assert launch.map_box(launch.MAP_K, 128, 128, 64, D, 2)["panels"] == 1
+        assert launch.map_box(launch.MAP_V, 128, 128, 64, D, 2)["panels"] == 1
+        assert launch.map_box(launch.MAP_K, 128, 128, 64, D, 1)["panels"] == D // 64
 
 
 def _flatten(value: object) -> list[int]:

@@ -106,8 +106,17 @@ struct Consumer {
         if constexpr (T::kPingpong) named_arrive(1 + (g + 1) % T::kWGs, 256);
     }
 
+    // Free a K/V stage: one arrival per warpgroup; CLUSTER=2 in both CTAs' barrier (the
+    // stage is refilled by a load multicast to both).
     __device__ __forceinline__ void release(uint32_t bar) {
-        if (warp == 0 && lane == 0) mbar_arrive(bar);
+        if (warp == 0 && lane == 0) {
+            if constexpr (T::kClustered) {
+#pragma unroll
+                for (int r = 0; r < T::kCluster; ++r) mbar_arrive_cluster(mapa_shared(bar, static_cast<uint32_t>(r)));
+            } else {
+                mbar_arrive(bar);
+            }
+        }
     }
 
     __device__ __forceinline__ void softmax_any(float (&s)[T::kSRegs], int n, float (&corr)[2]) {

@@ -70,13 +70,15 @@ class Hopper(KernelFamily):
     meta_fields = META_FIELDS
     echoed = {"BLOCK_N": "block_n", "CONSUMER_WGS": "consumer_wgs", "STAGES": "stages", "REG_PROD": "reg_prod",
               "REG_CONS": "reg_cons", "OVERLAP": "overlap", "PINGPONG": "pingpong", "SCHED": "sched",
-              "RESCALE_LOG2": "rescale_log2", "EXP_EMU": "exp_emu", "CTAS_PER_SM": "ctas_per_sm"}
+              "RESCALE_LOG2": "rescale_log2", "EXP_EMU": "exp_emu", "CTAS_PER_SM": "ctas_per_sm",
+              "CLUSTER": "cluster"}
     head_dims = (64, 96, 128, 192, 256)
     dtypes = ("fp16", "bf16")
     min_blocks_label = "blocks per SM (__launch_bounds__) "
-    # split-KV and GQA query-head packing (hopper_split.toml), two CTAs per SM; the kernel's
-    # defaults: off (a config recorded before a knob existed reads as the default)
-    optional_params = {"SPLITS": 1, "PACK_GQA": 0, "CTAS_PER_SM": 1}
+    # split-KV and GQA query-head packing (hopper_split.toml), two CTAs per SM, CTA pairs
+    # sharing K/V loads; the kernel's defaults: off (a config recorded before a knob existed
+    # reads as the default)
+    optional_params = {"SPLITS": 1, "PACK_GQA": 0, "CTAS_PER_SM": 1, "CLUSTER": 1}
     export_namespace = "hopper::tuned"
     export_macro_prefix = "HOPPER_TUNED"
 
@@ -220,7 +222,8 @@ class Hopper(KernelFamily):
         maps = (launch.MAP_Q, launch.MAP_K, launch.MAP_V) if splits > 1 else range(len(launch.MAP_NAMES))
         for which in maps:
             view = (q, k, v, o)[which]
-            box = launch.map_box(which, meta["block_m"], meta["block_n"], meta["o_box_rows"], D)
+            box = launch.map_box(which, meta["block_m"], meta["block_n"], meta["o_box_rows"], D,
+                                 meta.get("cluster", 1))
             name = launch.MAP_NAMES[which]
             data = encode_tensor_map(view.ptr, view.shape, view.strides, args.dtype, box["rows"], box["panels"],
                                      name=name)
@@ -250,7 +253,8 @@ class Hopper(KernelFamily):
             p.scratch = args.scratch
             p.o_ptr = o.ptr
             p.o_batch_stride, p.o_head_stride, p.o_row_stride = o.strides[0], o.strides[1], o.strides[2]
-        g = launch.launch_grid(sched, Sq, meta["block_m"], splits, H, B, device.sm_count, meta.get("ctas_per_sm", 1))
+        g = launch.launch_grid(sched, Sq, meta["block_m"], splits, H, B, device.sm_count, meta.get("ctas_per_sm", 1),
+                               meta.get("cluster", 1))
         return LaunchSpec(args=(bytes(p),), grid=(g["x"], g["y"], g["z"]), block=(meta["threads"], 1, 1),
                           smem_bytes=meta["smem_bytes"])
 

@@ -19,6 +19,7 @@
 //   #define HOPPER_SPLITS 1          // optional (default 1); k > 1: split-KV over k CTAs per tile (needs SCHED 0)
 //   #define HOPPER_PACK_GQA 0        // optional (default 0); 1: the host packs a K/V head's query heads into one
 //   #define HOPPER_CTAS_PER_SM 1     // optional (default 1); 2: two CTAs per SM (__launch_bounds__ min blocks)
+//   #define HOPPER_CLUSTER 1         // optional (default 1); 2: CTA pairs along M share K/V loads (__cluster_dims__)
 //   #include "hopper/instantiate.cuh"
 //
 // Optional: HOPPER_BLOCK_M (if given it must equal 64*CONSUMER_WGS), HOPPER_PV_PADDED (dev
@@ -78,6 +79,12 @@
 #ifndef HOPPER_CTAS_PER_SM
 #define HOPPER_CTAS_PER_SM 1
 #endif
+#ifndef HOPPER_CLUSTER
+#define HOPPER_CLUSTER 1
+#endif
+#if HOPPER_CLUSTER != 1 && HOPPER_CLUSTER != 2
+#error "HOPPER_CLUSTER must be 1 (off) or 2 (CTA pairs sharing K/V loads)"
+#endif
 #ifndef HOPPER_KERNEL_NAME
 #define HOPPER_KERNEL_NAME hopper_fwd
 #endif
@@ -110,7 +117,7 @@ using HOPPER_TRAITS_ = hopper::Traits<HOPPER_HEAD_DIM, HOPPER_BLOCK_N, HOPPER_ST
                                       HOPPER_REG_PROD, HOPPER_REG_CONS, HOPPER_OVERLAP, HOPPER_PINGPONG,
                                       HOPPER_SCHED, HOPPER_IS_CAUSAL != 0, HOPPER_ELEMENT_, HOPPER_RESCALE_LOG2,
                                       HOPPER_EXP_EMU, HOPPER_VARLEN != 0, HOPPER_SPLITS,
-                                      HOPPER_PACK_GQA, HOPPER_CTAS_PER_SM>;
+                                      HOPPER_PACK_GQA, HOPPER_CTAS_PER_SM, HOPPER_CLUSTER>;
 
 // Braces: a definition on both the host and device side (see flashcore/instantiate.cuh).
 extern "C" {
@@ -137,10 +144,18 @@ __constant__ int32_t HOPPER_META_NAME[HOPPER_META_LEN] = {
     HOPPER_TRAITS_::kSplits,        // HOPPER_META_SPLITS
     HOPPER_TRAITS_::kPackGqa,       // HOPPER_META_PACK_GQA
     HOPPER_TRAITS_::kCtasPerSm,     // HOPPER_META_CTAS_PER_SM
+    HOPPER_TRAITS_::kCluster,       // HOPPER_META_CLUSTER
 };
 }
 
-extern "C" __global__ void __launch_bounds__(HOPPER_TRAITS_::kThreads, HOPPER_TRAITS_::kCtasPerSm)
+// CLUSTER=2: the cluster shape is the kernel's own (a plain launch of a grid whose x is a
+// multiple of it forms the pairs), so every launcher stays cuLaunchKernel / <<<>>>.
+#if HOPPER_CLUSTER > 1
+#define HOPPER_CLUSTER_DIMS_ __cluster_dims__(HOPPER_CLUSTER, 1, 1)
+#else
+#define HOPPER_CLUSTER_DIMS_
+#endif
+extern "C" __global__ void HOPPER_CLUSTER_DIMS_ __launch_bounds__(HOPPER_TRAITS_::kThreads, HOPPER_TRAITS_::kCtasPerSm)
     HOPPER_KERNEL_NAME(const __grid_constant__ hopper::Params params) {
     hopper::fwd<HOPPER_TRAITS_>(params, HOPPER_META_NAME);
 }
@@ -167,6 +182,8 @@ extern "C" __global__ void __launch_bounds__(HOPPER_TRAITS_::kThreads, HOPPER_TR
 #undef HOPPER_SPLITS
 #undef HOPPER_PACK_GQA
 #undef HOPPER_CTAS_PER_SM
+#undef HOPPER_CLUSTER
+#undef HOPPER_CLUSTER_DIMS_
 #undef HOPPER_PV_PADDED
 #undef HOPPER_KERNEL_NAME
 #undef HOPPER_META_NAME

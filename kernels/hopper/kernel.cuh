@@ -8,6 +8,7 @@
 // with P in registers and V read MN-major (trans-b) straight from its row-major
 // tile. Key blocks run from the last to the first, so the blocks that need a
 // mask (causal diagonal, ragged Sk tail) come first and the rest run unmasked.
+// CLUSTER=2: two CTAs of adjacent query tiles share each K/V load (traits.cuh kCluster).
 //
 // The roles live in their own files: smem.cuh (layout, ring), tile_scheduler.cuh,
 // producer.cuh (loads), consumer.cuh (math; softmax.cuh, epilogue.cuh, split.cuh). This file composes
@@ -44,17 +45,20 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
         for (int s = 0; s < T::kStages; ++s) {
             mbar_init(sm.k_full(s), 1);
             mbar_init(sm.v_full(s), 1);
-            mbar_init(sm.k_empty(s), T::kWGs);
-            mbar_init(sm.v_empty(s), T::kWGs);
+            mbar_init(sm.k_empty(s), T::kWGs * T::kCluster);   // CLUSTER=2: both CTAs' warpgroups
+            mbar_init(sm.v_empty(s), T::kWGs * T::kCluster);
         }
         fence_mbar_init();
     }
     // Keep the meta table referenced (a never-true branch) so it stays in the cubin.
     if (p.kv_group == 0x7fffffff && meta[0] == 0) asm volatile("trap;\n");
-    __syncthreads();
+    if constexpr (T::kClustered) {
+        cluster_sync();   // the partner's barriers exist before any load or arrival reaches them
+    } else {
+        __syncthreads();
+    }
 
-    const int num_tiles =
-        T::kPersistent ? ((p.seqlen_q + T::kBlockM - 1) / T::kBlockM) * p.heads * p.batch : 1;
+    const int num_tiles = T::kPersistent ? hopper::num_tiles<T>(p) : 1;
     // Warp-uniform in the compiler's eyes (shfl from lane 0): descriptors land in
     // uniform registers instead of being rebuilt per thread.
     const int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
@@ -67,7 +71,7 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
         if constexpr (T::kPingpong) {
             if (c.g == T::kWGs - 1) named_arrive(1, 256);  // WG 0 issues first
         }
-        int tile = blockIdx.x;
+        int tile = T::kPersistent ? first_tile<T>() : int(blockIdx.x);
         for (int local = 0;; ++local) {
             if constexpr (T::kDynamic) {
                 mbar_wait(sm.q_full(), local & 1);
@@ -75,7 +79,7 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
                 if (tile < 0) break;
             } else if constexpr (T::kPersistent) {
                 // The producer's walk: packed batches skip tiles past their sequence's end.
-                for (; tile < num_tiles; tile += gridDim.x) {
+                for (; tile < num_tiles; tile += tile_stride<T>()) {
                     c.t = tile_info<T>(p, tile);
                     if (!T::kVarlen || !c.t.empty()) break;
                 }
@@ -88,7 +92,7 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
             c.run_tile();
             if constexpr (T::kSplit) c.finish_split();   // split-KV: the tile's last share combines
             if constexpr (!T::kPersistent) break;
-            if constexpr (!T::kDynamic) tile += gridDim.x;
+            if constexpr (!T::kDynamic) tile += tile_stride<T>();
         }
         if constexpr (T::kPingpong) {
             if (c.g == 0) named_sync(1, 256);  // the last WG's final arrival
@@ -96,6 +100,11 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
         if constexpr (T::kPersistent) {
             if (c.warp == 0 && c.lane == 0) tma_store_wait_all();
         }
+    }
+    if constexpr (T::kClustered) {
+        // No CTA leaves while its partner may still multicast into it or free a stage in it.
+        __syncwarp();
+        cluster_sync();
     }
 }
 

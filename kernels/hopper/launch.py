@@ -90,24 +90,28 @@ def tma_view(B, H, S, D, sb, sh, ss, rows, panels):
     }
 
 
-def map_box(which, block_m, block_n, o_box_rows, D):
+def map_box(which, block_m, block_n, o_box_rows, D, cluster):
     """The box of map ``which`` (MAP_*) from the kernel's meta table: Q a BLOCK_M x D tile,
     K and V BLOCK_N x D, O the epilogue's O_BOX_ROWS x one panel; at D=96 every box is one
-    64-column panel (the kernel issues one TMA per panel)."""
+    64-column panel (the kernel issues one TMA per panel), and so are K's and V's with CLUSTER
+    > 1 (each CTA of a cluster multicasts its share of the panels)."""
     return {
         "rows": block_m if which == MAP_Q else (o_box_rows if which == MAP_O else block_n),
-        "panels": 1 if which == MAP_O or D % 64 != 0 else D // 64,
+        "panels": 1 if which == MAP_O or D % 64 != 0 or (cluster > 1 and which != MAP_Q) else D // 64,
     }
 
 
-def launch_grid(sched, seqlen_q, block_m, splits, heads, batch, sms, ctas_per_sm):
+def launch_grid(sched, seqlen_q, block_m, splits, heads, batch, sms, ctas_per_sm, cluster):
     """The grid: one CTA per (query tile x split, head, batch) for SCHED 0; for the persistent
     schedulers (SCHED 1 and 2) as many CTAs as the SMs hold (``ctas_per_sm`` each, the
-    kernel's CTAS_PER_SM), at most one per tile, at least one."""
-    m_blocks = (seqlen_q + block_m - 1) // block_m
+    kernel's CTAS_PER_SM), at most one per tile, at least one. With CLUSTER > 1 a tile is a
+    run of ``cluster`` query blocks and x counts whole clusters: SCHED 0 the query blocks
+    rounded up to a multiple of it, SCHED 1 ``cluster`` CTAs per tile, as many as the SMs hold."""
+    units = (seqlen_q + block_m * cluster - 1) // (block_m * cluster)
     persistent = sched != 0
     return {
-        "x": max(1, min(sms * ctas_per_sm, m_blocks * heads * batch)) if persistent else m_blocks * splits,
+        "x": (cluster * max(1, min(sms * ctas_per_sm // cluster, units * heads * batch)) if persistent
+              else units * cluster * splits),
         "y": 1 if persistent else heads,
         "z": 1 if persistent else batch,
     }

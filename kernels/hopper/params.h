@@ -5,6 +5,8 @@
 //           SCHED 1, 2: (min(#SMs * CTAS_PER_SM, ceil(seqlen_q / BLOCK_M) * heads * batch), 1, 1)   (persistent;
 //           2 = dynamic: needs Params::tile_counter zero at launch; the kernel leaves it zero,
 //           so a buffer zeroed once serves every later launch on its stream)
+//           CLUSTER = 2 (SCHED 0, 1): x counts pairs of query blocks, times 2: SCHED 0
+//           2*ceil(m_blocks / 2); SCHED 1 2*min(#SMs / 2, ceil(m_blocks / 2) * heads * batch)
 //   block = (THREADS, 1, 1)                                 THREADS = 128 * (CONSUMER_WGS + 1)
 //   dynamic shared memory = SMEM_BYTES                      (raise CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES)
 // with THREADS, SMEM_BYTES, BLOCK_M, BLOCK_N read from the cubin's `hopper_meta`
@@ -21,6 +23,7 @@
 //           per panel at x = 64*panel; columns 96..127 load as zeros, stores clip them)
 //   strides {ss*2, 128, sh*2, sb*2} bytes            (each % 16 == 0 and < 2^40; base 16-B aligned)
 //   box     Q {64, BLOCK_M, D/64, 1, 1}   K, V {64, BLOCK_N, D/64, 1, 1}   O {64, 64, 1, 1, 1}
+//           (CLUSTER = 2: K, V {64, BLOCK_N, 1, 1, 1}, one panel per multicast load)
 //   element strides {1,1,1,1,1}, INTERLEAVE_NONE, SWIZZLE_128B, L2_PROMOTION_L2_256B,
 //   OOB_FILL_NONE (rows past S load as zeros; stores past S are clipped).
 #pragma once
@@ -28,7 +31,7 @@
 #include <stdint.h>
 #include <cuda.h>  // CUtensorMap (alignas(128), 128 bytes); no driver call is made from device code
 
-#define HOPPER_ABI_VERSION 5
+#define HOPPER_ABI_VERSION 6
 
 namespace hopper {
 
@@ -99,4 +102,5 @@ static_assert(alignof(Params) == 128, "Params must be 128-byte aligned (CUtensor
 #define HOPPER_META_SPLITS 19 /* 1: off; k > 1: split-KV, grid x = m blocks * k, Params::scratch */
 #define HOPPER_META_PACK_GQA 20 /* 1: the host may launch a K/V head's G query heads as one head of G*Sq rows */
 #define HOPPER_META_CTAS_PER_SM 21 /* __launch_bounds__ min blocks; persistent grids take min(#SMs x this, tiles) */
-#define HOPPER_META_LEN 22
+#define HOPPER_META_CLUSTER 22 /* CTAs per cluster along M (2: K/V multicast; grid x a multiple of it) */
+#define HOPPER_META_LEN 23

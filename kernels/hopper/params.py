@@ -22,14 +22,15 @@ from evotuner.kernels.hopper import launch
 from evotuner.runtime import cuda  # torch-free; the driver is opened on first use
 
 #: HOPPER_ABI_VERSION (params.h): the kernel's own table version.
-HOPPER_ABI_VERSION = 5
+HOPPER_ABI_VERSION = 6
 #: ``hopper_meta`` entries in index order (HOPPER_META_* in params.h).
 HOPPER_META = ("abi", "threads", "smem_bytes", "block_m", "block_n", "head_dim", "is_causal", "dtype",
                "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong", "o_box_rows",
-               "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa", "ctas_per_sm")
+               "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa", "ctas_per_sm", "cluster")
 #: The family's own fields as the generic stages see them (after evotuner.abi's common ones).
 META_FIELDS = ("block_m", "block_n", "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong",
-               "o_box_rows", "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa", "ctas_per_sm")
+               "o_box_rows", "sched", "rescale_log2", "exp_emu", "varlen", "splits", "pack_gqa", "ctas_per_sm",
+               "cluster")
 
 # cuTensorMapEncodeTiled's enumerators, as launch.py names them (their values: launch.CUDA_ENUMS)
 TMA_DTYPE = {dt: launch.CUDA_ENUMS[name] for dt, name in launch.TMA_DATA_TYPE.items()}
@@ -79,7 +80,7 @@ def decode_hopper_meta(raw: bytes, *, source: str = "hopper_meta") -> dict[str, 
         raise MetaError(f"{source}: HOPPER_ABI_VERSION {t['abi']}, this evotuner expects {HOPPER_ABI_VERSION}",
                         "rebuild the cubin (clear the build cache) or update evotuner")
     if (t["dtype"] not in DTYPE_NAMES or t["is_causal"] not in (0, 1) or t["threads"] <= 0 or t["head_dim"] <= 0
-            or t["ctas_per_sm"] not in (1, 2)):
+            or t["ctas_per_sm"] not in (1, 2) or t["cluster"] not in (1, 2)):
         raise MetaError(f"{source}: inconsistent table {t}", "rebuild the cubin (clear the build cache)")
     meta = {"abi": ABI_VERSION, "threads": t["threads"], "smem_bytes": t["smem_bytes"], "head_dim": t["head_dim"],
             "is_causal": t["is_causal"], "dtype": t["dtype"], "min_blocks": t["ctas_per_sm"]}

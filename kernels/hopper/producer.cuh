@@ -1,6 +1,7 @@
 // Hopper family: the producer warpgroup (the mainloop's loads). Lane 0 of warp 0 issues
 // every TMA load: Q once per tile, then K and V blocks into their rings, last block first;
-// under GQA a query head reads K/V head h / kv_group.
+// under GQA a query head reads K/V head h / kv_group. CLUSTER=2: half of each K/V block,
+// multicast to the pair (load_kv).
 #pragma once
 
 #include "hopper/params.h"
@@ -38,13 +39,32 @@ __device__ __forceinline__ void load_tile(uint32_t dst, const CUtensorMap* map, 
     }
 }
 
+// One K or V block of BLOCK_N rows into ring slot `dst`. CLUSTER=2: this CTA loads its
+// panels (p % 2 == rank) into the same slot of both CTAs, completing on both CTAs' barrier
+// at `bar`'s offset; the partner loads the others (each full barrier expects the whole tile).
+template <class T>
+__device__ __forceinline__ void load_kv(uint32_t dst, const CUtensorMap* map, uint32_t bar, int row, int head,
+                                        int batch) {
+    if constexpr (T::kClustered) {
+        const int rank = static_cast<int>(cluster_ctarank());
+#pragma unroll
+        for (int pnl = 0; pnl < T::kPanels; ++pnl) {
+            if (pnl % T::kCluster == rank)
+                tma_load_5d_multicast(dst + pnl * T::kBlockN * 128, map, bar, 0, row, pnl, head, batch,
+                                      static_cast<uint16_t>((1u << T::kCluster) - 1));
+        }
+    } else {
+        load_tile<T, T::kBlockN>(dst, map, bar, row, head, batch);
+    }
+}
+
 template <class T>
 __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int num_tiles) {
     prefetch_tmap(&p.tm_q);
     prefetch_tmap(&p.tm_k);
     prefetch_tmap(&p.tm_v);
     int kv = 0;
-    int tile = blockIdx.x;
+    int tile = T::kPersistent ? first_tile<T>() : int(blockIdx.x);
     for (int local = 0;; ++local) {
         // Q of the previous tile must be released by every consumer WG.
         if (local > 0) mbar_wait(sm.q_empty(), (local - 1) & 1);
@@ -53,7 +73,7 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
             // Packed batches: tiles past their sequence's end are skipped here and by
             // the consumers alike (static: the same walk; dynamic: never published).
             for (; tile < num_tiles; tile = T::kDynamic ? next_dynamic_tile(p.tile_counter, num_tiles)
-                                                        : tile + int(gridDim.x)) {
+                                                        : tile + tile_stride<T>()) {
                 t = tile_info<T>(p, tile);
                 if (!t.empty()) break;
             }
@@ -72,21 +92,25 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
         // Dense builds (and SCHED 0, whose empty tile's CTA returned at its start): the tile's
         // work once it is known to be one, which keeps a 24-register producer from spilling.
         if constexpr (!(T::kPersistent && T::kVarlen)) t = tile_info<T>(p, tile);
-        mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
-        load_tile<T, T::kBlockM>(sm.q, &p.tm_q, sm.q_full(), t.q_row + t.m0, t.head, t.tb);
+        if (T::kClustered && t.empty()) {
+            mbar_arrive(sm.q_full());   // an odd last query block's partner: no rows to load
+        } else {
+            mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
+            load_tile<T, T::kBlockM>(sm.q, &p.tm_q, sm.q_full(), t.q_row + t.m0, t.head, t.tb);
+        }
         const int kv_head = t.head / p.kv_group;  // GQA/MQA: the K/V head this query head reads
         // Next tile: fetched now so the atomic's latency hides behind this tile.
-        const int next = T::kDynamic ? next_dynamic_tile(p.tile_counter, num_tiles) : tile + int(gridDim.x);
+        const int next = T::kDynamic ? next_dynamic_tile(p.tile_counter, num_tiles) : tile + tile_stride<T>();
         for (int it = 0; it < t.n_blocks; ++it, ++kv) {
             const int n = t.n_top - 1 - it;
             const int s = stage_of<T>(kv);
             const uint32_t ph = phase_of<T>(kv) ^ 1;  // first round passes on a fresh barrier
             mbar_wait(sm.k_empty(s), ph);
             mbar_arrive_expect_tx(sm.k_full(s), T::kKVBytes);
-            load_tile<T, T::kBlockN>(sm.k_tile(s), &p.tm_k, sm.k_full(s), t.k_row + n * T::kBlockN, kv_head, t.tb);
+            load_kv<T>(sm.k_tile(s), &p.tm_k, sm.k_full(s), t.k_row + n * T::kBlockN, kv_head, t.tb);
             mbar_wait(sm.v_empty(s), ph);
             mbar_arrive_expect_tx(sm.v_full(s), T::kKVBytes);
-            load_tile<T, T::kBlockN>(sm.v_tile(s), &p.tm_v, sm.v_full(s), t.k_row + n * T::kBlockN, kv_head, t.tb);
+            load_kv<T>(sm.v_tile(s), &p.tm_v, sm.v_full(s), t.k_row + n * T::kBlockN, kv_head, t.tb);
         }
         if constexpr (!T::kPersistent) break;
         tile = next;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "hopper/params.h"
+#include "hopper/ptx.cuh"
 #include "hopper/traits.cuh"
 
 namespace hopper {
@@ -22,8 +23,22 @@ struct TileInfo {
     __device__ __forceinline__ bool empty() const { return m0 >= seqlen_q; }
 };
 
+// The persistent schedulers' tiles: one per (query block, head, batch), or with clusters one
+// per (cluster's run of kCluster query blocks, head, batch), which every CTA of the cluster
+// works on in lockstep (its own query block of the run).
+template <class T>
+__device__ __forceinline__ int num_tiles(const Params& p) {
+    const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
+    return ((num_m + T::kCluster - 1) / T::kCluster) * p.heads * p.batch;
+}
+// A persistent CTA's first tile and the stride of its static walk (a cluster's CTAs share both).
+template <class T>
+__device__ __forceinline__ int first_tile() { return int(blockIdx.x) / T::kCluster; }
+template <class T>
+__device__ __forceinline__ int tile_stride() { return int(gridDim.x) / T::kCluster; }
+
 // Tile `tile` (0 .. num_tiles-1) -> coordinates. SCHED 0: tile = blockIdx.x of a
-// (num_m, H, B) grid, head/batch from blockIdx.y/z. SCHED 1: m fastest, then head,
+// (num_m, H, B) grid (CLUSTER=2: num_m rounded up to even), head/batch from blockIdx.y/z. SCHED 1: m fastest, then head,
 // then batch (consecutive tiles share K/V in L2). Causal: longest m block first.
 template <class T>
 __device__ __forceinline__ TileInfo tile_info(const Params& p, int tile) {
@@ -45,8 +60,10 @@ __device__ __forceinline__ TileInfo tile_info(const Params& p, int tile) {
         t.head = bh % p.heads;
         t.batch = bh / p.heads;
     } else if constexpr (T::kPersistent) {
-        m_block = tile % num_m;
-        const int bh = tile / num_m;
+        // CLUSTER=2: tile = a pair of query blocks; this CTA takes the one of its rank.
+        const int units = (num_m + T::kCluster - 1) / T::kCluster;
+        m_block = T::kClustered ? T::kCluster * (tile % units) + int(cluster_ctarank()) : tile % num_m;
+        const int bh = tile / units;
         t.head = bh % p.heads;
         t.batch = bh / p.heads;
     } else {

@@ -14,7 +14,7 @@ template <> struct ElementInfo<__nv_bfloat16> { static constexpr int kDtype = 1;
 
 template <int HEAD_DIM_, int BLOCK_N_, int STAGES_, int CONSUMER_WGS_, int REG_PROD_, int REG_CONS_, int OVERLAP_,
           int PINGPONG_, int SCHED_, bool IS_CAUSAL_, typename Element_, int RESCALE_LOG2_ = 0, int EXP_EMU_ = 0,
-          bool VARLEN_ = false, int SPLITS_ = 1, int PACK_GQA_ = 0, int CTAS_PER_SM_ = 1>
+          bool VARLEN_ = false, int SPLITS_ = 1, int PACK_GQA_ = 0, int CTAS_PER_SM_ = 1, int CLUSTER_ = 1>
 struct Traits {
     using Element = Element_;
     static constexpr int kDtype = ElementInfo<Element>::kDtype;
@@ -68,6 +68,16 @@ struct Traits {
     static constexpr int kCtasPerSm = CTAS_PER_SM_;
     // Registers per thread at launch (__launch_bounds__(kThreads, kCtasPerSm)): the pool
     // setmaxnreg redistributes. ptxas does not check the pool: we do.
+    // Thread-block clusters along M: CLUSTER_ CTAs take adjacent query tiles of one (head,
+    // batch) and read the same K/V blocks, so each K/V tile is fetched from L2 once for the
+    // pair: CTA r loads the 64-column panels p with p % 2 == r, multicast into both CTAs'
+    // rings (their full barriers expect the whole tile), and each consumer warpgroup frees a
+    // stage in both CTAs (the empty barriers count both CTAs' warpgroups). Non-causal dense
+    // problems only (the pair's tiles must need the same key blocks in the same order); the
+    // grid's x is a multiple of the cluster (an odd last query tile's partner computes
+    // nothing and keeps its side of the handshakes). 1: off.
+    static constexpr int kCluster = CLUSTER_;
+    static constexpr bool kClustered = CLUSTER_ > 1;
     static constexpr int kLaunchRegs = (65536 / (kThreads * kCtasPerSm) / 8) * 8 > 255
                                            ? 255 : (65536 / (kThreads * kCtasPerSm) / 8) * 8;
     static constexpr int kPool = kThreads * kLaunchRegs;
@@ -138,6 +148,12 @@ struct Traits {
     static_assert(kCtasPerSm * (kSmemBytes + 1024) <= 233472,
                   "CTAS_PER_SM CTAs' shared memory (each + 1 KiB reserved) exceeds the SM's 228 KiB: lower STAGES or BLOCK_N");
     static_assert(kCtasPerSm * kThreads <= 2048, "CTAS_PER_SM x threads exceeds the SM's 2048 threads");
+    static_assert(kCluster == 1 || kCluster == 2, "CLUSTER must be 1 (off) or 2 (a pair of CTAs sharing K/V loads)");
+    static_assert(!kClustered || (!kIsCausal && !kVarlen && !kSplit),
+                  "CLUSTER=2 needs a non-causal dense problem without split-KV (the pair's tiles read the same key blocks)");
+    static_assert(!kClustered || kSched <= 1, "CLUSTER=2 needs SCHED 0 or 1 (the pair walks its tiles in lockstep)");
+    static_assert(!kClustered || kCtasPerSm == 1, "CLUSTER=2 needs CTAS_PER_SM=1");
+    static_assert(!kClustered || !kNarrow, "CLUSTER=2 needs a head dim that is a multiple of 64 (whole panels)");
     static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-B (swizzle atom) alignment");
 };
 

@@ -152,7 +152,7 @@ int hop_fwd(void* fn, const int32_t* meta, const void* q, const void* k, const v
     CUtensorMap* maps[4] = {&p.tm_q, &p.tm_k, &p.tm_v, &p.tm_o};
     for (int m = 0; m < 4; ++m) {
         const HopperMapBox b = hopper_map_box(m, meta[HOPPER_META_BLOCK_M], meta[HOPPER_META_BLOCK_N],
-                                              meta[HOPPER_META_O_BOX_ROWS], D);
+                                              meta[HOPPER_META_O_BOX_ROWS], D, meta[HOPPER_META_CLUSTER]);
         const long long S = (m == kHopperMapK || m == kHopperMapV) ? Sk : Sq;
         if (int e = encode(maps[m], dtype, views[m], S, D, H, B, strides[m][0], strides[m][1], strides[m][2],
                            static_cast<int>(b.rows), static_cast<int>(b.panels)))
@@ -183,7 +183,7 @@ int hop_fwd(void* fn, const int32_t* meta, const void* q, const void* k, const v
     }
     const HopperLaunchGrid g = hopper_launch_grid(meta[HOPPER_META_SCHED], Sq, meta[HOPPER_META_BLOCK_M],
                                                   meta[HOPPER_META_SPLITS], H, B, g_num_sms,
-                                                  meta[HOPPER_META_CTAS_PER_SM]);
+                                                  meta[HOPPER_META_CTAS_PER_SM], meta[HOPPER_META_CLUSTER]);
     const unsigned gx = static_cast<unsigned>(g.x), gy = static_cast<unsigned>(g.y), gz = static_cast<unsigned>(g.z);
     r = api.LaunchKernel(static_cast<CUfunction>(fn), gx, gy, gz, meta[HOPPER_META_THREADS], 1, 1, smem,
                          static_cast<CUstream>(stream), args, nullptr);

@@ -45,9 +45,10 @@ struct HopperMapBox {
 };
 // The box of map ``which`` (MAP_*) from the kernel's meta table: Q a BLOCK_M x D tile,
 // K and V BLOCK_N x D, O the epilogue's O_BOX_ROWS x one panel; at D=96 every box is one
-// 64-column panel (the kernel issues one TMA per panel).
-inline HopperMapBox hopper_map_box(int64_t which, int64_t block_m, int64_t block_n, int64_t o_box_rows, int64_t D) {
-    return HopperMapBox{((which == INT64_C(0)) ? block_m : ((which == INT64_C(3)) ? o_box_rows : block_n)), (((which == INT64_C(3)) || ((D % INT64_C(64)) != INT64_C(0))) ? INT64_C(1) : (D / INT64_C(64)))};
+// 64-column panel (the kernel issues one TMA per panel), and so are K's and V's with CLUSTER
+// > 1 (each CTA of a cluster multicasts its share of the panels).
+inline HopperMapBox hopper_map_box(int64_t which, int64_t block_m, int64_t block_n, int64_t o_box_rows, int64_t D, int64_t cluster) {
+    return HopperMapBox{((which == INT64_C(0)) ? block_m : ((which == INT64_C(3)) ? o_box_rows : block_n)), (((which == INT64_C(3)) || ((D % INT64_C(64)) != INT64_C(0)) || ((cluster > INT64_C(1)) && (which != INT64_C(0)))) ? INT64_C(1) : (D / INT64_C(64)))};
 }
 
 struct HopperLaunchGrid {
@@ -57,11 +58,13 @@ struct HopperLaunchGrid {
 };
 // The grid: one CTA per (query tile x split, head, batch) for SCHED 0; for the persistent
 // schedulers (SCHED 1 and 2) as many CTAs as the SMs hold (``ctas_per_sm`` each, the
-// kernel's CTAS_PER_SM), at most one per tile, at least one.
-inline HopperLaunchGrid hopper_launch_grid(int64_t sched, int64_t seqlen_q, int64_t block_m, int64_t splits, int64_t heads, int64_t batch, int64_t sms, int64_t ctas_per_sm) {
-    const int64_t m_blocks = (((seqlen_q + block_m) - INT64_C(1)) / block_m);
+// kernel's CTAS_PER_SM), at most one per tile, at least one. With CLUSTER > 1 a tile is a
+// run of ``cluster`` query blocks and x counts whole clusters: SCHED 0 the query blocks
+// rounded up to a multiple of it, SCHED 1 ``cluster`` CTAs per tile, as many as the SMs hold.
+inline HopperLaunchGrid hopper_launch_grid(int64_t sched, int64_t seqlen_q, int64_t block_m, int64_t splits, int64_t heads, int64_t batch, int64_t sms, int64_t ctas_per_sm, int64_t cluster) {
+    const int64_t units = (((seqlen_q + (block_m * cluster)) - INT64_C(1)) / (block_m * cluster));
     const int64_t persistent = (sched != INT64_C(0));
-    return HopperLaunchGrid{(persistent ? std::max<int64_t>(INT64_C(1), std::min<int64_t>((sms * ctas_per_sm), ((m_blocks * heads) * batch))) : (m_blocks * splits)), (persistent ? INT64_C(1) : heads), (persistent ? INT64_C(1) : batch)};
+    return HopperLaunchGrid{(persistent ? (cluster * std::max<int64_t>(INT64_C(1), std::min<int64_t>(((sms * ctas_per_sm) / cluster), ((units * heads) * batch)))) : ((units * cluster) * splits)), (persistent ? INT64_C(1) : heads), (persistent ? INT64_C(1) : batch)};
 }
 
 constexpr int kHopperTmaRank = 5;
