@@ -19,13 +19,19 @@ that is a symbolic link, not a regular file, or the study database is refused be
 anything is drawn, and each file is written to a temporary file and renamed.
 
 Matplotlib (the ``report`` extra) renders with the Agg backend; nothing is shown
-or printed. Parameter names are the space's, not Optuna's ``<NAME>_index`` names.
+or printed, and its font cache goes to a temporary folder, not the user's home
+(:func:`_private_matplotlib_folder`). Parameter names are the space's, not Optuna's ``<NAME>_index`` names.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
+import os
+import shutil
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,10 +120,24 @@ REPORT_FILES = ("history.png", "importances.png", "resources.png", "history.html
 # --------------------------------------------------------------------------- plots
 
 
+def _private_matplotlib_folder() -> None:
+    """Matplotlib keeps a font cache in its config folder (``~/.cache/matplotlib`` or
+    ``~/.config/matplotlib``), written the first time it draws text. A report writes only
+    where it was asked to: unless ``MPLCONFIGDIR`` names a folder (or matplotlib is loaded
+    already, its folder chosen), this process gets a temporary one, removed at exit (the
+    cache is rebuilt per report: about a second)."""
+    if "matplotlib" in sys.modules or os.environ.get("MPLCONFIGDIR"):
+        return
+    folder = tempfile.mkdtemp(prefix="evotuner-matplotlib-")
+    atexit.register(shutil.rmtree, folder, True)
+    os.environ["MPLCONFIGDIR"] = folder
+
+
 def _pyplot() -> Any:
     if importlib.util.find_spec("matplotlib") is None:
         raise ReportError("evotuner report needs matplotlib, which is not installed",
                           "in the checkout: pip install -e '.[report]' (or pip install matplotlib)")
+    _private_matplotlib_folder()
     import matplotlib
 
     matplotlib.use("Agg", force=True)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import matplotlib.image as mpimg
@@ -71,3 +74,22 @@ def test_report_unknown_study_is_a_storage_error(tmp_path: Path) -> None:
 
     with StudyStore(f"sqlite:///{tmp_path / 'empty.db'}") as store, pytest.raises(StorageError, match="nope"):
         write_report(store, "nope", tmp_path / "out")
+
+
+def test_a_report_writes_nothing_in_the_users_home(tmp_path: Path) -> None:
+    """The font cache matplotlib builds on first use goes to a temporary folder, removed at exit:
+    the report's files are the only ones written (HOME and XDG folders of a fresh user)."""
+    with _study(tmp_path, 12):
+        pass
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "MPL"))}
+    env.update(HOME=str(home), TMPDIR=str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    run = subprocess.run([sys.executable, "-m", "evotuner", "report", "--study", "r", "--output", str(tmp_path / "out"),
+                          "--storage", f"sqlite:///{tmp_path / 'report.db'}"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "out" / "history.png").is_file()
+    assert sorted(p.relative_to(home).as_posix() for p in home.rglob("*")) == []
+    assert list((tmp_path / "tmp").iterdir()) == []          # the temporary folder is gone too
