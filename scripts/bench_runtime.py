@@ -161,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL[,HKV]; repeatable")
     ap.add_argument("--set", choices=sorted(SETS), default="standard", help="the shapes when --shapes is not given")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=9,
+                    help="rounds per shape (default 9: one round's ratio to SDPA spread by up to 25%% on the "
+                         "H100, docs/measurements/gqa/bars_h100_1126i)")
     ap.add_argument("--reps", type=int, default=50, help="graph replays timed per round")
     ap.add_argument("--extension", type=Path, default=None, help="folder holding a built *_ext.so (optional)")
     ap.add_argument("--output", type=Path, default=None, help="write OUTPUT.json")
