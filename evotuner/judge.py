@@ -25,7 +25,7 @@ from evotuner.measure.racing import Race, RaceRule
 from evotuner.problem import Problem
 from evotuner.startup import DeviceStart
 from evotuner.tally import Stopwatch, Tally
-from evotuner.vocabulary import DEVICE_ATTR, MEASURED_ATTRS, STOPPED_ATTR, measure_failure_reason
+from evotuner.vocabulary import DEVICE_ATTR, MEASURED_ATTRS, PAIRED_ATTR, STOPPED_ATTR, measure_failure_reason
 
 #: Failures of a paired race's timing that the incumbent timed beside the config may have
 #: caused (the correctness checks run before the timing, on the config alone).
@@ -145,6 +145,8 @@ class Judge:
             attrs[STOPPED_ATTR] = {"reps": outcome.repetitions, "planned_reps": outcome.planned_repetitions,
                                    "median_us": outcome.median_us, "incumbent_us": outcome.incumbent_us,
                                    "rule": race.rule.describe() if race is not None else None}
+        if outcome.pairs and outcome.pair_ratio is not None:
+            attrs[PAIRED_ATTR] = {"pairs": outcome.pairs, "ratio": outcome.pair_ratio}
         if self.device.tag:
             attrs[DEVICE_ATTR] = dict(self.device.tag)   # which GPU measured it (several searches, --gpus)
         return "COMPLETE", outcome.median_us, None, attrs

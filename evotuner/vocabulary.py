@@ -96,6 +96,10 @@ RECOVERED_ATTR = "recovered"    # told by the worker that reaped its dead measur
 #: On a COMPLETE trial whose timing racing stopped early (evotuner/measure/racing.py):
 #: {"reps", "planned_reps", "median_us", "incumbent_us", "rule"}; its value is that median.
 STOPPED_ATTR = "stopped_early"
+#: A paired race's figures ({"pairs": n, "ratio": config/incumbent median ratio}), for every
+#: measurement timed beside the incumbent (a stopped one's median is that ratio on the
+#: incumbent's recorded scale).
+PAIRED_ATTR = "paired"
 #: A Measurement's figures a COMPLETE trial keeps as user attrs (its value is the median).
 MEASURED_ATTRS = ("tflops", "max_error", "p20_us", "p80_us")
 #: The reason a zombie trial (left RUNNING by a dead process) is failed with.

@@ -30,7 +30,7 @@ from evotuner.problem import Problem, Shape
 from evotuner.propose import make_sampler, params_for
 from evotuner.space import load_space
 from evotuner.storage import StudyStore
-from evotuner.vocabulary import STOPPED_ATTR
+from evotuner.vocabulary import PAIRED_ATTR, STOPPED_ATTR
 
 from scaffold import ScaffoldMeasure, scaffold_median_us
 
@@ -66,7 +66,8 @@ class RacingScaffold(ScaffoldMeasure):
         if race is not None and outcome.median_us > race.rule.threshold(race.incumbent_us):
             return Measurement(outcome.median_us, outcome.p20_us, outcome.p80_us, outcome.tflops, outcome.max_error,
                                outcome.tolerance, 16, stopped_early=True, planned_repetitions=500,
-                               incumbent_us=race.incumbent_us)
+                               incumbent_us=race.incumbent_us, pairs=16,
+                               pair_ratio=outcome.median_us / race.incumbent_us)
         return outcome
 
     def device(self):
@@ -126,6 +127,9 @@ def test_each_request_carries_the_best_so_far_and_a_stopped_trial_says_so(store,
         assert t.state == "COMPLETE" and t.value == pytest.approx(attr["median_us"])
         assert attr["reps"] == 16 and attr["planned_reps"] == 500 and attr["incumbent_us"] < t.value
         assert "alpha" in attr["rule"]
+        # the pairs timed beside the incumbent and their ratio: the recorded median, audited
+        assert t.attrs[PAIRED_ATTR] == {"pairs": 16, "ratio": pytest.approx(t.value / attr["incumbent_us"])}
+    assert all(PAIRED_ATTR not in t.attrs for t in trials if STOPPED_ATTR not in t.attrs)   # none paired
     finished = [e for e in events if isinstance(e, ev.TrialFinished)]
     assert sum(e.stopped_early == (16, 500) for e in finished) == len(stopped)
     assert result.best.median_us == pytest.approx(min(times))
@@ -312,6 +316,12 @@ def test_a_stopped_measurement_on_the_wire_must_be_consistent():
     assert ok.stopped_early and ok.planned_repetitions == 500
     for bad in ({"stopped_early": True}, {"stopped_early": "yes"},
                 {"stopped_early": True, "planned_repetitions": 16, "incumbent_us": 100.0}):
+        with pytest.raises(ProtocolError):
+            measurement_from_wire({**base, **bad})
+    paired = measurement_from_wire({**base, "pairs": 16, "pair_ratio": 1.08})
+    assert (paired.pairs, paired.pair_ratio) == (16, 1.08) and measurement_from_wire(base).pairs == 0
+    for bad in ({"pairs": -1}, {"pairs": True}, {"pairs": 2.5}, {"pairs": 16, "pair_ratio": 0.0},
+                {"pairs": 0, "pair_ratio": 1.0}, {"pairs": 16, "pair_ratio": float("nan")}):
         with pytest.raises(ProtocolError):
             measurement_from_wire({**base, **bad})
 

@@ -48,6 +48,11 @@ class Measurement:
     stopped_early: bool = False
     planned_repetitions: int | None = None
     incumbent_us: float | None = None
+    #: A paired race: repetitions timed in adjacent pairs with the incumbent's artifact, and the
+    #: median of their config/incumbent time ratios (0 and None when nothing was paired). A
+    #: paired stop's figures are that ratio times ``incumbent_us``'s artifact's recorded median.
+    pairs: int = 0
+    pair_ratio: float | None = None
 
     def as_dict(self) -> dict[str, float | int]:
         return asdict(self)

@@ -242,7 +242,7 @@ class Reply:
 
 # ---------------------------------------------------------------- measurements
 #: Fields every measurement carries; the racing ones (``_RACE_FIELDS``) only when it raced.
-_RACE_FIELDS = ("stopped_early", "planned_repetitions", "incumbent_us")
+_RACE_FIELDS = ("stopped_early", "planned_repetitions", "incumbent_us", "pairs", "pair_ratio")
 _MEASUREMENT_FIELDS = tuple(f for f in Measurement.__dataclass_fields__ if f not in _RACE_FIELDS)
 
 
@@ -260,11 +260,17 @@ def measurement_from_wire(value: Any) -> Measurement:
         if not isinstance(stopped, bool):
             raise ProtocolError(f"measurement stopped_early={stopped!r} is not a boolean")
         planned, incumbent = value.get("planned_repetitions"), value.get("incumbent_us")
+        pairs, ratio = value.get("pairs", 0), value.get("pair_ratio")
+        if isinstance(pairs, bool) or not isinstance(pairs, int) or pairs < 0:
+            raise ProtocolError(f"measurement pairs={pairs!r} is not a count")
         m = Measurement(**figures, stopped_early=stopped,
                         planned_repetitions=int(planned) if planned is not None else None,
-                        incumbent_us=float(incumbent) if incumbent is not None else None)
+                        incumbent_us=float(incumbent) if incumbent is not None else None,
+                        pairs=pairs, pair_ratio=float(ratio) if ratio is not None else None)
     except (TypeError, ValueError) as exc:
         raise ProtocolError(f"measurement has a non-numeric field: {exc}") from None
+    if m.pair_ratio is not None and not (math.isfinite(m.pair_ratio) and m.pair_ratio > 0 and m.pairs > 0):
+        raise ProtocolError(f"measurement pair_ratio={m.pair_ratio!r} over {m.pairs} pairs is not a positive ratio")
     if not (math.isfinite(m.median_us) and m.median_us > 0):
         raise ProtocolError(f"measurement median_us={m.median_us!r} is not a positive number")
     if m.stopped_early and (m.planned_repetitions is None or m.incumbent_us is None

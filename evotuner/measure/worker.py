@@ -163,15 +163,18 @@ class Worker(DiagnosticOps):
             "median_us": median, "p20_us": p20, "p80_us": p80, "tflops": problem.tflops(median),
             "max_error": study["max_error"], "tolerance": study["tolerance"], "repetitions": timing.repetitions,
         }
+        figures = _paired_figures(timing) if paired else {}
         if race is not None:
             measurement.update(stopped_early=bool(timing.stopped_early),
                                planned_repetitions=int(timing.planned_repetitions),
                                incumbent_us=race.incumbent_us)
+            if figures.get("pairs") and figures.get("ratio_median") is not None:
+                measurement.update(pairs=int(figures["pairs"]), pair_ratio=float(figures["ratio_median"]))
         return Reply.success({
             "measurement": measurement,
             "detail": {"ragged_max_error": ragged["max_error"], "ragged_tolerance": ragged["tolerance"],
                        "ragged_shape": ragged_text, "seed": seed, "phases": phases,
-                       **({"paired": {**paired, **_paired_figures(timing)}} if paired else {})},
+                       **({"paired": {**paired, **figures}} if paired else {})},
         })
 
     def _check(self, module: Any, problem: Problem, seed: int, *, reuse_bounds: bool = False

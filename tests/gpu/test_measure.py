@@ -162,6 +162,7 @@ def test_a_paired_race_times_the_incumbent_alternately_and_stops_a_slower_config
     assert isinstance(same, Measurement) and not same.stopped_early, same
     figures = gpu.last_detail["paired"]
     assert figures["pairs"] == paired.paired_reps and 0.9 < figures["ratio_median"] < 1.1, figures
+    assert (same.pairs, same.pair_ratio) == (figures["pairs"], figures["ratio_median"])
 
     beaten = gpu.measure(slow, problem, race=Race(slow_us * 2, paired, artifact_wire(fast), fast_us))
     assert isinstance(beaten, Measurement) and beaten.stopped_early and beaten.repetitions in (16, 32, 64), beaten
@@ -169,6 +170,7 @@ def test_a_paired_race_times_the_incumbent_alternately_and_stops_a_slower_config
     assert figures["pairs"] == beaten.repetitions and figures["ratio_median"] > 1 + PAIRED_MARGIN, figures
     # its figures are its ratio on the incumbent's recorded scale, never below the incumbent
     assert beaten.median_us == pytest.approx(figures["ratio_median"] * fast_us), (beaten, figures)
+    assert (beaten.pairs, beaten.pair_ratio) == (figures["pairs"], figures["ratio_median"])   # what the trial records
     assert beaten.median_us > (1 + PAIRED_MARGIN) * fast_us and figures["raw_median_us"] > 0, figures
     assert gpu.spawns == 1
 
