@@ -3,6 +3,12 @@
 
     python scripts/proposal_cost_seeded.py --storage sqlite:///bars.db --study g3 [--sources g2,g1,g4] \\
         [--trials 48] [--device "NVIDIA H100 80GB HBM3"] [--seed 0]
+    python scripts/proposal_cost_seeded.py --shape B=4,H=64,HKV=8,S=2048,D=128 [--causal] \\
+        --space OLD.toml --space search_spaces/hopper.toml [--trials 48]
+
+The second form compares space files (e.g. a space before and after it grew a knob: ``git
+show REV:search_spaces/hopper.toml > OLD.toml``) at one problem, cold: each space's feasible
+configs and its proposals' cost.
 
 scripts/proposal_cost.py replays a recorded sweep, so its space is the sweep's (hopper_grid,
 645-855 configs); a study a user seeds runs on its family's full space (hopper.toml: about 5000
@@ -57,20 +63,27 @@ def proposals(space, problem, estimate, related, trials: int, seed: int) -> list
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--storage", required=True, help="the study database (a SQLAlchemy URL)")
-    ap.add_argument("--study", required=True, help="the study whose problem and space are used")
+    ap.add_argument("--storage", help="the study database (a SQLAlchemy URL)")
+    ap.add_argument("--study", help="the study whose problem and space are used")
+    ap.add_argument("--shape", help="instead of a study: this problem (B=..,H=..,[HKV=..,]S=..,D=..), cold")
+    ap.add_argument("--causal", action="store_true", help="with --shape: a causal problem")
+    ap.add_argument("--space", action="append", default=[], help="with --shape: a space file; repeatable")
     ap.add_argument("--sources", default=None, help="related studies, comma-separated (default: the study's recorded)")
     ap.add_argument("--device", default="NVIDIA H100 80GB HBM3", help="the GPU model the sources were measured on")
     ap.add_argument("--trials", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    if args.shape:
+        return _spaces(args)
+    if not (args.storage and args.study):
+        ap.error("give --storage and --study, or --shape and --space")
 
     from evotuner.family import get_family
     from evotuner.session import study_space
     from evotuner.storage import StudyStore
     from evotuner.transfer import plan_transfer, related
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     with StudyStore(args.storage, read_only=True) as store:
         problem = store.study_info(args.study).problem
         space = study_space(store, args.study)
@@ -86,6 +99,26 @@ def main(argv: list[str] | None = None) -> int:
         rest = ms[1:] or ms
         print(f"  {label:6s}: first {ms[0]:.0f} ms, then median {statistics.median(rest):.1f} ms, "
               f"max {max(rest):.1f} ms; {args.trials} proposals in {sum(ms) / 1e3:.1f} s")
+    return 0
+
+
+def _spaces(args: argparse.Namespace) -> int:
+    """Cold proposals at ``--shape`` on each ``--space`` file: feasible configs and cost."""
+    from evotuner.family import get_family
+    from evotuner.problem import Problem, Shape
+    from evotuner.space import load_space
+
+    problem = Problem(Shape.parse(args.shape), "fp16", args.causal)
+    for path in args.space:
+        space = load_space(path)
+        family = get_family(space.kernel)
+        estimate = lambda config: family.estimate_us(config, problem)   # noqa: E731
+        feasible = sum(1 for _ in space.feasible(problem))
+        ms = [1e3 * s for s in proposals(space, problem, estimate, (), args.trials, args.seed)]
+        rest = ms[1:] or ms
+        print(f"{problem} {path}: {feasible} feasible; first {ms[0]:.0f} ms, then median "
+              f"{statistics.median(rest):.1f} ms, max {max(rest):.1f} ms; {args.trials} proposals in "
+              f"{sum(ms) / 1e3:.1f} s")
     return 0
 
 
