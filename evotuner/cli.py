@@ -144,15 +144,16 @@ def search(
         store = open_store(storage)
         stack.callback(store.close)
         if search_space is None:   # the study's own space, else the replayed sweep's, else flash_attention's family
-            search_space, note = session.pick_space(problem=problem, replay=replay, store=store, study=study)
+            search_space, note = session.pick_space(problem=problem, replay=replay, store=store, study=study,
+                                                    on_wait=cli_diagnostics.waiting)
         if note:
             cli_diagnostics.say(for_terminal(note), style="dim")
-        sampler = session.sampler_name(sampler, search_space)
+        sampler, wait = session.sampler_name(sampler, search_space), cli_diagnostics.waiting
         make_sampler(sampler, search_space, seed, problem)   # an unknown or unusable sampler is refused here
-        exists = session.check_exists(store, study, sampler, seed, problem, search_space)
+        exists = session.check_exists(store, study, sampler, seed, problem, search_space, on_wait=wait)
         builder, measure = stages.stages(problem, search_space, jobs, stack, started)
         if not exists:
-            session.start_study(store, study, problem, search_space, sampler, seed, builder)
+            session.start_study(store, study, problem, search_space, sampler, seed, builder, on_wait=wait)
         _run(store, study, problem, search_space, sampler, seed, trials, builder, measure,
              stale_after=stale_after, mixed_gpus=mixed_gpus, transfer=transfer, racing=racing)
 

@@ -18,6 +18,7 @@ from evotuner.cli_options import (
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError, StudyMismatchError
 from evotuner.problem import Problem, Shape
+from evotuner.textsafe import for_terminal
 
 OptStudyOpt = Annotated[Optional[str], typer.Option("--study", help="Study whose winners to run (and record into).")]
 DiagTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the study's best configs.")]
@@ -305,6 +306,11 @@ def render(diag: Diagnostics, order: tuple[str, ...] = ()) -> None:
     if diag.profiles:
         print_lines(profile_table({s: r.figures for s, r in diag.profiles.items()},
                                   {s: r.seconds for s, r in diag.profiles.items()}))
+
+
+def waiting(message: str) -> None:
+    """A wait for another process's study creation (evotuner.storage.start.await_study), told once."""
+    say(for_terminal(message), style="dim")
 
 
 def say(line: str, style: str = "") -> None:

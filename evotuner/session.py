@@ -219,8 +219,8 @@ def packaged_spaces() -> dict[str, Path]:
 
 
 def pick_space(space: str | Path | None = None, *, family: str | None = None, problem: Problem | None = None,
-               replay: Path | None = None, store: StudyStore | None = None,
-               study: str | None = None) -> tuple[SearchSpace, str | None]:
+               replay: Path | None = None, store: StudyStore | None = None, study: str | None = None,
+               on_wait: Callable[[str], None] | None = None) -> tuple[SearchSpace, str | None]:
     """The space a command works on, and a note saying why when the user did not name it:
 
     ``space`` (a file, or a packaged name: :func:`packaged_spaces`), else ``family``'s
@@ -244,7 +244,8 @@ def pick_space(space: str | Path | None = None, *, family: str | None = None, pr
             return load_space(get_family(family).space_for(problem)), None
         return load_space(family=family), None
     # a worker starting beside its creator: the study may be on the way (or its creator died)
-    if store is not None and study is not None and store.study_exists(study) and await_study(store, study) is True:
+    if (store is not None and study is not None and store.study_exists(study)
+            and await_study(store, study, on_wait=on_wait) is True):
         return study_space(store, study), None
     if replay is not None:
         from evotuner.measure.sweep import read_sweep
@@ -317,19 +318,20 @@ def sampler_name(given: str | None, space: SearchSpace) -> str:
 
 
 def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSpace, sampler: str, seed: int,
-                builder: Any) -> bool:
+                builder: Any, on_wait: Callable[[str], None] | None = None) -> bool:
     """Create ``study``, or check that the existing one has this problem, space, sampler and
     seed (StudyMismatchError naming the difference). True when it was created. Several
     workers may start one study at once: one creates it, the others wait for its row and
-    check it (:func:`evotuner.storage.start.ensure_study`)."""
+    check it (:func:`evotuner.storage.start.ensure_study`); a wait of more than a second is
+    told to ``on_wait`` once."""
     if problem.varlen and not problem.lengths_q:
         raise EvotunerError(f"problem {problem}: a packed problem without sequence lengths cannot be measured",
                             "give the lengths: Problem.packed(lengths, ...) or `evotuner search --lengths ...`")
     if builder is not None and ensure_study(store, study, lambda replacing: store.create_study(
             study, problem, space, sampler, seed, source_hash=builder.source_hash(),
-            nvcc_version=builder.nvcc_version(), replacing=replacing)):
+            nvcc_version=builder.nvcc_version(), replacing=replacing), on_wait=on_wait):
         return True
-    if store.study_exists(study) and await_study(store, study) is True:   # its creator may not have completed it yet
+    if store.study_exists(study) and await_study(store, study, on_wait=on_wait) is True:   # its creator may not have completed it yet
         store.load_study(study, problem=problem, space=space)   # refuses a problem/space mismatch
         recorded = store.summary(study)
         if (recorded.sampler, recorded.seed) != (sampler, seed):
@@ -344,11 +346,11 @@ def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSp
 
 
 def check_exists(store: StudyStore, study: str, sampler: str, seed: int, problem: Problem,
-                 space: SearchSpace) -> bool:
+                 space: SearchSpace, on_wait: Callable[[str], None] | None = None) -> bool:
     """Before building any stage: True when ``study`` exists (and matches), False when new."""
-    if not store.study_exists(study) or await_study(store, study) is not True:   # (start_study takes over a dead creation)
-        return False
-    start_study(store, study, problem, space, sampler, seed, builder=None)
+    if not store.study_exists(study) or await_study(store, study, on_wait=on_wait) is not True:
+        return False                               # (start_study takes over a dead creation)
+    start_study(store, study, problem, space, sampler, seed, builder=None, on_wait=on_wait)
     return True
 
 

@@ -173,7 +173,8 @@ def _since(store: Any, name: str, stamp: Any) -> float:
     return seen[1]
 
 
-def ensure_study(store: Any, name: str, create: Callable[[Any], Any], wait_s: float | None = None) -> bool:
+def ensure_study(store: Any, name: str, create: Callable[[Any], Any], wait_s: float | None = None,
+                 on_wait: Callable[[str], None] | None = None) -> bool:
     """Create study ``name`` with ``create(replacing)`` unless it exists; True when this call
     created it.
 
@@ -193,7 +194,7 @@ def ensure_study(store: Any, name: str, create: Callable[[Any], Any], wait_s: fl
             except StorageError:
                 if not store.study_exists(name):
                     raise
-        state = await_study(store, name, wait_s)
+        state = await_study(store, name, wait_s, on_wait)
         if state is True:
             return False
         replacing = state.stamp if isinstance(state, Abandoned) else None
@@ -201,16 +202,24 @@ def ensure_study(store: Any, name: str, create: Callable[[Any], Any], wait_s: fl
                        f"by another process in {store.display_url}", "run the command again")
 
 
-def await_study(store: Any, name: str, wait_s: float | None = None) -> bool | Abandoned:
+#: A wait for another process's creation longer than this is announced (``on_wait``): a
+#: creation takes milliseconds, so only a stalled or killed creator makes one wait this long.
+WAIT_NOTICE_S = 1.0
+
+
+def await_study(store: Any, name: str, wait_s: float | None = None,
+                on_wait: Callable[[str], None] | None = None) -> bool | Abandoned:
     """Wait until study ``name`` is complete (a creator may be between its row and Optuna's
     study); True when it is, False when it turned out not to exist (its creator undid a
     failed creation: the caller may create it), :class:`Abandoned` when a creation stood
     still for ``wait_s`` (default :data:`STUDY_ROW_WAIT_S`, counted from when this process
     first saw that creation): the caller may take it over. The store's not-evotuner (or
     damaged-row) error at once when no creation is under way: the row comes first, so a name
-    Optuna alone holds is another application's study."""
+    Optuna alone holds is another application's study. A wait past :data:`WAIT_NOTICE_S` is
+    told once to ``on_wait`` (what the wait is for and its longest remaining length)."""
     wait_s = STUDY_ROW_WAIT_S if wait_s is None else wait_s
     pause = 0.02
+    started, told = time.monotonic(), on_wait is None
     while True:
         try:
             store.study_info(name)
@@ -222,7 +231,14 @@ def await_study(store: Any, name: str, wait_s: float | None = None) -> bool | Ab
             if under_way is None:
                 store.study_info(name)   # completed just now; else the store's error
                 return True
-            if _since(store, name, under_way) + wait_s <= time.monotonic():
+            deadline = _since(store, name, under_way) + wait_s
+            now = time.monotonic()
+            if deadline <= now:
                 return Abandoned(under_way)
+            if not told and now - started >= WAIT_NOTICE_S:
+                told = True
+                assert on_wait is not None
+                on_wait(f"study '{name}' is being created by another process, which has not finished: waiting up "
+                        f"to {deadline - now:.0f} s more for it (a creation that stands still that long is taken over)")
         time.sleep(pause)
         pause = min(0.25, pause * 1.5)   # a creator takes milliseconds; a long wait need not hammer the lock

@@ -217,3 +217,22 @@ def test_a_second_wait_for_the_same_creation_does_not_start_over(url: str) -> No
         first = await_study(store, "w", wait_s=0.5)
         again = await_study(store, "w", wait_s=0.5)
         assert isinstance(first, Abandoned) and again == first and time.monotonic() - t0 < 1.0
+
+
+def test_a_long_wait_for_another_creation_is_told_once_and_a_short_one_not_at_all(url: str) -> None:
+    """A creator killed mid-creation makes the next search wait up to STUDY_ROW_WAIT_S: that wait
+    is announced once (what for, how long at most), a creation that completes at once is not."""
+    import time
+
+    from evotuner.storage.start import WAIT_NOTICE_S, Abandoned
+
+    _killed_while_creating(url, "w", "before")
+    told: list[str] = []
+    with StudyStore(url) as store:
+        t0 = time.monotonic()
+        state = await_study(store, "w", wait_s=WAIT_NOTICE_S + 1.0, on_wait=told.append)
+        assert isinstance(state, Abandoned) and time.monotonic() - t0 >= WAIT_NOTICE_S
+        assert len(told) == 1 and "study 'w' is being created by another process" in told[0], told
+        assert "waiting up to" in told[0] and "taken over" in told[0]
+        _create(store, "x")
+        assert await_study(store, "x", on_wait=told.append) is True and len(told) == 1
