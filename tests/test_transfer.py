@@ -180,9 +180,10 @@ def sources(tmp_path_factory):
 
 
 def test_show_reads_a_study_of_the_grid_and_its_ten_parameters_fit_80_columns(sources, capsys, monkeypatch):
-    """The hopper family's ten parameters, the trial number and three figures in 80 columns,
+    """The hopper grid's ten parameters, the trial number and three figures in 80 columns,
     every value whole (the boxed table of before cut trial numbers to "…" and left some
-    parameter columns empty there): the one-word headers shorten (STAGES -> STAG)."""
+    parameter columns empty there): the one-word headers shorten (STAGES -> STAG); the two the
+    grid fixes (RESCALE_LOG2=8, EXP_EMU=0) are named once under the table, not as columns."""
     url, _ = sources
     monkeypatch.setenv("COLUMNS", "80")
     code, out, err = run(capsys, "show", "--study", "d64", "--storage", url, "--top", "10")
@@ -194,9 +195,10 @@ def test_show_reads_a_study_of_the_grid_and_its_ten_parameters_fit_80_columns(so
     rule = next(i for i, line in enumerate(lines) if line.startswith("───"))
     header, rows = lines[rule - 1].split(), [line.split() for line in lines[rule + 1:rule + 11]]
     assert header[:3] == ["#", "BN", "CW"] and header[-4:] == ["µs", "TFLOPS", "vs", "SDPA"]
-    assert len(rows) == 10 and all(len(r) == 1 + 10 + 3 for r in rows), rows
-    assert all(all(v.isdigit() for v in r[:11]) and r[-1].endswith("x") for r in rows), rows
-    assert len({tuple(r[1:11]) for r in rows}) == 10                  # ten distinct configs, all visible
+    assert len(rows) == 10 and all(len(r) == 1 + 8 + 3 for r in rows), rows
+    assert all(all(v.isdigit() for v in r[:9]) and r[-1].endswith("x") for r in rows), rows
+    assert len({tuple(r[1:9]) for r in rows}) == 10                   # ten distinct configs, all visible
+    assert "every config here: RESCALE_LOG2=8, EXP_EMU=0" in out and "RL" not in header
 
 
 def test_plan_takes_the_nearest_studies_of_the_family_device_and_head_dim(sources):
