@@ -12,6 +12,7 @@ JSON and CSV to --output.
     python scripts/bench_attention.py                      # recommended defaults
     python scripts/bench_attention.py --config BLOCK_M=128,BLOCK_N=64,NUM_WARPS=4,STAGES=2,MIN_BLOCKS=1
     python scripts/bench_attention.py --shapes 1,8,512,64,0 --dtypes fp16 --output out/bench
+    python scripts/bench_attention.py --family hopper --shapes 1,32,4096,128,0,8   # GQA 32/8 (SDPA enable_gqa)
     python scripts/bench_attention.py --family hopper           # hopper's recommended configs vs SDPA
     python scripts/bench_attention.py --family hopper --config BLOCK_N=128,CONSUMER_WGS=2,SCHED=1
                                     # a partial config overrides the recommended one's keys
@@ -76,12 +77,15 @@ def alternate(timed: list[tuple[dict[str, object], Any]], sdpa: Any, problem: Pr
                    speedup_vs_sdpa_default=statistics.median(t / m for t, m in zip(theirs, mine)))
 
 
-def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
+def parse_shape(text: str) -> tuple[int, int, int, int, bool, int]:
+    """B,H,S,D,CAUSAL[,HKV]: HKV < H is grouped-query attention (K/V with HKV heads; SDPA is
+    called with ``enable_gqa``), the default HKV = H."""
     parts = [p.strip() for p in text.split(",")]
-    if len(parts) != 5:
-        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL (e.g. 4,16,4096,64,1)")
-    b, h, s, d, c = parts
-    return int(b), int(h), int(s), int(d), c.lower() in ("1", "true", "yes", "causal")
+    if len(parts) not in (5, 6):
+        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL[,HKV] (e.g. 4,16,4096,64,1)")
+    b, h, s, d, c = parts[:5]
+    hkv = parts[5] if len(parts) == 6 else h
+    return int(b), int(h), int(s), int(d), c.lower() in ("1", "true", "yes", "causal"), int(hkv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: the family's recommended config for the problem, as flash_attention picks it)")
     ap.add_argument("--family", action="append", default=[], help="kernel family; repeatable "
                     "(default: every registered family supporting the problem)")
-    ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL; repeatable")
+    ap.add_argument("--shapes", type=parse_shape, action="append",
+                    help="B,H,S,D,CAUSAL[,HKV] (HKV < H: grouped-query); repeatable")
     ap.add_argument("--dtypes", default="fp16,bf16")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--reps", type=int, default=50)
@@ -119,15 +124,16 @@ def main(argv: list[str] | None = None) -> int:
         for key, bests in study_bests(url).items():
             tuned.setdefault(key, []).extend((study if len(args.tuned) == 1 else f"{study}@{url}", c)
                                              for study, c in bests)
-    shapes = args.shapes or list(STANDARD_SHAPES)
+    shapes = args.shapes or [(*sh, sh[1]) for sh in STANDARD_SHAPES]
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     props = torch.cuda.get_device_properties(0)
     device = {"name": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
               "cuda": torch.version.cuda}
     rows: list[dict[str, object]] = []
 
-    for (b, h, s, d, causal), dtype in ((sh, dt) for sh in shapes for dt in dtypes):
-        problem = Problem(Shape(b, h, s, s, d), dtype, causal)
+    for (b, h, s, d, causal, hkv), dtype in ((sh, dt) for sh in shapes for dt in dtypes):
+        problem = Problem(Shape(b, h, s, s, d, hkv), dtype, causal)
+        gqa = hkv != h
         tag = f"{problem.shape} {dtype} causal={int(causal)}"
         configs: list[tuple[str, KernelConfig]] = []
         for fam in selected:
@@ -150,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, backend in BASELINES.items():
             def sdpa(backend=backend):
                 if backend is None:
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
                 with sdpa_kernel(backend):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
             try:
                 sdpa()
                 base[name] = time_cuda(sdpa, warmup=args.warmup, reps=args.reps).median_us
@@ -161,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {tag}: {name} unavailable: {str(exc).splitlines()[0][:120]}", file=sys.stderr)
         timed: list[tuple[dict[str, object], Any]] = []
         for family, cfg, source in configs:
-            row: dict[str, object] = {"B": b, "H": h, "S": s, "D": d, "causal": causal, "dtype": dtype,
+            row: dict[str, object] = {"B": b, "H": h, "HKV": hkv, "S": s, "D": d, "causal": causal, "dtype": dtype,
                                       "family": family, "source": source, "config": str(cfg), **{f"{n}_us": base[n] for n in BASELINES}}
             try:
                 t0 = time.perf_counter()
@@ -183,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(_line(row), flush=True)
         if args.rounds > 1 and base.get("sdpa_default"):
-            alternate(timed, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal), problem, args)
+            alternate(timed, lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa),
+                      problem, args)
         for row, _ in timed:
             print(_line(row), flush=True)
         del q, k, v
@@ -211,7 +218,8 @@ def _fmt(x: object, spec: str) -> str:
 
 
 def _line(r: dict[str, object]) -> str:
-    shape = f"B={r['B']},H={r['H']},S={r['S']},D={r['D']}"
+    heads = f"{r['H']}/{r['HKV']}" if r.get("HKV", r["H"]) != r["H"] else f"{r['H']}"
+    shape = f"B={r['B']},H={heads},S={r['S']},D={r['D']}"
     return (f"{shape:<28}{r['dtype']!s:<6}{int(bool(r['causal'])):<3}{_fmt(r.get('median_us'), '9.1f')}"
             f"{_fmt(r.get('tflops'), '8.1f')}{_fmt(r.get('speedup_vs_sdpa_default'), '7.2f')}"
             f"{_fmt(r.get('speedup_vs_sdpa_flash'), '8.2f')}{_fmt(r.get('speedup_vs_sdpa_efficient'), '7.2f')}  "

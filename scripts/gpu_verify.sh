@@ -311,7 +311,8 @@ for what in "${@:-all}"; do
     cluster)
       # CTA pairs sharing K/V loads (CLUSTER=2): the GPU tests (bit-equal to CLUSTER=1 and right on
       # fresh inputs), compute-sanitizer on the pairs, then the pair against the same config unpaired
-      # and SDPA at non-causal shapes, same run (graph-free CUDA-event timing, L2 flushed, 5 rounds)
+      # and SDPA at non-causal shapes (issue 24's GQA ones first), same run (CUDA-event timing of the
+      # kernel module's launch, L2 flushed, 5 rounds)
       step "CLUSTER=2 GPU tests"
       timeout 570 python3 -m pytest -q -rs -m gpu tests/gpu/test_hopper_cluster.py 2>&1 | tee "$out/cluster_tests.log" | tail -8
       for tool in memcheck racecheck synccheck; do
@@ -323,8 +324,9 @@ for what in "${@:-all}"; do
       step "bench_attention: SCHED 0/1 with and without CLUSTER=2 (recommended tiles otherwise)"
       timeout 480 python3 scripts/bench_attention.py --family hopper --dtypes fp16 --rounds 5 \
         --config SCHED=1,CLUSTER=1 --config SCHED=1,CLUSTER=2 --config SCHED=0,CLUSTER=1 --config SCHED=0,CLUSTER=2 \
-        --shapes 8,16,2048,128,0 --shapes 1,32,8192,128,0 --shapes 4,64,2048,128,0 --shapes 4,16,2048,256,0 \
-        --shapes 16,16,2048,64,0 --output "$out/bench_cluster" 2>&1 | tee "$out/bench_cluster.log" | tail -40 ;;
+        --shapes 1,32,4096,128,0,8 --shapes 4,64,2048,128,0,8 --shapes 8,32,1024,128,0,4 --shapes 8,16,2048,128,0 \
+        --shapes 1,32,8192,128,0 --shapes 4,16,2048,256,0 --shapes 16,16,2048,64,0 \
+        --output "$out/bench_cluster" 2>&1 | tee "$out/bench_cluster.log" | tail -40 ;;
     workers|all)
       step "two search processes on one study (exact budget, nothing measured twice)"
       timeout 240 python3 scripts/two_workers.py --trials 24 --gpus 0 --workdir /tmp/evotuner-two 2>&1 | tee "$out/two_workers.log" | tail -12 ;;
