@@ -317,74 +317,58 @@ def test_adding_a_parameter_to_the_hopper_family(builder, tmp_path):
     assert hashlib.sha256(result.artifact.cubin.read_bytes()).hexdigest() == plain.artifact.sha256
 
 
-SAMPLE = [  # (head dim, knobs): SCHED 0/1/2, stages 1..4, every WG count, BLOCK_N off 128, 1 and 2 CTAs per SM
-    (64, dict(BLOCK_N=64, CONSUMER_WGS=1, STAGES=4, REG_PROD=24, REG_CONS=256, OVERLAP=0, PINGPONG=0, SCHED=2,
-              RESCALE_LOG2=0, EXP_EMU=4, CTAS_PER_SM=1)),
-    (128, dict(BLOCK_N=176, CONSUMER_WGS=2, STAGES=1, REG_PROD=32, REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=1,
-               RESCALE_LOG2=0, EXP_EMU=0, CTAS_PER_SM=1)),
+SAMPLE = [  # (head dim, causal, knobs): SCHED 0/1/2, stages 1..4, every WG count, BLOCK_N off 128, 1 and 2 CTAs
+    # per SM, CTA pairs
+    (64, True, dict(BLOCK_N=64, CONSUMER_WGS=1, STAGES=4, REG_PROD=24, REG_CONS=256, OVERLAP=0, PINGPONG=0, SCHED=2,
+                    RESCALE_LOG2=0, EXP_EMU=4, CTAS_PER_SM=1)),
+    (128, True, dict(BLOCK_N=176, CONSUMER_WGS=2, STAGES=1, REG_PROD=32, REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=1,
+                     RESCALE_LOG2=0, EXP_EMU=0, CTAS_PER_SM=1)),
     # ping-pong off: with it, causal block passing (kernel.cuh causal_skip) costs this 160-register
     # config a 4-byte spill at D=128 causal (kernels/hopper/README.md, item 11)
-    (128, dict(BLOCK_N=80, CONSUMER_WGS=3, STAGES=3, REG_PROD=32, REG_CONS=160, OVERLAP=1, PINGPONG=0, SCHED=2,
-               RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1)),
+    (128, True, dict(BLOCK_N=80, CONSUMER_WGS=3, STAGES=3, REG_PROD=32, REG_CONS=160, OVERLAP=1, PINGPONG=0, SCHED=2,
+                     RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1)),
     # two CTAs per SM: __launch_bounds__(256, 2) caps ptxas at 128 registers, which setmaxnreg
     # splits 24 / 232; 2 x 82 KiB of shared memory
-    (128, dict(BLOCK_N=64, CONSUMER_WGS=1, STAGES=2, REG_PROD=24, REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=1,
-               RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=2)),
-    (64, dict(BLOCK_N=128, CONSUMER_WGS=1, STAGES=3, REG_PROD=24, REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=0,
-              RESCALE_LOG2=0, EXP_EMU=0, CTAS_PER_SM=2)),
+    (128, True, dict(BLOCK_N=64, CONSUMER_WGS=1, STAGES=2, REG_PROD=24, REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=1,
+                     RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=2)),
+    (64, True, dict(BLOCK_N=128, CONSUMER_WGS=1, STAGES=3, REG_PROD=24, REG_CONS=232, OVERLAP=1, PINGPONG=0, SCHED=0,
+                    RESCALE_LOG2=0, EXP_EMU=0, CTAS_PER_SM=2)),
+    # CTA pairs sharing K/V loads (CLUSTER=2, non-causal only): D 64 (one panel: the pair's first
+    # CTA loads it all), 128 with an odd BLOCK_N, 256 (hopper_wide.toml), SCHED 0 and 1
+    (64, False, dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=3, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
+                     RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1, CLUSTER=2)),
+    (128, False, dict(BLOCK_N=176, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1,
+                      SCHED=0, RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1, CLUSTER=2)),
+    (128, False, dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1,
+                      SCHED=1, RESCALE_LOG2=0, EXP_EMU=0, CTAS_PER_SM=1, CLUSTER=2)),
+    (256, False, dict(BLOCK_N=80, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
+                      RESCALE_LOG2=8, EXP_EMU=0, CLUSTER=2)),
+    (256, False, dict(BLOCK_N=64, CONSUMER_WGS=2, STAGES=1, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=1,
+                      RESCALE_LOG2=8, EXP_EMU=0, CLUSTER=2)),
 ]
 
 
 @needs_nvcc
-@pytest.mark.parametrize("d, knobs", SAMPLE)
-def test_space_smem_formula_equals_the_cubins_meta_table(builder, d, knobs):
+@pytest.mark.parametrize("d, causal, knobs", SAMPLE)
+def test_space_smem_formula_equals_the_cubins_meta_table(builder, d, causal, knobs):
+    """The cubin's meta table echoes every knob (a knob left out at the family default) and its
+    smem_bytes is the space's formula; the gate passes it (no spill, the launch register cap).
+    A CTA pair's config is refused by the space at a causal problem, before any build."""
     from evotuner.config import KernelConfig
-    cfg, problem = KernelConfig.of(knobs), _problem(d, "bf16", True)
-    assert SPACE.violated(cfg, problem) is None
+    cfg, problem = KernelConfig.of(knobs), _problem(d, "bf16", causal)
+    space = load_space(HOPPER.space_for(problem))
+    assert space.violated(cfg, problem) is None
+    if knobs.get("CLUSTER", 1) > 1:
+        assert space.violated(cfg, _problem(d, "bf16", True)).name == "cluster"
     result = builder.build(cfg, problem)
     assert result.ok, result.error
     meta = result.artifact.meta
     assert meta["smem_bytes"] == _smem_formula(cfg, problem)
     assert meta["block_m"] == 64 * knobs["CONSUMER_WGS"] and meta["threads"] == 128 * (knobs["CONSUMER_WGS"] + 1)
     assert all(meta[f] == knobs.get(p, HOPPER.optional_params.get(p)) for p, f in HOPPER.echoed.items())
-    gate = apply_gate(result, SPACE.gate, family=HOPPER)       # incl. "Used N" == the launch cap
-    assert gate.passed, gate.reason
-
-
-#: CLUSTER=2 (CTA pairs sharing K/V loads): non-causal only; SCHED 0 and 1, D 64 (one panel:
-#: the pair's first CTA loads it all), 128 and 256 (hopper_wide.toml), an odd BLOCK_N.
-CLUSTER_SAMPLE = [
-    (64, dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=3, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
-              RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1, CLUSTER=2)),
-    (128, dict(BLOCK_N=176, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
-               RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1, CLUSTER=2)),
-    (128, dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=1,
-               RESCALE_LOG2=0, EXP_EMU=0, CTAS_PER_SM=1, CLUSTER=2)),
-    (256, dict(BLOCK_N=80, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
-               RESCALE_LOG2=8, EXP_EMU=0, CLUSTER=2)),
-    (256, dict(BLOCK_N=64, CONSUMER_WGS=2, STAGES=1, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=1,
-               RESCALE_LOG2=8, EXP_EMU=0, CLUSTER=2)),
-]
-
-
-@needs_nvcc
-@pytest.mark.parametrize("d, knobs", CLUSTER_SAMPLE)
-def test_a_cluster_build_is_a_pair_in_its_cubin_and_passes_the_gate(builder, d, knobs):
-    """The cubin records the pair (meta ``cluster``; the PTX ``.reqnctapercluster 2, 1, 1``
-    a plain launch honours), keeps the launch register cap and spills nothing; a causal
-    problem is refused by the space before any build."""
-    from evotuner.config import KernelConfig
-    cfg, problem = KernelConfig.of(knobs), _problem(d, "fp16", False)
-    space = load_space(HOPPER.space_for(problem))
-    assert space.violated(cfg, problem) is None
-    assert space.violated(cfg, _problem(d, "fp16", True)).name == "cluster"
-    result = builder.build(cfg, problem)
-    assert result.ok, result.error
-    meta = result.artifact.meta
-    assert meta["cluster"] == 2 and meta["smem_bytes"] == _smem_formula(cfg, problem)
     report = parse_ptxas(result.ptxas_log, HOPPER.entry)
     assert report.spill_stores == 0 and report.spill_loads == 0 and report.stack == 0, report
-    gate = apply_gate(result, space.gate, family=HOPPER)
+    gate = apply_gate(result, space.gate, family=HOPPER)       # incl. "Used N" == the launch cap
     assert gate.passed, gate.reason
 
 
