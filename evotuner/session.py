@@ -331,7 +331,8 @@ def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSp
             study, problem, space, sampler, seed, source_hash=builder.source_hash(),
             nvcc_version=builder.nvcc_version(), replacing=replacing), on_wait=on_wait):
         return True
-    if store.study_exists(study) and await_study(store, study, on_wait=on_wait) is True:   # its creator may not have completed it yet
+    # its creator may not have completed it yet
+    if store.study_exists(study) and await_study(store, study, on_wait=on_wait) is True:
         store.load_study(study, problem=problem, space=space)   # refuses a problem/space mismatch
         recorded = store.summary(study)
         if (recorded.sampler, recorded.seed) != (sampler, seed):

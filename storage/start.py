@@ -219,7 +219,7 @@ def await_study(store: Any, name: str, wait_s: float | None = None,
     told once to ``on_wait`` (what the wait is for and its longest remaining length)."""
     wait_s = STUDY_ROW_WAIT_S if wait_s is None else wait_s
     pause = 0.02
-    started, told = time.monotonic(), on_wait is None
+    started, told = time.monotonic(), False
     while True:
         try:
             store.study_info(name)
@@ -235,9 +235,8 @@ def await_study(store: Any, name: str, wait_s: float | None = None,
             now = time.monotonic()
             if deadline <= now:
                 return Abandoned(under_way)
-            if not told and now - started >= WAIT_NOTICE_S:
+            if on_wait is not None and not told and now - started >= WAIT_NOTICE_S:
                 told = True
-                assert on_wait is not None
                 on_wait(f"study '{name}' is being created by another process, which has not finished: waiting up "
                         f"to {deadline - now:.0f} s more for it (a creation that stands still that long is taken over)")
         time.sleep(pause)

@@ -38,8 +38,9 @@ template <class T>
 __device__ __forceinline__ int tile_stride() { return int(gridDim.x) / T::kCluster; }
 
 // Tile `tile` (0 .. num_tiles-1) -> coordinates. SCHED 0: tile = blockIdx.x of a
-// (num_m, H, B) grid (CLUSTER=2: num_m rounded up to even), head/batch from blockIdx.y/z. SCHED 1: m fastest, then head,
-// then batch (consecutive tiles share K/V in L2). Causal: longest m block first.
+// (num_m, H, B) grid (CLUSTER=2: num_m rounded up to even), head/batch from blockIdx.y/z.
+// SCHED 1: m fastest, then head, then batch (consecutive tiles share K/V in L2). Causal:
+// longest m block first.
 template <class T>
 __device__ __forceinline__ TileInfo tile_info(const Params& p, int tile) {
     TileInfo t;
