@@ -1,9 +1,8 @@
 """Time ``SearchSpace.feasible(problem)`` on the hopper space and on a 6x larger variant of it.
 
 The variant adds a parameter ``SPLITS`` (values 1..32) and the constraint
-``SPLITS == 1 or SCHED == 0`` to a temporary copy of hopper.toml (995,328 configs since
-hopper.toml's CLUSTER, so :data:`evotuner.spacelimits.MAX_CONFIGS` is raised to ``1 << 20`` for
-this script only).
+``SPLITS == 1 or SCHED == 0`` to a temporary copy of hopper.toml (497,664 configs, more than
+:data:`evotuner.spacelimits.MAX_CONFIGS`, which is raised to ``1 << 20`` for this script only).
 
 Prints, per space and problem, the configs, the feasible configs and the best of
 ``--repeat`` wall and CPU (this process's) times of ``list(space.feasible(problem))`` (a fresh load each time, so

@@ -317,7 +317,10 @@ for what in "${@:-all}"; do
       timeout 570 python3 -m pytest -q -rs -m gpu tests/gpu/test_hopper_cluster.py 2>&1 | tee "$out/cluster_tests.log" | tail -8
       for tool in memcheck racecheck synccheck; do
         step "compute-sanitizer --tool $tool on the CTA pairs"
-        timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 python3 scripts/sanitize_paths.py --only cluster \
+        # racecheck watches hopper_fwd alone: cuBLAS's nvjet GEMM of the fp32 reference reports a
+        # shared-memory hazard of its own (320 at these shapes, 2026-11-27)
+        only=""; [ $tool = racecheck ] && only="--kernel-name kns=hopper_fwd"
+        timeout 300 compute-sanitizer --tool $tool $only --error-exitcode 9 python3 scripts/sanitize_paths.py --only cluster \
           > "$out/cluster_sanitize_$tool.log" 2>&1; echo "rc=$? $(grep -c ok "$out/cluster_sanitize_$tool.log") ok"
         tail -3 "$out/cluster_sanitize_$tool.log"
       done

@@ -683,7 +683,7 @@ bad = torch.randn(1, 2, 64, 68, device="cuda", dtype=torch.float16)[..., :64]   
 try:
     f.attention(bad, bad, bad, False, None)
 except RuntimeError as e:
-    assert "row stride" in str(e) and "multiple of 8" in str(e), e
+    assert "q's row (S) stride breaks a TMA rule" in str(e) and "multiple of 8" in str(e), e
 else:
     raise AssertionError("row stride 68 accepted")
 check_unserved()

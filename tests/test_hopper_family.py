@@ -30,9 +30,11 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run
+from paired_space import with_pairs
 from evotuner import cli
 from evotuner.compiler import Builder
 from evotuner.family import AttentionArgs, DeviceInfo, TensorView, get_family
+from evotuner.errors import SpaceError
 from evotuner.gate import apply_gate, parse_ptxas
 from evotuner.kernels.hopper import params as HP
 from evotuner.problem import DTYPES, Problem, Shape
@@ -89,7 +91,8 @@ def test_static_constraints_mirror_the_kernels_static_asserts(config, constraint
     base = dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
                 RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1)
     from evotuner.config import KernelConfig
-    violated = SPACE.violated(KernelConfig.of({**base, **config}), _problem(128))
+    space = with_pairs(HOPPER.default_space()) if "CLUSTER" in config else SPACE
+    violated = space.violated(KernelConfig.of({**base, **config}), _problem(128))
     assert violated is not None and violated.name == constraint, violated
 
 
@@ -194,8 +197,8 @@ def builder(build_cache_dir):
         yield b
 
 
-def _smem_formula(config, problem) -> int:
-    return load_space(HOPPER.space_for(problem)).derive(config, problem)["smem_bytes"]
+def _smem_formula(config, problem, space=None) -> int:
+    return (space or load_space(HOPPER.space_for(problem))).derive(config, problem)["smem_bytes"]
 
 
 @needs_nvcc
@@ -353,17 +356,21 @@ SAMPLE = [  # (head dim, causal, knobs): SCHED 0/1/2, stages 1..4, every WG coun
 def test_space_smem_formula_equals_the_cubins_meta_table(builder, d, causal, knobs):
     """The cubin's meta table echoes every knob (a knob left out at the family default) and its
     smem_bytes is the space's formula; the gate passes it (no spill, the launch register cap).
-    A CTA pair's config is refused by the space at a causal problem, before any build."""
+    A CTA pair's config (offered by a space listing CLUSTER [1, 2], not by the packaged ones) is
+    refused by that space at a causal problem, before any build."""
     from evotuner.config import KernelConfig
     cfg, problem = KernelConfig.of(knobs), _problem(d, "bf16", causal)
-    space = load_space(HOPPER.space_for(problem))
+    paired = knobs.get("CLUSTER", 1) > 1
+    space = with_pairs(HOPPER.space_for(problem)) if paired else load_space(HOPPER.space_for(problem))
     assert space.violated(cfg, problem) is None
-    if knobs.get("CLUSTER", 1) > 1:
+    if paired:
+        with pytest.raises(SpaceError, match="CLUSTER=2 is outside"):      # the packaged spaces do not search it
+            load_space(HOPPER.space_for(problem)).violated(cfg, problem)
         assert space.violated(cfg, _problem(d, "bf16", True)).name == "cluster"
     result = builder.build(cfg, problem)
     assert result.ok, result.error
     meta = result.artifact.meta
-    assert meta["smem_bytes"] == _smem_formula(cfg, problem)
+    assert meta["smem_bytes"] == _smem_formula(cfg, problem, space)
     assert meta["block_m"] == 64 * knobs["CONSUMER_WGS"] and meta["threads"] == 128 * (knobs["CONSUMER_WGS"] + 1)
     assert all(meta[f] == knobs.get(p, HOPPER.optional_params.get(p)) for p, f in HOPPER.echoed.items())
     report = parse_ptxas(result.ptxas_log, HOPPER.entry)

@@ -31,8 +31,9 @@ file; CTAS_PER_SM=2 halves it, see the last item), in clocks:
 * two CTAs per SM (CTAS_PER_SM=2): twice the slots for the makespan, each CTA's iteration
   the longer of both CTAs' throughput-bound time and its own latency-bound time, so the
   fixed per-iteration latency and the tile edges of one CTA run under the other's work;
-* CTA pairs (CLUSTER=2): each K/V byte drawn from L2 once per pair, a fixed coupling
-  latency per iteration, and an odd last m block's partner busy for a whole tile;
+* CTA pairs (CLUSTER=2): every iteration CLUSTER_SLOWDOWN times longer (measured: the
+  multicast doubled the L2 traffic it was meant to halve), and an odd last m block's
+  partner busy for a whole tile;
 * registers: a consumer thread holds O (D/2 fp32), S (BLOCK_N/2 fp32), with OVERLAP the
   previous P (BLOCK_N/4 packed halves) beside the next S, plus about 28 for addresses,
   row statistics and loop state. More than REG_CONS spills, which the gate rejects: the
@@ -80,9 +81,11 @@ ITERATION_LATENCY = 300.0
 #: init, setmaxnreg), and a persistent CTA's hand-over to its next tile: estimates.
 LAUNCH_OVERHEAD = 1000.0
 HANDOVER = 200.0
-#: CLUSTER=2, per main-loop iteration: a stage is refilled once both CTAs of the pair freed
-#: it (remote mbarrier arrivals), so each waits on the slower one: an estimate.
-CLUSTER_LATENCY = 100.0
+#: CLUSTER=2: how much longer each main-loop iteration takes than unpaired. Measured on the
+#: H100 (2026-11-27, docs/measurements/cluster/README.md): 2.0-2.3x the unpaired kernel's
+#: time at seven non-causal shapes (D 64, 128, 256; SCHED 0 and 1); ncu counted twice the
+#: L2 bytes (lts__t_bytes 1.71 -> 3.30 GB at 8,16,2048,128) with the L2 72% busy.
+CLUSTER_SLOWDOWN = 2.2
 #: Registers a consumer thread needs besides its accumulators (addresses, row max and sum,
 #: loop state): the one figure read off the gate's spill reports (the recorded sweeps'
 #: spill boundaries at D=64 and D=128 bracket it to 25..32).
@@ -130,9 +133,8 @@ def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int
                  ctas: int = 1) -> float:
     """Clocks of one tile on its CTA; with ``ctas`` CTAs sharing the SM each iteration takes
     the SM's throughput-bound time of all of them or its own latency-bound time, whichever is
-    longer (the other CTA's work fills this one's barrier waits). CLUSTER=2 halves the K/V
-    bytes each CTA draws from L2 (one read multicast to the pair) and adds the pair's
-    coupling to every iteration's latency."""
+    longer (the other CTA's work fills this one's barrier waits). CLUSTER=2 stretches every
+    iteration by the measured CLUSTER_SLOWDOWN."""
     cluster = c.get("CLUSTER", 1)
     n, wgs = c["BLOCK_N"], c["CONSUMER_WGS"]
     live = min(wgs, -(-rows // 64))                  # skip_tile: warpgroups past Sq compute nothing
@@ -140,14 +142,14 @@ def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int
     softmax = live * 64 * n * _softmax_per_score(c, head_dim, n)
     hidden = _overlap(wgs, c["OVERLAP"], c["PINGPONG"])
     compute = max(mma, softmax) + (1 - hidden) * min(mma, softmax)
-    load = 4 * n * head_dim / L2_BYTES_PER_CLK / cluster   # K and V tiles, 2-byte elements
+    load = 4 * n * head_dim / L2_BYTES_PER_CLK            # K and V tiles, 2-byte elements
     step = max(compute, load) if c["STAGES"] >= 2 else compute + load + L2_LATENCY
     q_bytes = 64 * wgs * head_dim * 2
     prologue = L2_LATENCY + q_bytes / L2_BYTES_PER_CLK
     epilogue = q_bytes / L2_BYTES_PER_CLK + HANDOVER
     edges = max(prologue, epilogue) + HANDOVER if persistent else prologue + epilogue + LAUNCH_OVERHEAD
-    latency = ITERATION_LATENCY + (CLUSTER_LATENCY if cluster > 1 else 0.0)
-    return iterations * max(ctas * step, step + latency) + edges
+    paired = CLUSTER_SLOWDOWN if cluster > 1 else 1.0
+    return iterations * max(ctas * step, step + ITERATION_LATENCY) * paired + edges
 
 
 @lru_cache(maxsize=4096)
