@@ -1,7 +1,8 @@
 """The hopper spaces with CTA pairs offered (CLUSTER values [1, 2]).
 
-The packaged hopper.toml and hopper_wide.toml list CLUSTER = [1] (pairs measured 2.0-2.3x
-slower on the H100, docs/measurements/cluster/README.md), so a search never proposes them;
+The packaged hopper.toml and hopper_wide.toml list CLUSTER = [1] (pairs measured up to 14%
+slower on the H100 and never faster by more than 1%, docs/measurements/cluster/README.md), so
+a search never proposes them;
 the tests that hold the space's ``cluster`` constraint against the kernel's static_asserts
 load a copy listing [1, 2], as a user who wants to search pairs would write it.
 """

@@ -32,8 +32,8 @@ file; CTAS_PER_SM=2 halves it, see the last item), in clocks:
   the longer of both CTAs' throughput-bound time and its own latency-bound time, so the
   fixed per-iteration latency and the tile edges of one CTA run under the other's work;
 * CTA pairs (CLUSTER=2): every iteration CLUSTER_SLOWDOWN times longer (measured: the
-  multicast doubled the L2 traffic it was meant to halve), and an odd last m block's
-  partner busy for a whole tile;
+  halved L2 reads bought nothing the pair's lockstep did not cost back), and an odd last m
+  block's partner busy for a whole tile;
 * registers: a consumer thread holds O (D/2 fp32), S (BLOCK_N/2 fp32), with OVERLAP the
   previous P (BLOCK_N/4 packed halves) beside the next S, plus about 28 for addresses,
   row statistics and loop state. More than REG_CONS spills, which the gate rejects: the
@@ -81,11 +81,10 @@ ITERATION_LATENCY = 300.0
 #: init, setmaxnreg), and a persistent CTA's hand-over to its next tile: estimates.
 LAUNCH_OVERHEAD = 1000.0
 HANDOVER = 200.0
-#: CLUSTER=2: how much longer each main-loop iteration takes than unpaired. Measured on the
-#: H100 (2026-11-27, docs/measurements/cluster/README.md): 2.0-2.3x the unpaired kernel's
-#: time at seven non-causal shapes (D 64, 128, 256; SCHED 0 and 1); ncu counted twice the
-#: L2 bytes (lts__t_bytes 1.71 -> 3.30 GB at 8,16,2048,128) with the L2 72% busy.
-CLUSTER_SLOWDOWN = 2.2
+#: CLUSTER=2: how much longer each main-loop iteration takes than unpaired: the median of the
+#: pair's time over the unpaired kernel's at 13 non-causal shape/scheduler pairs on the H100
+#: (0.99-1.14x; D 64, 128, 256; SCHED 0 and 1; 2026-11-27, docs/measurements/cluster/README.md).
+CLUSTER_SLOWDOWN = 1.1
 #: Registers a consumer thread needs besides its accumulators (addresses, row max and sum,
 #: loop state): the one figure read off the gate's spill reports (the recorded sweeps'
 #: spill boundaries at D=64 and D=128 bracket it to 25..32).

@@ -80,11 +80,14 @@ __device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
     return r;
 }
-// One arrival on an mbarrier given by its shared::cluster address (this CTA's or a peer's),
-// release at cluster scope: this thread's earlier reads of the stage it frees are ordered
-// before the peer producer's next write into it.
+// One arrival on an mbarrier given by its shared::cluster address (this CTA's or a peer's), with
+// the default (CTA-scope) release, as CUTLASS's ClusterBarrier::arrive: the stage it frees was
+// read by wgmma, which the consumer waited for (wgmma.wait_group) before it calls this, so no
+// read of it is outstanding when the peer producer refills it. `.release.cluster` compiles to
+// MEMBAR.ALL.GPU + ERRBAR per arrival and made CTA pairs 2.0-2.3x slower (measured on the H100,
+// docs/measurements/cluster/README.md).
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
 }
 
 // ---- TMA --------------------------------------------------------------------
