@@ -147,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                 configs.append((fam.name, c, f"tuned:{study}"))
             for c in user_configs:
                 try:
-                    configs.append((fam.name, A.resolve_config(c, d, dtype, causal, family=fam.name), "--config"))
+                    configs.append((fam.name, A.resolve_config(c, d, dtype, causal, family=fam.name, problem=problem),
+                                    "--config"))
                 except EvotunerError as exc:
                     print(f"  {tag}: {fam.name} skips --config {c}: {exc}", file=sys.stderr)
         q, k, v = C.make_inputs(problem.shape, dtype, device="cuda", seed=1)

@@ -108,6 +108,19 @@ def test_a_config_runs_the_family_its_parameters_name(packaged_families):
     assert A.choose(problem, {"BLOCK_N": 128}, family="hopper").family == "hopper"
 
 
+def test_a_partial_config_changes_only_its_keys_of_what_the_problem_would_run():
+    """Missing keys come from the config recommended for this problem, size-dependent entries
+    included (hopper's [d128.mid] up to 131072 query rows), not from the head dim's base entry."""
+    mid = Problem(Shape(1, 32, 4096, 4096, 128, 8), "fp16", False)          # 131072 query rows
+    big = Problem(Shape(8, 16, 2048, 2048, 128), "fp16", False)             # 262144: [d128]
+    for problem in (mid, big):
+        (recommended,) = get_family("hopper").recommended_configs(problem)
+        chosen = A.choose(problem, {"SCHED": 0}, family="hopper").config
+        assert chosen.as_dict() == {**recommended.as_dict(), "SCHED": 0}
+    assert A.choose(mid, "SCHED=0", family="hopper").config["CONSUMER_WGS"] == 2
+    assert A.choose(big, "SCHED=0", family="hopper").config["CONSUMER_WGS"] == 3
+
+
 @pytest.mark.parametrize("config, fragments", [
     ({"NUM_WARPS": 4, "CONSUMER_WGS": 2}, ("no kernel family takes all of", "CONSUMER_WGS", "NUM_WARPS")),
     ("TILE=4", ("no kernel family", "TILE", "hopper: ", "flashcore: ")),

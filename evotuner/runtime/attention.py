@@ -377,7 +377,8 @@ def flash_attention(
     on one device, last dim contiguous. ``causal`` masks top-left like SDPA's
     ``is_causal`` (query i sees keys 0..i). ``scale`` defaults to 1/sqrt(D).
     ``config`` picks kernel parameters (a mapping, a KernelConfig or
-    "NAME=value,..."; its parameter names pick the family); None serves the tuned
+    "NAME=value,..."; its parameter names pick the family; a partial one changes only what
+    it names of the config recommended for this problem); None serves the tuned
     table's config (:func:`use_tuned`), else the recommended one. ``family`` picks the
     kernel family. Returns the output in q's layout, with ``return_lse`` also the fp32
     logsumexp [B, H, Sq] (natural log), and with ``return_choice`` the :class:`Choice` last.

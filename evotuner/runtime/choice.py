@@ -46,7 +46,8 @@ def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | No
         why_not = fam.unsupported(problem)
         if why_not:
             raise ShapeError(f"q: {why_not}", f"use one of {', '.join(map(str, fam.head_dims))}")
-        cfg = resolve_config(config, problem.shape.head_dim, problem.dtype, problem.causal, family=fam.name)
+        cfg = resolve_config(config, problem.shape.head_dim, problem.dtype, problem.causal, family=fam.name,
+                             problem=problem)
         return Choice(fam.name, cfg, "asked for" if family is not None else
                       f"config given (its parameters are the {fam.name} family's)")
     if family is not None:
@@ -83,12 +84,17 @@ def _recommended(problem: Problem, family: str | None, exclude: Mapping[str, str
 
 
 def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_dim: int, dtype: str,
-                   causal: bool, *, family: str | None = None) -> KernelConfig:
-    """``config`` over the recommended default (a partial mapping overrides only its keys)."""
+                   causal: bool, *, family: str | None = None, problem: Problem | None = None) -> KernelConfig:
+    """``config`` over the recommended config. A config naming every parameter of the family's
+    default runs as given (optional parameters it leaves out at their family default). A partial
+    one overrides only its keys: with ``problem``, of the config the family recommends for that
+    problem (size-dependent entries such as hopper's [d128.mid] and its small problems' split-KV
+    configs included), so it changes only what it names of what would run; without, of the
+    default of (head dim, dtype, causal)."""
     fam = get_family(family or DEFAULT_FAMILY)
-    base = default_config(head_dim, dtype, causal, family=fam.name)
+    default = default_config(head_dim, dtype, causal, family=fam.name)
     if config is None:
-        return base
+        return default
     if isinstance(config, str):
         given = KernelConfig.parse(config).as_dict()
     elif isinstance(config, KernelConfig):
@@ -97,8 +103,8 @@ def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_d
         given = KernelConfig.of({str(k).upper(): v for k, v in config.items()}).as_dict()
     else:
         raise SpaceError(f"config: expected a mapping of kernel parameters, got {type(config).__name__}",
-                         f"e.g. config={dict(list(base.as_dict().items())[:2])}")
-    known = base.as_dict()
+                         f"e.g. config={dict(list(default.as_dict().items())[:2])}")
+    known = default.as_dict()
     for name in given:
         if name not in known and name not in fam.optional_params:
             try:
@@ -108,7 +114,10 @@ def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_d
             hint = f"; they are the {other} family's: pass family={other!r}" if other and other != fam.name else ""
             raise SpaceError(f"config: unknown kernel parameter {name} for the {fam.name} family",
                              f"{fam.title or fam.name} takes {', '.join(sorted({*known, *fam.optional_params}))}{hint}")
-    return KernelConfig.of({**known, **given})
+    partial = not known.keys() <= given.keys()
+    picked = fam.recommended_configs(problem) if partial and problem is not None else ()
+    base = picked[0].as_dict() if picked else known
+    return KernelConfig.of({**base, **given})
 
 
 # --------------------------------------------------------------------------- tuned tables
