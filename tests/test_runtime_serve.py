@@ -119,6 +119,10 @@ def test_a_partial_config_changes_only_its_keys_of_what_the_problem_would_run():
         assert chosen.as_dict() == {**recommended.as_dict(), "SCHED": 0}
     assert A.choose(mid, "SCHED=0", family="hopper").config["CONSUMER_WGS"] == 2
     assert A.choose(big, "SCHED=0", family="hopper").config["CONSUMER_WGS"] == 3
+    # the Choice says where the other keys came from; a config naming every parameter runs as given
+    assert A.PARTIAL_NOTE in A.choose(mid, "SCHED=0").why
+    full = KernelConfig.of({**get_family("hopper").recommended_configs(big)[0].as_dict(), "SCHED": 0})
+    assert A.choose(mid, full).config == full and A.PARTIAL_NOTE not in A.choose(mid, full).why
 
 
 @pytest.mark.parametrize("config, fragments", [

@@ -38,7 +38,7 @@ from evotuner.family import DEFAULT_FAMILY, get_family
 from evotuner.problem import Problem, Shape
 from evotuner.runtime import choice, cuda, fastpath
 from evotuner.runtime.binder import POINTER_LIMIT, ArgBinder
-from evotuner.runtime.choice import Choice, choose, resolve_config, served_tables  # noqa: F401 (public names)
+from evotuner.runtime.choice import PARTIAL_NOTE, Choice, choose, resolve_config, served_tables  # noqa: F401 (public names)
 from evotuner.runtime.inputs import ALIGN_BYTES, LAYOUTS, validate  # noqa: F401 (public names)
 from evotuner.runtime.loader import KernelModule, tensor_view as _view
 from evotuner.tuned import TunedTable
@@ -326,7 +326,13 @@ def _resolve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
         if family is not None or config is not None:
             raise ShapeError(why_not, "make the tensors contiguous, or leave family and config unset to fall back")
         choice = choose(problem, None, None, exclude={choice.family: why_not}, device=name)
-    module = kernel_module(choice.config, problem, device, choice.family)
+    try:
+        module = kernel_module(choice.config, problem, device, choice.family)
+    except KernelBuildError as exc:
+        if PARTIAL_NOTE not in choice.why:
+            raise
+        raise KernelBuildError(exc.message, f"{PARTIAL_NOTE}: name the ones that conflict too, or give "
+                                            "every parameter") from exc
     with torch.cuda.device(device):
         return _Plan(choice, module, q, layout, scale_value, return_lse, (qv, kv, vv))
 

@@ -48,8 +48,11 @@ def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | No
             raise ShapeError(f"q: {why_not}", f"use one of {', '.join(map(str, fam.head_dims))}")
         cfg = resolve_config(config, problem.shape.head_dim, problem.dtype, problem.causal, family=fam.name,
                              problem=problem)
-        return Choice(fam.name, cfg, "asked for" if family is not None else
-                      f"config given (its parameters are the {fam.name} family's)")
+        why = "asked for" if family is not None else f"config given (its parameters are the {fam.name} family's)"
+        if not default_config(problem.shape.head_dim, problem.dtype, problem.causal,
+                              family=fam.name).as_dict().keys() <= _given(config).keys():
+            why += f"; {PARTIAL_NOTE}"
+        return Choice(fam.name, cfg, why)
     if family is not None:
         fam = get_family(family)
         why_not = fam.unsupported(problem)
@@ -83,6 +86,22 @@ def _recommended(problem: Problem, family: str | None, exclude: Mapping[str, str
     return Choice(fam.name, cfg, why)
 
 
+#: What a Choice's ``why`` adds for a partial config (the keys it leaves out come from elsewhere).
+PARTIAL_NOTE = "the keys it leaves out are those of the config recommended for this problem"
+
+
+def _given(config: Mapping[str, int] | KernelConfig | str) -> dict[str, int]:
+    """The parameters ``config`` names, upper-cased (SpaceError for what is no config)."""
+    if isinstance(config, str):
+        return KernelConfig.parse(config).as_dict()
+    if isinstance(config, KernelConfig):
+        return config.as_dict()
+    if isinstance(config, Mapping):
+        return KernelConfig.of({str(k).upper(): v for k, v in config.items()}).as_dict()
+    raise SpaceError(f"config: expected a mapping of kernel parameters, got {type(config).__name__}",
+                     'e.g. config={"BLOCK_N": 128} or config="BLOCK_N=128,SCHED=1"')
+
+
 def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_dim: int, dtype: str,
                    causal: bool, *, family: str | None = None, problem: Problem | None = None) -> KernelConfig:
     """``config`` over the recommended config. A config naming every parameter of the family's
@@ -95,15 +114,7 @@ def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_d
     default = default_config(head_dim, dtype, causal, family=fam.name)
     if config is None:
         return default
-    if isinstance(config, str):
-        given = KernelConfig.parse(config).as_dict()
-    elif isinstance(config, KernelConfig):
-        given = config.as_dict()
-    elif isinstance(config, Mapping):
-        given = KernelConfig.of({str(k).upper(): v for k, v in config.items()}).as_dict()
-    else:
-        raise SpaceError(f"config: expected a mapping of kernel parameters, got {type(config).__name__}",
-                         f"e.g. config={dict(list(default.as_dict().items())[:2])}")
+    given = _given(config)
     known = default.as_dict()
     for name in given:
         if name not in known and name not in fam.optional_params:

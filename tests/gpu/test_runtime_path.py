@@ -79,6 +79,21 @@ def test_a_misaligned_pointer_on_a_hit_is_refused_not_launched():
         evotuner.flash_attention(skew, k, v, family="hopper")
 
 
+def test_a_partial_config_runs_over_the_problems_recommended_config():
+    """The keys a config leaves out come from the config recommended for the problem (a small
+    decode problem's: split-KV); one that cannot combine with them is a build error that says so."""
+    A.forget_plans()
+    q, k, v = _qkv(1, 8, 64, 128, Sk=4096)
+    out, choice = evotuner.flash_attention(q, k, v, config="RESCALE_LOG2=8", return_choice=True)   # hopper's key
+    (recommended,) = A.get_family("hopper").recommended_configs(Problem(Shape(1, 8, 64, 4096, 128), "fp16", False))
+    assert choice.config.as_dict() == {**recommended.as_dict(), "RESCALE_LOG2": 8} and A.PARTIAL_NOTE in choice.why
+    _ref_ok(out, q, k, v, False)
+    assert recommended["SPLITS"] > 1, recommended      # split-KV (SCHED 0 only) is what this problem runs
+    with pytest.raises(A.KernelBuildError, match="SPLITS > 1 needs SCHED=0") as err:
+        evotuner.flash_attention(q, k, v, config="SCHED=1")
+    assert A.PARTIAL_NOTE in str(err.value)
+
+
 def test_inputs_that_require_grad_are_refused():
     q, k, v = _qkv(1, 2, 64, 64)
     q.requires_grad_(True)
