@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -25,9 +24,9 @@ from evotuner.kernels.hopper import params as HP
 from evotuner.kernels.hopper.family import uses_split_space
 from evotuner.problem import Problem, Shape
 from evotuner.space import load_space
+from hopper_ptx import hopper_ptx
 
 HOPPER = get_family("hopper")
-KERNELS = Path(launch.__file__).resolve().parent.parent
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 BASE = dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=0,
             RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1)
@@ -190,16 +189,7 @@ def test_space_configs_build_clean_at_d96(builder):
 
 
 def _ptx(tmp_path: Path, extra: str = "", block_n: int = 80) -> str:
-    src = tmp_path / "d96.cu"
-    src.write_text(f"{extra}#define HOPPER_HEAD_DIM 96\n#define HOPPER_IS_CAUSAL 1\n#define HOPPER_DTYPE 1\n"
-                   f"#define HOPPER_BLOCK_N {block_n}\n#define HOPPER_CONSUMER_WGS 3\n#define HOPPER_STAGES 2\n"
-                   "#define HOPPER_REG_PROD 24\n#define HOPPER_REG_CONS 160\n#define HOPPER_OVERLAP 1\n"
-                   "#define HOPPER_PINGPONG 1\n#define HOPPER_SCHED 2\n#include \"hopper/instantiate.cuh\"\n")
-    out = tmp_path / "d96.ptx"
-    run = subprocess.run([shutil.which("nvcc"), "-ptx", "-arch=sm_90a", "-O3", "-std=c++17", "-I", str(KERNELS),
-                          str(src), "-o", str(out)], capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr
-    return out.read_text()
+    return hopper_ptx(tmp_path, extra, HEAD_DIM=96, IS_CAUSAL=1, DTYPE=1, BLOCK_N=block_n)
 
 
 @needs_nvcc

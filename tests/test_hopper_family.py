@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from cli_helpers import run
+from hopper_ptx import hopper_ptx
 from paired_space import with_pairs
 from evotuner import cli
 from evotuner.compiler import Builder
@@ -377,6 +378,18 @@ def test_space_smem_formula_equals_the_cubins_meta_table(builder, d, causal, kno
     assert report.spill_stores == 0 and report.spill_loads == 0 and report.stack == 0, report
     gate = apply_gate(result, space.gate, family=HOPPER)       # incl. "Used N" == the launch cap
     assert gate.passed, gate.reason
+
+
+@needs_nvcc
+def test_a_pairs_stage_release_carries_no_cluster_scope_fence(tmp_path):
+    """CTA pairs free a K/V stage on both CTAs' barriers with CTA-scope arrivals: a
+    `.release.cluster` arrival compiles to MEMBAR.ALL.GPU + ERRBAR each and made the pairs
+    2.0-2.3x slower on the H100 (docs/measurements/cluster/README.md). The loads are multicast."""
+    ptx = hopper_ptx(tmp_path, CLUSTER=2, SCHED=0)
+    assert "mbarrier.arrive.release.cluster" not in ptx
+    assert ptx.count("mbarrier.arrive.shared::cluster.b64") >= 2            # K and V stages, remote
+    assert ".multicast::cluster" in ptx and ".reqnctapercluster 2, 1, 1" in ptx
+    assert "mapa.shared::cluster" not in hopper_ptx(tmp_path, CLUSTER=1, SCHED=0)
 
 
 # --------------------------------------------------------------------------- gate rules
