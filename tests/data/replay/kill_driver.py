@@ -5,10 +5,9 @@
 Runs ``evotuner.loop.run_search`` on an existing study with ReplayMeasure and
 its ReplayBuilder (no nvcc, no GPU). Every measure() call appends
 ``<pid> <config>`` to CALLS_LOG (one O_APPEND write, so a line is whole even
-when the process is killed). Prints ``searching`` once the loop has a trial in
-flight (its first TrialStarted: joining the study, seeding and the first proposal are
-behind it, so a kill from then on lands inside the search) and
-``outcome <outcome> <finished>`` at the end.
+when the process is killed). Prints ``trial`` at every TrialStarted (from the first one,
+joining the study, seeding and the first proposal are behind it, so a kill from then on
+lands inside the search) and ``outcome <outcome> <finished>`` at the end.
 """
 
 from __future__ import annotations
@@ -42,13 +41,9 @@ def main() -> int:
         space = load_space(None)
         replay = LoggedReplay(sweep, info.problem, space, log=log)
 
-        announced = False
-
         def on_event(event: object) -> None:
-            nonlocal announced
-            if isinstance(event, ev.TrialStarted) and not announced:
-                announced = True
-                print("searching", flush=True)
+            if isinstance(event, ev.TrialStarted):
+                print("trial", flush=True)
 
         result = run_search(
             store=store, study_name=study, problem=info.problem, space=space,
