@@ -99,7 +99,7 @@ def _given(config: Mapping[str, int] | KernelConfig | str) -> dict[str, int]:
     if isinstance(config, Mapping):
         return KernelConfig.of({str(k).upper(): v for k, v in config.items()}).as_dict()
     raise SpaceError(f"config: expected a mapping of kernel parameters, got {type(config).__name__}",
-                     'e.g. config={"BLOCK_N": 128} or config="BLOCK_N=128,SCHED=1"')
+                     'pass a mapping {NAME: value}, a KernelConfig or a "NAME=value,..." string')
 
 
 def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_dim: int, dtype: str,
