@@ -120,9 +120,11 @@ def test_a_partial_config_changes_only_its_keys_of_what_the_problem_would_run():
     assert A.choose(mid, "SCHED=0", family="hopper").config["CONSUMER_WGS"] == 2
     assert A.choose(big, "SCHED=0", family="hopper").config["CONSUMER_WGS"] == 3
     # the Choice says where the other keys came from; a config naming every parameter runs as given
-    assert A.PARTIAL_NOTE in A.choose(mid, "SCHED=0").why
+    partial = A.choose(mid, "SCHED=0")
+    assert partial.partial and A.PARTIAL_NOTE in partial.why
     full = KernelConfig.of({**get_family("hopper").recommended_configs(big)[0].as_dict(), "SCHED": 0})
-    assert A.choose(mid, full).config == full and A.PARTIAL_NOTE not in A.choose(mid, full).why
+    given = A.choose(mid, full)
+    assert given.config == full and not given.partial and A.PARTIAL_NOTE not in given.why
 
 
 @pytest.mark.parametrize("config, fragments", [

@@ -88,6 +88,18 @@ def kernel_module(config: KernelConfig, problem: Problem, device: int, family: s
     return mod
 
 
+def chosen_module(choice: Choice, problem: Problem, device: int) -> KernelModule:
+    """:func:`kernel_module` for ``choice``; when a partial config fails to build, the error
+    says that the keys it left out came from the problem's recommended config."""
+    try:
+        return kernel_module(choice.config, problem, device, choice.family)
+    except KernelBuildError as exc:
+        if not choice.partial:
+            raise
+        raise KernelBuildError(exc.message, f"{PARTIAL_NOTE}: name the ones that conflict too, or give "
+                                            "every parameter") from exc
+
+
 def use_tuned(source: str | Path | None = None, *, shipped: bool = True) -> TunedTable | None:
     """Serve tuned configs from ``source`` (:func:`evotuner.runtime.choice.use_tuned`, which
     says how) and forget the plans resolved with the tables before."""
@@ -326,13 +338,7 @@ def _resolve(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sc
         if family is not None or config is not None:
             raise ShapeError(why_not, "make the tensors contiguous, or leave family and config unset to fall back")
         choice = choose(problem, None, None, exclude={choice.family: why_not}, device=name)
-    try:
-        module = kernel_module(choice.config, problem, device, choice.family)
-    except KernelBuildError as exc:
-        if PARTIAL_NOTE not in choice.why:
-            raise
-        raise KernelBuildError(exc.message, f"{PARTIAL_NOTE}: name the ones that conflict too, or give "
-                                            "every parameter") from exc
+    module = chosen_module(choice, problem, device)
     with torch.cuda.device(device):
         return _Plan(choice, module, q, layout, scale_value, return_lse, (qv, kv, vv))
 

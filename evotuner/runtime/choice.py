@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 from evotuner.config import KernelConfig
 from evotuner.defaults import config_family, default_config, fastest_recommended
 from evotuner.errors import EvotunerError, ShapeError, SpaceError
-from evotuner.family import DEFAULT_FAMILY, families, get_family
+from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
 from evotuner.problem import Problem
 from evotuner.tuned import ENV_VAR as TUNED_ENV_VAR
 from evotuner.tuned import TunedTable, shipped_tables
@@ -27,11 +27,13 @@ from evotuner.tuned import load as load_tuned
 
 @dataclass(frozen=True)
 class Choice:
-    """Which family and config a call runs, and why (one line)."""
+    """Which family and config a call runs, and why (one line); ``partial``: a config given
+    with keys left out, which came from the config recommended for the problem."""
 
     family: str
     config: KernelConfig
     why: str
+    partial: bool = False
 
 
 def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | None = None,
@@ -46,13 +48,10 @@ def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | No
         why_not = fam.unsupported(problem)
         if why_not:
             raise ShapeError(f"q: {why_not}", f"use one of {', '.join(map(str, fam.head_dims))}")
-        cfg = resolve_config(config, problem.shape.head_dim, problem.dtype, problem.causal, family=fam.name,
-                             problem=problem)
+        cfg, partial = _over_recommended(config, problem.shape.head_dim, problem.dtype, problem.causal, fam,
+                                         problem)
         why = "asked for" if family is not None else f"config given (its parameters are the {fam.name} family's)"
-        if not default_config(problem.shape.head_dim, problem.dtype, problem.causal,
-                              family=fam.name).as_dict().keys() <= _given(config).keys():
-            why += f"; {PARTIAL_NOTE}"
-        return Choice(fam.name, cfg, why)
+        return Choice(fam.name, cfg, f"{why}; {PARTIAL_NOTE}" if partial else why, partial)
     if family is not None:
         fam = get_family(family)
         why_not = fam.unsupported(problem)
@@ -110,10 +109,15 @@ def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_d
     problem (size-dependent entries such as hopper's [d128.mid] and its small problems' split-KV
     configs included), so it changes only what it names of what would run; without, of the
     default of (head dim, dtype, causal)."""
-    fam = get_family(family or DEFAULT_FAMILY)
+    return _over_recommended(config, head_dim, dtype, causal, get_family(family or DEFAULT_FAMILY), problem)[0]
+
+
+def _over_recommended(config: Mapping[str, int] | KernelConfig | str | None, head_dim: int, dtype: str,
+                      causal: bool, fam: KernelFamily, problem: Problem | None) -> tuple[KernelConfig, bool]:
+    """:func:`resolve_config`'s config, and whether ``config`` was partial."""
     default = default_config(head_dim, dtype, causal, family=fam.name)
     if config is None:
-        return default
+        return default, False
     given = _given(config)
     known = default.as_dict()
     for name in given:
@@ -128,7 +132,7 @@ def resolve_config(config: Mapping[str, int] | KernelConfig | str | None, head_d
     partial = not known.keys() <= given.keys()
     picked = fam.recommended_configs(problem) if partial and problem is not None else ()
     base = picked[0].as_dict() if picked else known
-    return KernelConfig.of({**base, **given})
+    return KernelConfig.of({**base, **given}), partial
 
 
 # --------------------------------------------------------------------------- tuned tables

@@ -13,6 +13,7 @@ max_seqlen_k``, else the hopper family's recommended one for that packed problem
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -21,7 +22,7 @@ from evotuner.config import KernelConfig
 from evotuner.errors import ShapeError
 from evotuner.family import get_family
 from evotuner.problem import Problem, Shape
-from evotuner.runtime.attention import Choice, choose, device_name, forward_only_error, kernel_module
+from evotuner.runtime.attention import Choice, choose, chosen_module, device_name, forward_only_error
 from evotuner.tuned import TunedTable
 
 FAMILY = "hopper"
@@ -66,13 +67,13 @@ def flash_attention_varlen(
     choice = packed_choice(problem, config, device_name(device))
     out = torch.empty_like(q)
     lse = torch.empty((hq, total_q), dtype=torch.float32, device=q.device) if return_lse else None
-    module = kernel_module(choice.config, problem, device, FAMILY)
+    module = chosen_module(choice, problem, device)
     with torch.cuda.device(device):
         module.launch_varlen(q, k, v, out, lse, 1.0 / math.sqrt(d) if scale is None else float(scale),
                              cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k))
     result: tuple[Any, ...] = (out, lse) if return_lse else (out,)
     if return_choice:
-        result += (Choice(choice.family, choice.config, f"{choice.why} (packed variable-length kernel)"),)
+        result += (replace(choice, why=f"{choice.why} (packed variable-length kernel)"),)
     return result[0] if len(result) == 1 else result
 
 
