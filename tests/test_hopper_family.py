@@ -57,9 +57,11 @@ def _problem(d: int, dtype: str = "fp16", causal: bool = False, s: int = 2048) -
 #: (D, dtype, causal, S): every (D, dtype, causal) at S=2048 (4x8 heads, 65536 query rows:
 #: [d128.mid] and [d128.causal.mid] at D=128), at S=16384 (524288 rows: the big entries), and
 #: the few-rows problems of defaults.toml's D=64 max_query_rows entries (4*8*256 = 8192 and
-#: 4*8*512 = 16384 query rows: [d64.short], [d64.mid]) and of [d96.short] (8192 rows).
+#: 4*8*512 = 16384 query rows: [d64.short], [d64.mid], [d64.causal.mid] in the split space
+#: and out of it), of [d128.short], [d128.causal.short] and [d96.short] (8192 rows).
 RECOMMENDED = [(d, dt, c, s) for d in HOPPER.head_dims for dt in DTYPES for c in (False, True) for s in (2048, 16384)] \
-    + [(64, dt, False, s) for dt in DTYPES for s in (256, 512)] + [(96, dt, False, 256) for dt in DTYPES]
+    + [(64, dt, c, s) for dt in DTYPES for c in (False, True) for s in (256, 512)] \
+    + [(d, dt, c, 256) for d in (96, 128) for dt in DTYPES for c in (False, True)]
 
 
 # --------------------------------------------------------------------------- space

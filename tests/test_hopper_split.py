@@ -44,9 +44,8 @@ def test_the_split_space_is_hopper_toml_but_for_sched_and_splits():
     assert split["params"].pop("SCHED")["values"] == [0]
     assert split["params"].pop("PACK_GQA")["values"] == [0, 1]
     assert split["params"].pop("EXP_EMU")["values"] == [0]
-    assert split["params"].pop("CTAS_PER_SM")["values"] == [1]
     assert split["params"].pop("CLUSTER")["values"] == [1]
-    for knob in ("SCHED", "EXP_EMU", "CTAS_PER_SM", "CLUSTER"):
+    for knob in ("SCHED", "EXP_EMU", "CLUSTER"):
         base["params"].pop(knob)
     assert split["params"] == base["params"]
     assert [c for c in split["constraints"] if c["name"] not in ("split_sched", "split_varlen")] == base["constraints"]

@@ -2,7 +2,7 @@
 SPLITS > 1 against the fp32 reference (fresh random inputs, NaN-poisoned output memory,
 FA2's tolerance rule, the LSE): decoding shapes (Sq 1..16 against long keys, MHA and GQA),
 splits that do not divide the key blocks and more splits than key blocks (empty shares),
-causal with split, one and two consumer warpgroups, D 64/128, fp16 and bf16, repeated
+causal with split, one and two consumer warpgroups, two CTAs per SM, D 64/128, fp16 and bf16, repeated
 calls (the per-tile counters must be back at zero after every launch) and CUDA-graph
 replay; GQA query-head packing (PACK_GQA) with and without split, both layouts (bshd with
 several rows cannot be packed and runs unpacked). Skips without a GPU."""
@@ -78,6 +78,19 @@ def test_causal_with_split(D, config):
     # Square causal: shares of the lower m blocks lie wholly above the diagonal for some
     # warpgroups (all their blocks skipped); a ragged Sq leaves a warpgroup past the end.
     _check(2, 4, 2, 700, 700, D, True, {**config, "SPLITS": 4}, seed=D)
+
+
+#: Two 64-row CTAs per SM (the split space's CTAS_PER_SM=2; [d64.causal.mid] at few rows):
+#: split shares of both CTAs on an SM count and combine through the same scratch.
+TWO_CTAS = {**ONE_WG, "CTAS_PER_SM": 2, "REG_CONS": 232}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_two_ctas_per_sm_with_split(causal, splits):
+    _check(2, 4, 2, 700, 1500 if not causal else 700, 64, causal, {**TWO_CTAS, "SPLITS": splits}, seed=splits,
+           calls=2)
+    _check(2, 8, 2, 16, 4096 + 77, 64, causal, {**TWO_CTAS, "SPLITS": 4 * splits}, seed=splits + 1)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
