@@ -65,6 +65,49 @@ def test_the_paired_rule_never_stops_a_config_within_its_margin_however_the_cloc
             assert not any(PAIRED.stops_paired(config[:n], incumbent[:n]) for n in PAIRED.looks() if n <= 64)
 
 
+def test_an_unpaired_stop_needs_the_windows_pairs_to_agree():
+    """The H100 study of 1,8,1024,128 causal: trial 25's own 16 repetitions read 21.6 µs
+    (the unpaired rule's bound past 1.15 x the 16.99 µs best) while the incumbent timed beside
+    it read 26.6 µs (ratio 0.81); trial 8 read 15% over the best with a ratio of 1.00. Pairs
+    saying "not clearly slower" veto the unpaired stop: the config gets its full budget."""
+    rng = random.Random(7)
+    race = Race(16.99, PAIRED, {"cubin": "k.cubin"}, 17.18)
+    own = [21.6 * (1 + rng.gauss(0, 0.01)) for _ in range(16)]
+    for pair_level in (26.6, 21.6, 21.6 / 1.02):            # ratios 0.81, 1.00, 1.02
+        theirs = [pair_level * (1 + rng.gauss(0, 0.005)) for _ in range(16)]
+        assert DEFAULT_RULE.stops(own, race.incumbent_us) and race.pairs_disagree(own, theirs)
+        assert not race.stops(own, theirs)
+    theirs = [17.2 * (1 + rng.gauss(0, 0.005)) for _ in range(16)]   # the same window agrees: stopped
+    assert not race.pairs_disagree(own, theirs) and race.stops(own, theirs)
+    assert Race(16.99).stops(own) and not Race(16.99).pairs_disagree(own, [])   # an unpaired race: no veto
+
+
+def test_a_stopped_config_is_never_recorded_below_the_incumbent_it_was_stopped_against():
+    """Whatever its window did to either kernel: the recorded figure of a stop (own figures
+    for the unpaired rule's, pair ratios on the incumbent's scale for the paired rule's)."""
+    from evotuner.measure.worker import recorded_figures
+    from evotuner.runtime.timing import Timing
+
+    rng = random.Random(3)
+    stops = 0
+    for _ in range(3000):
+        incumbent_us = 100.0
+        artifact_us = incumbent_us * rng.uniform(1.0, 1.1)       # this run's fastest: never below the study's best
+        race = Race(incumbent_us, PAIRED, {"cubin": "k.cubin"}, artifact_us)
+        n = rng.choice([16, 32, 64])
+        own_level, pair_level = rng.uniform(80, 160), rng.uniform(70, 180)
+        own = [own_level * (1 + abs(rng.gauss(0, 0.05))) for _ in range(n)]
+        theirs = [pair_level * (1 + abs(rng.gauss(0, 0.05))) for _ in range(n)]
+        if not race.stops(own, theirs):
+            continue
+        stops += 1
+        ordered = sorted(own)
+        t = Timing(median_us=ordered[n // 2], p20_us=ordered[n // 5], p80_us=ordered[4 * n // 5], repetitions=n,
+                   samples_us=tuple(own), planned_repetitions=2000, stopped_early=True, pair_samples_us=tuple(theirs))
+        assert recorded_figures(t, race)[0] > incumbent_us, (own_level, pair_level)
+    assert stops > 500
+
+
 def test_a_rule_that_does_not_pair_ignores_the_incumbents_repetitions():
     assert not DEFAULT_RULE.stops_paired([2000.0] * 64, [1000.0] * 64)
     assert PAIRED.stops_paired([2000.0] * 64, [1000.0] * 64)

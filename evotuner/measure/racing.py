@@ -44,6 +44,12 @@ both margins is at most ``alpha`` plus ``alpha / 8`` for each paired look (16, 3
 the unpaired rule and gets the full budget, and those are most of a guided study's configs
 (docs/measurement.md).
 
+In a paired race the unpaired rule's stop needs the window's pairs to agree
+(:meth:`Race.pairs_disagree`): a window in which the host launched late can read a config
+15% over the best while the incumbent beside it reads as slow, and such a stop, recorded on
+the incumbent's scale, once made a config 25% slower the study's best. A config the
+unpaired rule stops keeps its own figures (``worker.recorded_figures``).
+
 Pure Python, no torch: the loop, the worker and the tests share it.
 """
 
@@ -243,8 +249,24 @@ class Race:
         return self.rule.paired_margin is not None and self.incumbent_artifact is not None
 
     def stops(self, samples: Sequence[float], incumbent_samples: Sequence[float] = ()) -> bool:
-        return self.rule.stops(samples, self.incumbent_us) or (
-            bool(incumbent_samples) and self.rule.stops_paired(samples, incumbent_samples))
+        """True when the config is clearly slower. In a paired race the unpaired rule's stop
+        needs the same window's pairs to agree (:meth:`pairs_disagree`)."""
+        if bool(incumbent_samples) and self.rule.stops_paired(samples, incumbent_samples):
+            return True
+        return self.rule.stops(samples, self.incumbent_us) and not self.pairs_disagree(samples, incumbent_samples)
+
+    def pairs_disagree(self, samples: Sequence[float], incumbent_samples: Sequence[float]) -> bool:
+        """Whether the pairs timed so far say the config is not clearly slower than the
+        incumbent (their median config/incumbent ratio at most ``1 + paired_margin``), so an
+        unpaired stop would rest on a slow window, not on the config: on the H100 the host
+        launching late under a search's nvcc jobs read the config's repetitions 15% over the
+        study's best while the incumbent beside them read as slow (ratio 0.96-1.00), and a
+        config 25% slower than its incumbent came with a ratio of 0.81; both were stopped
+        and recorded below the incumbent, becoming the study's best (docs/measurement.md)."""
+        if self.rule.paired_margin is None or not incumbent_samples:
+            return False
+        ratios = sorted(pair_ratios(samples, incumbent_samples))
+        return bool(ratios) and quantile(ratios, 0.5) <= 1.0 + self.rule.paired_margin
 
     def to_wire(self) -> dict[str, Any]:
         wire = {"incumbent_us": self.incumbent_us, **self.rule.to_wire()}
