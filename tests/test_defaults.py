@@ -76,13 +76,15 @@ def test_the_hopper_family_picks_one_warpgroup_at_the_latency_shape():
 
     hopper = get_family("hopper")
 
-    def wgs(b: int, h: int, s: int) -> int:
-        return hopper.recommended_configs(Problem(Shape(b, h, s, s, 64), "fp16"))[0]["CONSUMER_WGS"]
+    def tiles(b: int, h: int, s: int, causal: bool = False) -> tuple[int, int]:
+        cfg = hopper.recommended_configs(Problem(Shape(b, h, s, s, 64), "fp16", causal))[0]
+        return cfg["CONSUMER_WGS"], cfg.as_dict().get("CTAS_PER_SM", 1)
 
-    # [d64.short] up to 8448 rows, [d64.mid] (two warpgroups) up to 33792, then [d64]
-    assert [wgs(1, 8, 512), wgs(1, 8, 1024), wgs(1, 16, 1024), wgs(2, 16, 1024), wgs(1, 8, 4096), wgs(4, 16, 1024),
-            wgs(16, 16, 2048)] == [1, 1, 2, 2, 2, 3, 3]
-    assert hopper.recommended_configs(Problem(Shape(1, 8, 512, 512, 64), "fp16", causal=True))[0]["CONSUMER_WGS"] == 3
+    # [d64.short] up to 8448 rows, [d64.mid] (one warpgroup, two CTAs per SM) up to 33792, then [d64]
+    assert [tiles(1, 8, 512), tiles(1, 8, 1024), tiles(1, 16, 1024), tiles(2, 16, 1024), tiles(1, 8, 4096),
+            tiles(4, 16, 1024), tiles(16, 16, 2048)] == [(1, 1), (1, 1), (1, 2), (1, 2), (1, 2), (3, 1), (3, 1)]
+    # causal: [d64.causal.mid] up to 33792 rows, then [d64.causal]
+    assert [tiles(1, 8, 512, True), tiles(2, 16, 1024, True), tiles(4, 16, 1024, True)] == [(1, 2), (1, 2), (3, 1)]
 
 
 def test_default_config_without_a_shape_is_the_size_independent_entry():
