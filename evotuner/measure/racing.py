@@ -260,7 +260,7 @@ class Race:
         incumbent (their median config/incumbent ratio at most ``1 + paired_margin``), so an
         unpaired stop would rest on a slow window, not on the config: on the H100 the host
         launching late under a search's nvcc jobs read the config's repetitions 15% over the
-        study's best while the incumbent beside them read as slow (ratio 0.96-1.00), and a
+        study's best while the incumbent beside them read as slow (ratio 0.96), and a
         config 25% slower than its incumbent came with a ratio of 0.81; both were stopped
         and recorded below the incumbent, becoming the study's best (docs/measurement.md)."""
         if self.rule.paired_margin is None or not incumbent_samples:
