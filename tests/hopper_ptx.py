@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
+from evotuner import childproc
 from evotuner.kernels.hopper import launch
 
 KERNELS = Path(launch.__file__).resolve().parent.parent
@@ -18,11 +18,12 @@ BASE = dict(HEAD_DIM=128, IS_CAUSAL=0, DTYPE=0, BLOCK_N=80, CONSUMER_WGS=3, STAG
 
 def hopper_ptx(tmp_path: Path, extra: str = "", **knobs: int) -> str:
     """The PTX of instantiate.cuh with ``knobs`` over :data:`BASE` as HOPPER_* macros (``extra``:
-    source lines before them, e.g. a dev macro); fails the test with nvcc's stderr."""
+    source lines before them, e.g. a dev macro); fails the test with nvcc's output (nvcc runs
+    through :func:`evotuner.childproc.run`: bounded, its process group killed)."""
     defines = "".join(f"#define HOPPER_{name} {value}\n" for name, value in {**BASE, **knobs}.items())
     src, out = tmp_path / "kernel.cu", tmp_path / "kernel.ptx"
     src.write_text(f"{extra}{defines}#include \"hopper/instantiate.cuh\"\n")
-    run = subprocess.run([shutil.which("nvcc"), "-ptx", "-arch=sm_90a", "-O3", "-std=c++17", "-I", str(KERNELS),
-                          str(src), "-o", str(out)], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
+    run = childproc.run([shutil.which("nvcc"), "-ptx", "-arch=sm_90a", "-O3", "-std=c++17", "-I", str(KERNELS),
+                         str(src), "-o", str(out)], timeout_s=600)
+    assert run.returncode == 0, run.output.decode(errors="replace")
     return out.read_text()

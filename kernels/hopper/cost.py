@@ -134,7 +134,6 @@ def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int
     the SM's throughput-bound time of all of them or its own latency-bound time, whichever is
     longer (the other CTA's work fills this one's barrier waits). CLUSTER=2 stretches every
     iteration by the measured CLUSTER_SLOWDOWN."""
-    cluster = c.get("CLUSTER", 1)
     n, wgs = c["BLOCK_N"], c["CONSUMER_WGS"]
     live = min(wgs, -(-rows // 64))                  # skip_tile: warpgroups past Sq compute nothing
     mma = live * 4 * 64 * n * head_dim / MMA_FLOP_PER_CLK
@@ -147,7 +146,7 @@ def _tile_clocks(c: Mapping[str, int], head_dim: int, rows: int, iterations: int
     prologue = L2_LATENCY + q_bytes / L2_BYTES_PER_CLK
     epilogue = q_bytes / L2_BYTES_PER_CLK + HANDOVER
     edges = max(prologue, epilogue) + HANDOVER if persistent else prologue + epilogue + LAUNCH_OVERHEAD
-    paired = CLUSTER_SLOWDOWN if cluster > 1 else 1.0
+    paired = CLUSTER_SLOWDOWN if c.get("CLUSTER", 1) > 1 else 1.0
     return iterations * max(ctas * step, step + ITERATION_LATENCY) * paired + edges
 
 
