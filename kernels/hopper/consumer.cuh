@@ -24,7 +24,7 @@ struct Consumer {
     int g;      // consumer warpgroup 0..kWGs-1
     int warp;   // warp in the warpgroup
     int lane;
-    uint32_t q_base;  // this WG's 64-row slab inside panel 0 of Q
+    uint32_t q_base;  // this WG's 64-row slab inside panel 0 of Q (TILE_OVERLAP: the current tile's buffer)
     uint32_t o_base;  // this WG's 64-row slab inside panel 0 of the O staging tile
     int kv;           // K/V ring iteration of this tile's first block
 
@@ -40,11 +40,13 @@ struct Consumer {
         kv = 0;
     }
 
-    __device__ __forceinline__ void issue_qk(float (&s)[T::kSRegs], int stage) {
+    // S = Q K^T of this WG's 64 rows (Q slab at `qa`, default q_base) and ring stage `stage`'s K.
+    __device__ __forceinline__ void issue_qk(float (&s)[T::kSRegs], int stage) { issue_qk(s, stage, q_base); }
+    __device__ __forceinline__ void issue_qk(float (&s)[T::kSRegs], int stage, uint32_t qa) {
         // Descriptors: one base each, k-step offsets added to the address field
         // (addresses stay < 256 KiB, so the 14-bit field cannot overflow). D=96: six k-steps,
         // the last two in panel 1's first 32 columns (its zero-filled 32 are never read).
-        const uint64_t da0 = make_desc(q_base, 16, 1024);
+        const uint64_t da0 = make_desc(qa, 16, 1024);
         const uint64_t db0 = make_desc(sm.k_tile(stage), 16, 1024);
         pin(s);
         wgmma_fence();
@@ -296,9 +298,16 @@ struct Consumer {
         epilogue();
     }
 
+    // TILE_OVERLAP=1: every tile of this persistent CTA, the next tile's first Q K^T issued
+    // with this tile's last P V and computed under its epilogue (tile_overlap.cuh).
+    __device__ __forceinline__ void run_tiles_overlapped(int num_tiles);
+    __device__ __forceinline__ int fetch_tile(int local, int num_tiles) const;
+
     // O / l -> this WG's staging slab -> TMA store; LSE (epilogue.cuh). Split-KV: the
     // fp32 partial O and LSE to the scratch (split.cuh).
     __device__ __forceinline__ void epilogue();
+    __device__ __forceinline__ void epilogue_stage();
+    __device__ __forceinline__ void epilogue_commit();
     __device__ __forceinline__ void store_partial();
     // Split-KV, after run_tile by every consumer thread of the CTA: count this CTA's share
     // done; the tile's last one combines the partials into O and the LSE (split.cuh).
@@ -310,3 +319,4 @@ struct Consumer {
 #include "hopper/softmax.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/split.cuh"
+#include "hopper/tile_overlap.cuh"

@@ -1,5 +1,6 @@
-// Hopper family: the consumer's epilogue: O / l into the warpgroup's swizzled staging
-// slab, the TMA store of its panels, and the LSE. A member of Consumer (consumer.cuh
+// Hopper family: the consumer's epilogue: the LSE and O / l into the warpgroup's swizzled
+// staging slab (epilogue_stage), then the TMA store of its panels (epilogue_commit;
+// TILE_OVERLAP issues the next tile's first Q K^T between the two). A member of Consumer (consumer.cuh
 // includes this file after the class).
 #pragma once
 
@@ -13,6 +14,13 @@ __device__ __forceinline__ void Consumer<T>::epilogue() {
         store_partial();
         return;
     }
+    epilogue_stage();
+    epilogue_commit();
+}
+
+// The LSE, and O / l in 16 bit into this WG's staging slab (O's registers are free after it).
+template <class T>
+__device__ __forceinline__ void Consumer<T>::epilogue_stage() {
     float inv[2];
     const int q_row = q_first_row();      // the sequence's first row in the maps (packed; else 0)
     const int seqlen_q = q_len(q_row);
@@ -52,6 +60,14 @@ __device__ __forceinline__ void Consumer<T>::epilogue() {
             st_shared_u32(addr, pack2<DT>(o[i + 2 * h] * inv[h], o[i + 2 * h + 1] * inv[h]));
         }
     }
+}
+
+// The staging slab (epilogue_stage) -> O: a TMA store of its panels (packed batches whose
+// sequence ends inside the slab: a direct copy of its rows).
+template <class T>
+__device__ __forceinline__ void Consumer<T>::epilogue_commit() {
+    const int q_row = q_first_row();
+    const int seqlen_q = q_len(q_row);
     fence_proxy_async();
     named_sync(4 + g, 128);
     const int slab = t.m0 + g * 64;  // this WG's first row in its sequence

@@ -11,7 +11,8 @@
 // CLUSTER=2: two CTAs of adjacent query tiles share each K/V load (traits.cuh kCluster).
 //
 // The roles live in their own files: smem.cuh (layout, ring), tile_scheduler.cuh,
-// producer.cuh (loads), consumer.cuh (math; softmax.cuh, epilogue.cuh, split.cuh). This file composes
+// producer.cuh (loads), consumer.cuh (math; softmax.cuh, epilogue.cuh, split.cuh,
+// tile_overlap.cuh: TILE_OVERLAP's cross-tile pipeline). This file composes
 // them: hopper::fwd, the kernel body instantiate.cuh wraps.
 #pragma once
 
@@ -40,8 +41,10 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
 
     const int tid = threadIdx.x;
     if (tid == 0) {
-        mbar_init(sm.q_full(), 1);
-        mbar_init(sm.q_empty(), 128 * T::kWGs);  // all consumer threads arrive
+        for (int b = 0; b < T::kQBufs; ++b) {
+            mbar_init(sm.q_full(b), 1);
+            mbar_init(sm.q_empty(b), 128 * T::kWGs);  // all consumer threads arrive
+        }
         for (int s = 0; s < T::kStages; ++s) {
             mbar_init(sm.k_full(s), 1);
             mbar_init(sm.v_full(s), 1);
@@ -72,7 +75,8 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
             if (c.g == T::kWGs - 1) named_arrive(1, 256);  // WG 0 issues first
         }
         int tile = T::kPersistent ? first_tile<T>() : int(blockIdx.x);
-        for (int local = 0;; ++local) {
+        if constexpr (T::kTileOverlap) c.run_tiles_overlapped(num_tiles);   // tile_overlap.cuh
+        for (int local = 0; !T::kTileOverlap; ++local) {
             if constexpr (T::kDynamic) {
                 mbar_wait(sm.q_full(), local & 1);
                 tile = static_cast<int>(ld_shared_u32(sm.tile_slot()));

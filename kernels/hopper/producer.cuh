@@ -1,5 +1,6 @@
 // Hopper family: the producer warpgroup (the mainloop's loads). Lane 0 of warp 0 issues
-// every TMA load: Q once per tile, then K and V blocks into their rings, last block first;
+// every TMA load: Q once per tile (TILE_OVERLAP: into two buffers in turn, so tile j+1's Q
+// loads while tile j runs), then K and V blocks into their rings, last block first;
 // under GQA a query head reads K/V head h / kv_group. CLUSTER=2: half of each K/V block,
 // multicast to the pair (load_kv).
 #pragma once
@@ -66,8 +67,9 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
     int kv = 0;
     int tile = T::kPersistent ? first_tile<T>() : int(blockIdx.x);
     for (int local = 0;; ++local) {
-        // Q of the previous tile must be released by every consumer WG.
-        if (local > 0) mbar_wait(sm.q_empty(), (local - 1) & 1);
+        // Q buffer b's previous tile (local - kQBufs) must be released by every consumer WG.
+        const int b = local % T::kQBufs;
+        if (local >= T::kQBufs) mbar_wait(sm.q_empty(b), ((local - T::kQBufs) / T::kQBufs) & 1);
         TileInfo t;
         if constexpr (T::kPersistent && T::kVarlen) {
             // Packed batches: tiles past their sequence's end are skipped here and by
@@ -81,9 +83,9 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
         if constexpr (T::kDynamic) {
             // Publish the tile (or -1 = done) to the consumers; the q_full arrival
             // (release) orders this store before their wait (acquire).
-            st_shared_u32(sm.tile_slot(), tile < num_tiles ? tile : -1);
+            st_shared_u32(sm.tile_slot(b), tile < num_tiles ? tile : -1);
             if (tile >= num_tiles) {
-                mbar_arrive(sm.q_full());
+                mbar_arrive(sm.q_full(b));
                 break;
             }
         } else {
@@ -93,10 +95,10 @@ __device__ __forceinline__ void producer(const Params& p, const Smem<T>& sm, int
         // work once it is known to be one, which keeps a 24-register producer from spilling.
         if constexpr (!(T::kPersistent && T::kVarlen)) t = tile_info<T>(p, tile);
         if (T::kClustered && t.empty()) {
-            mbar_arrive(sm.q_full());   // an odd last query block's partner: no rows to load
+            mbar_arrive(sm.q_full(b));   // an odd last query block's partner: no rows to load
         } else {
-            mbar_arrive_expect_tx(sm.q_full(), T::kQBytes);
-            load_tile<T, T::kBlockM>(sm.q, &p.tm_q, sm.q_full(), t.q_row + t.m0, t.head, t.tb);
+            mbar_arrive_expect_tx(sm.q_full(b), T::kQBytes);
+            load_tile<T, T::kBlockM>(sm.q_tile(b), &p.tm_q, sm.q_full(b), t.q_row + t.m0, t.head, t.tb);
         }
         const int kv_head = t.head / p.kv_group;  // GQA/MQA: the K/V head this query head reads
         // Next tile: fetched now so the atomic's latency hides behind this tile.

@@ -14,7 +14,8 @@ template <> struct ElementInfo<__nv_bfloat16> { static constexpr int kDtype = 1;
 
 template <int HEAD_DIM_, int BLOCK_N_, int STAGES_, int CONSUMER_WGS_, int REG_PROD_, int REG_CONS_, int OVERLAP_,
           int PINGPONG_, int SCHED_, bool IS_CAUSAL_, typename Element_, int RESCALE_LOG2_ = 0, int EXP_EMU_ = 0,
-          bool VARLEN_ = false, int SPLITS_ = 1, int PACK_GQA_ = 0, int CTAS_PER_SM_ = 1, int CLUSTER_ = 1>
+          bool VARLEN_ = false, int SPLITS_ = 1, int PACK_GQA_ = 0, int CTAS_PER_SM_ = 1, int CLUSTER_ = 1,
+          int TILE_OVERLAP_ = 0>
 struct Traits {
     using Element = Element_;
     static constexpr int kDtype = ElementInfo<Element>::kDtype;
@@ -78,6 +79,13 @@ struct Traits {
     // nothing and keeps its side of the handshakes). 1: off.
     static constexpr int kCluster = CLUSTER_;
     static constexpr bool kClustered = CLUSTER_ > 1;
+    // Cross-tile pipelining (persistent, non-causal dense): a consumer warpgroup issues the
+    // next tile's first S = Q K^T in the same turn as this tile's last O += P V, and runs this
+    // tile's epilogue while that S is computed (tile_overlap.cuh). Q is double-buffered (the
+    // producer loads tile j+1's Q while tile j runs), each buffer with its own barriers and
+    // tile slot. 0: off (a tile starts after the previous one's epilogue).
+    static constexpr bool kTileOverlap = TILE_OVERLAP_ != 0;
+    static constexpr int kQBufs = kTileOverlap ? 2 : 1;
     static constexpr int kLaunchRegs = (65536 / (kThreads * kCtasPerSm) / 8) * 8 > 255
                                            ? 255 : (65536 / (kThreads * kCtasPerSm) / 8) * 8;
     static constexpr int kPool = kThreads * kLaunchRegs;
@@ -105,18 +113,19 @@ struct Traits {
     static constexpr int kORegs = kPvCols / 2;             // fp32 O accumulator per thread
     static constexpr int kPRegs = kBlockN / 4;             // packed 16-bit P per thread
 
-    // Shared memory (bytes, from a 1024-B aligned base): Q, STAGES K, STAGES V,
+    // Shared memory (bytes, from a 1024-B aligned base): Q (two buffers with TILE_OVERLAP), STAGES K, STAGES V,
     // the O staging tile (persistent only; else O is staged in Q's slab), then
     // the mbarriers. Tiles are [panels][rows][64] as TMA writes them (D=96: padded to 128).
     static constexpr int kQBytes = kBlockM * kDimPad * 2;
     static constexpr int kKVBytes = kBlockN * kDimPad * 2;
-    static constexpr int kOffK = kQBytes;
+    static constexpr int kOffK = kQBufs * kQBytes;
     static constexpr int kOffV = kOffK + kStages * kKVBytes;
     static constexpr int kOffO = kOffV + kStages * kKVBytes;
     static constexpr int kOBytes = kPersistent ? kQBytes : 0;
     static constexpr int kOffBar = kOffO + kOBytes;
-    static constexpr int kNumBars = 2 + 4 * kStages;   // q_full, q_empty, k_full[], k_empty[], v_full[], v_empty[]
-    static constexpr int kBarBytes = ((kNumBars * 8 + 8 /* tile slot */ + 127) / 128) * 128;
+    // (q_full, q_empty) per Q buffer, k_full[], k_empty[], v_full[], v_empty[]
+    static constexpr int kNumBars = 2 * kQBufs + 4 * kStages;
+    static constexpr int kBarBytes = ((kNumBars * 8 + 8 /* tile slots, 4 B per Q buffer */ + 127) / 128) * 128;
     static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBar + kBarBytes;
 
     static_assert(sizeof(Element) == 2, "Element must be __half or __nv_bfloat16");
@@ -154,6 +163,10 @@ struct Traits {
     static_assert(!kClustered || kSched <= 1, "CLUSTER=2 needs SCHED 0 or 1 (the pair walks its tiles in lockstep)");
     static_assert(!kClustered || kCtasPerSm == 1, "CLUSTER=2 needs CTAS_PER_SM=1");
     static_assert(!kClustered || !kNarrow, "CLUSTER=2 needs a head dim that is a multiple of 64 (whole panels)");
+    static_assert(TILE_OVERLAP_ == 0 || TILE_OVERLAP_ == 1, "TILE_OVERLAP must be 0 or 1");
+    static_assert(!kTileOverlap || (kPersistent && kOverlap && !kSplit && !kClustered && !kIsCausal && !kVarlen),
+                  "TILE_OVERLAP=1 needs SCHED 1 or 2, OVERLAP=1 and a non-causal dense problem without split-KV or "
+                  "CTA pairs");
     static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-B (swizzle atom) alignment");
 };
 
