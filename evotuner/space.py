@@ -16,7 +16,8 @@ Names an expression may use:
 
 * every parameter (the space's ``[params.NAME]``);
 * the problem: ``HEAD_DIM``, ``DTYPE_BYTES`` (2 for fp16 and bf16),
-  ``IS_CAUSAL`` (0 or 1), ``IS_VARLEN`` (1: a packed variable-length batch);
+  ``IS_CAUSAL`` (0 or 1), ``IS_VARLEN`` (1: a packed variable-length batch), ``KV_GROUP``
+  (query heads per key/value head: 1 without grouped-query attention);
 * every ``[device]`` limit by its key (``max_smem_per_block``, ...);
 * every ``[derived]`` name defined *above* the one being defined.
 

@@ -19,7 +19,7 @@ from evotuner.spaceexpr import Expr, canonical_expr
 from evotuner.spaceplan import feasible_configs
 
 #: Names the problem contributes to every expression.
-PROBLEM_NAMES = ("HEAD_DIM", "DTYPE_BYTES", "IS_CAUSAL", "IS_VARLEN")
+PROBLEM_NAMES = ("HEAD_DIM", "DTYPE_BYTES", "IS_CAUSAL", "IS_VARLEN", "KV_GROUP")
 #: fp16 and bf16 are both two bytes wide.
 _DTYPE_BYTES = {"fp16": 2, "bf16": 2}
 
@@ -265,6 +265,7 @@ def problem_env(problem: Problem) -> dict[str, int]:
         "DTYPE_BYTES": _DTYPE_BYTES[problem.dtype],
         "IS_CAUSAL": int(problem.causal),
         "IS_VARLEN": int(problem.varlen),
+        "KV_GROUP": problem.shape.heads // problem.shape.heads_kv,
     }
 
 

@@ -31,7 +31,7 @@ import pytest
 
 from cli_helpers import run
 from hopper_ptx import hopper_ptx
-from paired_space import with_pairs
+from paired_space import with_pairs, with_tile_overlap
 from evotuner import cli
 from evotuner.compiler import Builder
 from evotuner.family import AttentionArgs, DeviceInfo, TensorView, get_family
@@ -70,7 +70,7 @@ RECOMMENDED = [(d, dt, c, s) for d in HOPPER.head_dims for dt in DTYPES for c in
 def test_space_loads_and_names_the_family():
     assert SPACE.kernel == "hopper" and SPACE.arch == "sm_90a"
     assert set(SPACE.names) == {"BLOCK_N", "CONSUMER_WGS", "STAGES", "REG_PROD", "REG_CONS", "OVERLAP", "PINGPONG",
-                                "SCHED", "RESCALE_LOG2", "EXP_EMU", "CTAS_PER_SM", "CLUSTER"}
+                                "SCHED", "RESCALE_LOG2", "EXP_EMU", "CTAS_PER_SM", "CLUSTER", "PACK_GQA", "TILE_OVERLAP"}
     feasible = [c for c in SPACE.configs() if SPACE.violated(c, _problem(64)) is None]
     assert 1000 <= len(feasible) <= 20000
 
@@ -379,6 +379,39 @@ def test_space_smem_formula_equals_the_cubins_meta_table(builder, d, causal, kno
     report = parse_ptxas(result.ptxas_log, HOPPER.entry)
     assert report.spill_stores == 0 and report.spill_loads == 0 and report.stack == 0, report
     gate = apply_gate(result, space.gate, family=HOPPER)       # incl. "Used N" == the launch cap
+    assert gate.passed, gate.reason
+
+
+#: TILE_OVERLAP=1 (hopper.toml lists [0]: measured slower): the three-, two- and one-warpgroup tiles
+OVERLAP_SAMPLE = [
+    (128, dict(BLOCK_N=80, CONSUMER_WGS=3, REG_CONS=160, PINGPONG=1, SCHED=2)),
+    (128, dict(BLOCK_N=128, CONSUMER_WGS=2, REG_CONS=240, PINGPONG=1, SCHED=1)),
+    (64, dict(BLOCK_N=128, CONSUMER_WGS=1, REG_CONS=256, PINGPONG=0, SCHED=2)),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("d, knobs", OVERLAP_SAMPLE)
+def test_tile_overlap_builds_clean_and_its_smem_is_the_spaces(builder, d, knobs):
+    """Cross-tile pipelining compiles with no spill and no wgmma serialization note (the gate),
+    its cubin's smem is the space's formula (a second Q tile and its two barriers), and a space
+    offering it refuses it with SCHED 0 or causal, before any build."""
+    from evotuner.config import KernelConfig
+    space = with_tile_overlap(HOPPER.default_space())
+    base = dict(STAGES=2, REG_PROD=24, OVERLAP=1, RESCALE_LOG2=8, EXP_EMU=0, CTAS_PER_SM=1, CLUSTER=1, PACK_GQA=0)
+    cfg, plain = KernelConfig.of({**base, **knobs, "TILE_OVERLAP": 1}), KernelConfig.of({**base, **knobs})
+    problem = _problem(d, "bf16", False)
+    assert space.violated(cfg, problem) is None
+    with pytest.raises(SpaceError, match="TILE_OVERLAP=1 is outside"):      # the packaged space does not search it
+        SPACE.violated(cfg, problem)
+    assert space.violated(cfg, _problem(d, "bf16", True)).name == "tile_overlap"
+    assert space.violated(KernelConfig.of({**cfg.as_dict(), "SCHED": 0}), problem).name == "tile_overlap"
+    result, without = builder.build(cfg, problem), builder.build(plain, problem)
+    assert result.ok and without.ok, result.error or without.error
+    meta = result.artifact.meta
+    assert meta["smem_bytes"] == _smem_formula(cfg, problem, space)
+    assert meta["smem_bytes"] - without.artifact.meta["smem_bytes"] == 64 * knobs["CONSUMER_WGS"] * d * 2
+    gate = apply_gate(result, space.gate, family=HOPPER)
     assert gate.passed, gate.reason
 
 

@@ -42,7 +42,6 @@ def test_the_split_space_is_hopper_toml_but_for_sched_and_splits():
     assert split["space"]["kernel"] == base["space"]["kernel"] and split["space"]["arch"] == base["space"]["arch"]
     assert split["params"].pop("SPLITS")["values"] == list(HF.SPLIT_CHOICES)
     assert split["params"].pop("SCHED")["values"] == [0]
-    assert split["params"].pop("PACK_GQA")["values"] == [0, 1]
     assert split["params"].pop("EXP_EMU")["values"] == [0]
     assert split["params"].pop("CLUSTER")["values"] == [1]
     for knob in ("SCHED", "EXP_EMU", "CLUSTER"):

@@ -76,9 +76,9 @@ class Hopper(KernelFamily):
     dtypes = ("fp16", "bf16")
     min_blocks_label = "blocks per SM (__launch_bounds__) "
     # split-KV and GQA query-head packing (hopper_split.toml), two CTAs per SM, CTA pairs
-    # sharing K/V loads; the kernel's defaults: off (a config recorded before a knob existed
+    # sharing K/V loads, cross-tile pipelining; the kernel's defaults: off (a config recorded before a knob existed
     # reads as the default)
-    optional_params = {"SPLITS": 1, "PACK_GQA": 0, "CTAS_PER_SM": 1, "CLUSTER": 1}
+    optional_params = {"SPLITS": 1, "PACK_GQA": 0, "CTAS_PER_SM": 1, "CLUSTER": 1, "TILE_OVERLAP": 0}
     export_namespace = "hopper::tuned"
     export_macro_prefix = "HOPPER_TUNED"
 
@@ -125,6 +125,12 @@ class Hopper(KernelFamily):
             values["SPLITS"] = recommended_splits(packed_problem(problem) if values["PACK_GQA"] else problem,
                                                   64 * values["CONSUMER_WGS"], values["BLOCK_N"])
             config = KernelConfig.of(values)
+        elif packs_heads(problem):
+            # Grouped heads, non-causal: one K/V head's query heads as one head of G*Sq rows, so
+            # only one query tile per K/V head is ragged (H100, 2026-11-27, bench_attention
+            # --rounds 3-5: 8,32/4,1024,128 +3%, 4,64/8,2048,128 +2%, 1,32/8,4096,128 flat;
+            # docs/measurements/tile_overlap/README.md)
+            config = KernelConfig.of({**config.as_dict(), "PACK_GQA": 1})
         return (config,)
 
     def expected_speed(self, problem: Problem) -> float:

@@ -69,3 +69,16 @@ def test_gqa_through_the_measure_stages_check():
     for seed in range(3):
         res = C.check(run, problem, seed=seed)
         assert res.ok, res.reason
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+def test_packed_query_heads_at_every_head_dim(head_dim):
+    """Non-causal grouped heads run with PACK_GQA=1 (the recommended configs pack a K/V head's
+    query heads into one head of G*Sq rows where the layout allows): groups of 2, 4 and 8 and
+    MQA, ragged lengths, both layouts (bshd cannot be packed and runs unpacked)."""
+    problem = Problem(Shape(2, 8, 97, 97, head_dim, 2), "fp16", False)
+    assert A.choose(problem, family="hopper").config.as_dict().get("PACK_GQA") == 1
+    for (H, Hkv), (Sq, Sk), layout in itertools.product(((8, 4), (8, 2), (16, 2), (6, 1)), ((97, 97), (513, 200),
+                                                                                        (200, 1031)),
+                                                        ("bhsd", "bshd")):
+        _run_check("hopper", layout, False, H, Hkv, Sq, Sk, head_dim)
