@@ -96,14 +96,18 @@ def H(bn: int = 128, wgs: int = 3, stages: int = 2, rp: int = 32, rc: int = 160,
             "PINGPONG": 1, "SCHED": sched, "RESCALE_LOG2": 8, "EXP_EMU": 0}
 
 
-def hopper_studies() -> FakeStore:
+def hopper_studies(pack: bool = False) -> FakeStore:
     """One hopper row per scheduler: D64 fp16 (SCHED 0), D64 causal (SCHED 2), D128 bf16
-    (SCHED 1), D128 causal fp16 (3 stages, SCHED 0) - the family's recommended configs."""
+    (SCHED 1), D128 causal fp16 (3 stages, SCHED 0) - the family's recommended configs.
+    ``pack``: the D128 bf16 row packs grouped query heads (PACK_GQA=1), the others take the
+    knob's default."""
     d128 = dict(wgs=2, rp=24, rc=240)
+    packed = {"PACK_GQA": 1} if pack else {}
     return FakeStore(
         summary("h_d64", [trial(0, 500.0, H())], family="hopper"),
         summary("h_d64_causal", [trial(0, 300.0, H(sched=2))], s=4096, causal=True, family="hopper"),
-        summary("h_d128_bf16", [trial(0, 400.0, H(**d128, sched=1))], d=128, dtype="bf16", family="hopper"),
+        summary("h_d128_bf16", [trial(0, 400.0, {**H(**d128, sched=1), **packed})], d=128, dtype="bf16",
+                family="hopper"),
         summary("h_d128_causal", [trial(0, 900.0, H(**d128, stages=3))], s=4096, d=128, causal=True,
                 family="hopper"),
     )
@@ -664,11 +668,13 @@ print("OK")
 @pytest.mark.slow
 def test_hopper_production_extension_on_the_gpu(tmp_path: Path) -> None:
     """Export -> build hopper_ext -> attention() matches fp32 SDPA for every row (each
-    scheduler), ragged and Sq != Sk shapes, a [B,S,H,D] tensor seen as [B,H,S,D], on the
-    caller's stream; a stride TMA cannot take and a shape no row serves are clear errors."""
+    scheduler), ragged and Sq != Sk shapes, a [B,S,H,D] tensor seen as [B,H,S,D], grouped
+    heads through a PACK_GQA=1 row (packed where the layout allows: [B,H,S,D], one query row;
+    unpacked: [B,S,H,D]), on the caller's stream; a stride TMA cannot take and a shape no row
+    serves are clear errors."""
     bx = _build_extension_module()
     header = tmp_path / "tuned.h"
-    export_header(hopper_studies(), HOPPER_STUDIES, header)
+    export_header(hopper_studies(pack=True), HOPPER_STUDIES, header)
     built = bx.build(header, tmp_path / "ext", family="hopper")
     probe = _GPU_PROBE.replace("MODULE", "hopper_ext") + r"""
 check_cases([(2, 4, 500, 500, 64, torch.float16, False, 0), (3, 5, 2047, 2047, 64, torch.float16, False, 0),
@@ -679,6 +685,18 @@ x = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.float16).transpose(1, 
 o = f.attention(x, x, x, False, None)
 ref = F.scaled_dot_product_attention(x.float(), x.float(), x.float())
 assert (o.float() - ref).abs().max().item() < 2e-3
+for B, H, HKV, Sq, Sk, bshd in ((2, 8, 2, 1000, 1000, False), (1, 12, 4, 300, 777, False), (3, 4, 1, 1, 300, False),
+                                (2, 8, 2, 500, 500, True)):
+    assert f.select(128, "bf16", False, Sk) == 3
+    shapes = ((B, Sq, H, 128), (B, Sk, HKV, 128), (B, Sk, HKV, 128)) if bshd else \
+        ((B, H, Sq, 128), (B, HKV, Sk, 128), (B, HKV, Sk, 128))
+    q, k, v = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in shapes)
+    if bshd:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    o = f.attention(q, k, v, False, 0.1)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
+    err = (o.float() - ref).abs().max().item()
+    assert err < 2e-2, (B, H, HKV, Sq, Sk, bshd, err)
 bad = torch.randn(1, 2, 64, 68, device="cuda", dtype=torch.float16)[..., :64]        # row stride 68
 try:
     f.attention(bad, bad, bad, False, None)

@@ -54,8 +54,11 @@ def _cases(seed: int = 0) -> dict[str, list[tuple[int, ...]]]:
             for sched in (0, 1, 2) for sq in (0, 1, 128, 129, 8192) for bm in (64, 128)
             for splits in (1, 3) for H, B in ((1, 1), (32, 4)) for sms in (0, 1, 132) for ctas in (1, 2)
             for cl in (1, 2)]
+    # (S, sh, ss): [B,H,S,D] (packable), [B,S,H,D] (packable only with one row), a padded head stride
+    packed = [(S, sh, ss) for S in (1, 17, 4096) for D in (64, 128)
+              for sh, ss in ((S * D, D), (D, 8 * D), (S * D + 64, D))]
     return {"tma_fault": fault, "tma_view": view, "map_box": box, "launch_grid": grid,
-            "legal_stride": [(s,) for s in strides]}
+            "legal_stride": [(s,) for s in strides], "packed_row_stride": packed}
 
 
 @pytest.mark.parametrize("sched", [0, 1])

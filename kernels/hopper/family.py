@@ -312,15 +312,12 @@ def _round256(n: int) -> int:
 
 def _pack_heads(view: TensorView, group: int) -> TensorView | None:
     """A [B, H, S, D] view as [B, H/group, group*S, D] (query head h = kv*group + g, row s at
-    packed row g*S + s), or None where no single row stride reaches every packed row (heads
-    not laid out one after the other's rows, with more than one row each)."""
+    packed row g*S + s), or None where no single row stride reaches every packed row
+    (launch.packed_row_stride: the production extension packs by the same rule)."""
     B, H, S, D = view.shape
     sb, sh, ss, sd = view.strides
-    if S == 1:
-        row = sh
-    elif sh == S * ss:
-        row = ss
-    else:
+    row = launch.packed_row_stride(S, sh, ss)
+    if row == 0:
         return None
     return TensorView(ptr=view.ptr, shape=(B, H // group, group * S, D), strides=(sb, group * sh, row, sd))
 

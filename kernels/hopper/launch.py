@@ -117,5 +117,17 @@ def launch_grid(sched, seqlen_q, block_m, splits, heads, batch, sms, ctas_per_sm
     }
 
 
+def packed_row_stride(S, sh, ss):
+    """GQA query-head packing (PACK_GQA=1): the row stride of a [B, H, S, D] view (Q or O) seen
+    as [B, H/G, G*S, D], query head h = kv*G + g with its row s at packed row g*S + s (batch
+    stride kept, head stride G*sh); 0 where no single stride reaches every packed row (one
+    head's rows not followed by the next head's, as in [B, S, H, D] with S > 1)."""
+    if S == 1:
+        return sh
+    if sh == S * ss:
+        return ss
+    return 0
+
+
 #: What gen_launch.py renders, in order (a rule may call those before it).
-RULES = (legal_stride, tma_fault, tma_view, map_box, launch_grid)
+RULES = (legal_stride, tma_fault, tma_view, map_box, launch_grid, packed_row_stride)

@@ -67,6 +67,16 @@ inline HopperLaunchGrid hopper_launch_grid(int64_t sched, int64_t seqlen_q, int6
     return HopperLaunchGrid{(persistent ? (cluster * std::max<int64_t>(INT64_C(1), std::min<int64_t>(((sms * ctas_per_sm) / cluster), ((units * heads) * batch)))) : ((units * cluster) * splits)), (persistent ? INT64_C(1) : heads), (persistent ? INT64_C(1) : batch)};
 }
 
+// GQA query-head packing (PACK_GQA=1): the row stride of a [B, H, S, D] view (Q or O) seen
+// as [B, H/G, G*S, D], query head h = kv*G + g with its row s at packed row g*S + s (batch
+// stride kept, head stride G*sh); 0 where no single stride reaches every packed row (one
+// head's rows not followed by the next head's, as in [B, S, H, D] with S > 1).
+inline int64_t hopper_packed_row_stride(int64_t S, int64_t sh, int64_t ss) {
+    if ((S == INT64_C(1))) return sh;
+    if ((sh == (S * ss))) return ss;
+    return INT64_C(0);
+}
+
 constexpr int kHopperTmaRank = 5;
 constexpr int kHopperMapQ = 0, kHopperMapK = 1, kHopperMapV = 2, kHopperMapO = 3;
 // hopper_tma_fault's codes, named (index = code)
