@@ -79,10 +79,14 @@ def test_compile_without_space_builds_the_family_its_config_names(capsys):
              "RESCALE_LOG2=0,EXP_EMU=0"
     code, out, err = run(capsys, "compile", "--config", hopper, "--shape", "D=64", "--json")
     assert code == 0, err
-    # a split-KV config (hopper_split.toml's parameters) at the same small problem
+    # a split-KV config (hopper_split.toml's parameters) at a small grouped-query problem
     code, out, err = run(capsys, "compile", "--config", hopper.replace("SCHED=2", "SCHED=0") + ",SPLITS=4,PACK_GQA=1",
-                         "--shape", "D=64", "--json")
+                         "--shape", "H=8,HKV=2,D=64", "--json")
     assert code == 0, err
+    # packing where there is nothing to pack is refused, naming the constraint
+    code, out, err = run(capsys, "compile", "--config", hopper.replace("SCHED=2", "SCHED=0") + ",SPLITS=4,PACK_GQA=1",
+                         "--shape", "D=64")
+    assert_one_line_error(code, out, err, "breaks constraint pack_gqa", "KV_GROUP=1")
     code, out, err = run(capsys, "compile", "--config", "NUM_WARPS=4,CONSUMER_WGS=2", "--shape", "D=64")
     assert_one_line_error(code, out, err, "no kernel family takes all of", "CONSUMER_WGS", "NUM_WARPS")
 

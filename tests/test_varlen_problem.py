@@ -172,7 +172,9 @@ def test_shape_options_of_a_packed_problem():
 def test_a_packed_study_searches_no_split_kv_or_head_packing():
     p = packed_problem("H=32,HKV=8,D=128", BAR, None, dtype="fp16", causal=True)
     space = load_space(HOPPER.space_for(p))
-    assert space.path.endswith("hopper.toml") and not {"SPLITS", "PACK_GQA"} & set(space.names)
+    assert space.path.endswith("hopper.toml") and "SPLITS" not in space.names
+    assert all(c["PACK_GQA"] == 0 for c in space.feasible(p))       # constraint pack_gqa: packed batches
+    assert HOPPER.recommended_configs(p)[0].as_dict().get("PACK_GQA", 0) == 0
     split = load_space(HOPPER.space_for(Problem(Shape(1, 32, 1, 4096, 128, 8))))
     assert {"SPLITS", "PACK_GQA"} <= set(split.names)
     assert all(c["SPLITS"] == 1 and c["PACK_GQA"] == 0 for c in split.feasible(p))
