@@ -1,5 +1,4 @@
-"""The hopper spaces with CTA pairs offered (CLUSTER values [1, 2]), or cross-tile pipelining
-(TILE_OVERLAP values [0, 1]).
+"""The hopper spaces with CTA pairs offered (CLUSTER values [1, 2]).
 
 The packaged hopper.toml and hopper_wide.toml list CLUSTER = [1] (pairs measured up to 14%
 slower on the H100 and never faster by more than 1%, docs/measurements/cluster/README.md), so
@@ -19,39 +18,19 @@ from evotuner.space import SearchSpace, load_space
 _VALUES = re.compile(r"^(\[params\.CLUSTER\]\nvalues = )\[1\]$", re.MULTILINE)
 
 
-_PACK = re.compile(r"^(\[params\.PACK_GQA\]\nvalues = )\[0, 1\]$", re.MULTILINE)
+_NARROWED = re.compile(r"^(\[params\.(?:PACK_GQA|TILE_OVERLAP)\]\nvalues = )\[0, 1\]$", re.MULTILINE)
 
 
 def with_pairs(space_file: Path | str) -> SearchSpace:
     """``space_file`` loaded with CLUSTER's values [1, 2] (it must list exactly [1]) and, to stay
-    under the space size limit (evotuner.spacelimits), PACK_GQA's [0] (CTA pairs are tested on
-    query tiles, not on packed heads)."""
+    under the space size limit (evotuner.spacelimits), PACK_GQA's and TILE_OVERLAP's [0] (CTA
+    pairs are tested on query tiles, not on packed heads or cross-tile pipelining)."""
     text = Path(space_file).read_text()
     paired, n = _VALUES.subn(r"\g<1>[1, 2]", text)
     if n != 1:
         raise ValueError(f"{space_file}: no [params.CLUSTER] with values = [1]")
-    paired = _PACK.sub(r"\g<1>[0]", paired)
+    paired = _NARROWED.sub(r"\g<1>[0]", paired)
     with tempfile.TemporaryDirectory(prefix="evotuner-paired-") as tmp:
         path = Path(tmp) / Path(space_file).name
         path.write_text(paired)
-        return load_space(path)
-
-
-_OVERLAP = re.compile(r"^(\[params\.TILE_OVERLAP\]\nvalues = )\[0\]$", re.MULTILINE)
-
-
-_EXP_EMU = re.compile(r"^(\[params\.EXP_EMU\]\nvalues = )\[0, 4\]$", re.MULTILINE)
-
-
-def with_tile_overlap(space_file: Path | str) -> SearchSpace:
-    """``space_file`` loaded with TILE_OVERLAP's values [0, 1] (it must list exactly [0]): the
-    packaged spaces do not search cross-tile pipelining (measured slower on the H100). To stay
-    under the space size limit it lists EXP_EMU [0] (the exp2 emulation is not what is tested)."""
-    text, n = _OVERLAP.subn(r"\g<1>[0, 1]", Path(space_file).read_text())
-    if n != 1:
-        raise ValueError(f"{space_file}: no [params.TILE_OVERLAP] with values = [0]")
-    text = _EXP_EMU.sub(r"\g<1>[0]", text)
-    with tempfile.TemporaryDirectory(prefix="evotuner-overlap-") as tmp:
-        path = Path(tmp) / Path(space_file).name
-        path.write_text(text)
         return load_space(path)

@@ -44,7 +44,8 @@ def test_the_split_space_is_hopper_toml_but_for_sched_and_splits():
     assert split["params"].pop("SCHED")["values"] == [0]
     assert split["params"].pop("EXP_EMU")["values"] == [0]
     assert split["params"].pop("CLUSTER")["values"] == [1]
-    for knob in ("SCHED", "EXP_EMU", "CLUSTER"):
+    assert split["params"].pop("TILE_OVERLAP")["values"] == [0]       # needs a persistent scheduler
+    for knob in ("SCHED", "EXP_EMU", "CLUSTER", "TILE_OVERLAP"):
         base["params"].pop(knob)
     assert split["params"] == base["params"]
     assert [c for c in split["constraints"] if c["name"] not in ("split_sched", "split_varlen")] == base["constraints"]

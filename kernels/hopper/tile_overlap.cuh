@@ -47,16 +47,11 @@ __device__ __forceinline__ void Consumer<T>::run_tiles_overlapped(int num_tiles)
     // cannot follow from one tile to the next, so every path defines O, P and S before the
     // code that reads them (zeros where nothing else does). Else their old values would count
     // as live beside the S in flight, and spill.
-    // The next tile as an index (its TileInfo is built after the epilogue, which needs
-    // registers: 160-register consumers spill with two TileInfos live).
-    int next = fetch_tile(0, num_tiles);
     bool mine = false;      // tile t (local-1) has rows of this warpgroup; false before the first
     int nb = 0;             // tile t's key blocks
     const uint32_t q_base0 = q_base;
     for (int local = 0;; ++local) {
         const int b = local & 1;   // tile local's Q buffer
-        const bool more = next >= 0;
-        const bool next_mine = more && tile_info<T>(p, next).m0 + g * 64 < p.seqlen_q;   // rows of this WG
         const int kvn = kv + nb;                     // ring iteration of tile local's first block
         const int sl = stage_of<T>(kvn - 1);         // tile t's last block (mine only)
         // Turn 1: tile t's last P V; once it retired, the LSE and O / l into the staging slab.
@@ -73,6 +68,12 @@ __device__ __forceinline__ void Consumer<T>::run_tiles_overlapped(int num_tiles)
         } else {
             pp_arrive();
         }
+        // Tile local, once its Q landed (loaded while tile t ran; waited for here, not before
+        // turn 1, so a late Q never holds back tile t's last P V). Kept as an index: its
+        // TileInfo is built after the epilogue (160-register consumers spill with two live).
+        const int next = fetch_tile(local, num_tiles);
+        const bool more = next >= 0;
+        const bool next_mine = more && tile_info<T>(p, next).m0 + g * 64 < p.seqlen_q;   // rows of this WG
         // Turn 2: the next tile's first Q K^T (its Q was loaded while tile t ran); tile t's
         // staged O goes out (fence, the warpgroup's barrier, the TMA store) under it. From
         // here on this warpgroup's Q K^T read tile local's buffer.
@@ -124,7 +125,6 @@ __device__ __forceinline__ void Consumer<T>::run_tiles_overlapped(int num_tiles)
         }
         // Every Q K^T of tile t has retired and its slot was read: its Q buffer is free.
         mbar_arrive(sm.q_empty(b));
-        next = fetch_tile(local + 1, num_tiles);
     }
 }
 

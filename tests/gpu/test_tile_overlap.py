@@ -19,12 +19,12 @@ from evotuner.family import get_family  # noqa: E402
 from evotuner.problem import Problem, Shape  # noqa: E402
 from evotuner.runtime import attention as A  # noqa: E402
 from evotuner.runtime import check as C  # noqa: E402
-from paired_space import with_tile_overlap  # noqa: E402
+from evotuner.space import load_space  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 HOPPER = get_family("hopper")
-SPACE = with_tile_overlap(HOPPER.default_space())   # the packaged space lists TILE_OVERLAP [0]
+SPACE = load_space(HOPPER.default_space())
 
 #: (BLOCK_N, CONSUMER_WGS, REG_CONS, PINGPONG) at D=64 / D=128: the [d128] and [d64] tiles,
 #: two warpgroups of 128 columns, one warpgroup (no ping-pong).
