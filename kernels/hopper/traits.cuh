@@ -79,11 +79,11 @@ struct Traits {
     // nothing and keeps its side of the handshakes). 1: off.
     static constexpr int kCluster = CLUSTER_;
     static constexpr bool kClustered = CLUSTER_ > 1;
-    // Cross-tile pipelining (persistent, non-causal dense): a consumer warpgroup issues the
-    // next tile's first S = Q K^T in the same turn as this tile's last O += P V, and runs this
-    // tile's epilogue while that S is computed (tile_overlap.cuh). Q is double-buffered (the
-    // producer loads tile j+1's Q while tile j runs), each buffer with its own barriers and
-    // tile slot. 0: off (a tile starts after the previous one's epilogue).
+    // Cross-tile pipelining (persistent, non-causal dense): once this tile's last O += P V has
+    // retired and O is staged in shared memory, a consumer warpgroup issues the next tile's
+    // first S = Q K^T and stores this tile's O while it is computed (tile_overlap.cuh). Q is
+    // double-buffered (the producer loads tile j+1's Q while tile j runs), each buffer with its
+    // own barriers and tile slot. 0: off (a tile starts after the previous one's epilogue).
     static constexpr bool kTileOverlap = TILE_OVERLAP_ != 0;
     static constexpr int kQBufs = kTileOverlap ? 2 : 1;
     static constexpr int kLaunchRegs = (65536 / (kThreads * kCtasPerSm) / 8) * 8 > 255
