@@ -40,13 +40,11 @@ struct Consumer {
         kv = 0;
     }
 
-    // S = Q K^T of this WG's 64 rows (Q slab at `qa`, default q_base) and ring stage `stage`'s K.
-    __device__ __forceinline__ void issue_qk(float (&s)[T::kSRegs], int stage) { issue_qk(s, stage, q_base); }
-    __device__ __forceinline__ void issue_qk(float (&s)[T::kSRegs], int stage, uint32_t qa) {
+    __device__ __forceinline__ void issue_qk(float (&s)[T::kSRegs], int stage) {
         // Descriptors: one base each, k-step offsets added to the address field
         // (addresses stay < 256 KiB, so the 14-bit field cannot overflow). D=96: six k-steps,
         // the last two in panel 1's first 32 columns (its zero-filled 32 are never read).
-        const uint64_t da0 = make_desc(qa, 16, 1024);
+        const uint64_t da0 = make_desc(q_base, 16, 1024);
         const uint64_t db0 = make_desc(sm.k_tile(stage), 16, 1024);
         pin(s);
         wgmma_fence();
@@ -184,6 +182,10 @@ struct Consumer {
             pp_sync();
             pp_arrive();
         }
+        pass_loads(it);
+    }
+    // Iteration `it`'s K and V released, each after its load landed.
+    __device__ __forceinline__ void pass_loads(int it) {
         const int st = stage_of<T>(kv + it);
         const uint32_t ph = phase_of<T>(kv + it);
         mbar_wait(sm.k_full(st), ph);
@@ -299,7 +301,7 @@ struct Consumer {
     }
 
     // TILE_OVERLAP=1: every tile of this persistent CTA, the next tile's first Q K^T issued
-    // with this tile's last P V and computed under its epilogue (tile_overlap.cuh).
+    // once this tile's O is staged and computed under its store (tile_overlap.cuh).
     __device__ __forceinline__ void run_tiles_overlapped(int num_tiles);
     __device__ __forceinline__ int fetch_tile(int local, int num_tiles) const;
 

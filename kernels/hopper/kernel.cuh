@@ -74,29 +74,32 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
         if constexpr (T::kPingpong) {
             if (c.g == T::kWGs - 1) named_arrive(1, 256);  // WG 0 issues first
         }
-        int tile = T::kPersistent ? first_tile<T>() : int(blockIdx.x);
-        if constexpr (T::kTileOverlap) c.run_tiles_overlapped(num_tiles);   // tile_overlap.cuh
-        for (int local = 0; !T::kTileOverlap; ++local) {
-            if constexpr (T::kDynamic) {
-                mbar_wait(sm.q_full(), local & 1);
-                tile = static_cast<int>(ld_shared_u32(sm.tile_slot()));
-                if (tile < 0) break;
-            } else if constexpr (T::kPersistent) {
-                // The producer's walk: packed batches skip tiles past their sequence's end.
-                for (; tile < num_tiles; tile += tile_stride<T>()) {
-                    c.t = tile_info<T>(p, tile);
-                    if (!T::kVarlen || !c.t.empty()) break;
+        if constexpr (T::kTileOverlap) {
+            c.run_tiles_overlapped(num_tiles);   // tile_overlap.cuh
+        } else {
+            int tile = T::kPersistent ? first_tile<T>() : int(blockIdx.x);
+            for (int local = 0;; ++local) {
+                if constexpr (T::kDynamic) {
+                    mbar_wait(sm.q_full(), local & 1);
+                    tile = static_cast<int>(ld_shared_u32(sm.tile_slot()));
+                    if (tile < 0) break;
+                } else if constexpr (T::kPersistent) {
+                    // The producer's walk: packed batches skip tiles past their sequence's end.
+                    for (; tile < num_tiles; tile += tile_stride<T>()) {
+                        c.t = tile_info<T>(p, tile);
+                        if (!T::kVarlen || !c.t.empty()) break;
+                    }
+                    if (tile >= num_tiles) break;
+                    mbar_wait(sm.q_full(), local & 1);
+                } else {
+                    mbar_wait(sm.q_full(), local & 1);
                 }
-                if (tile >= num_tiles) break;
-                mbar_wait(sm.q_full(), local & 1);
-            } else {
-                mbar_wait(sm.q_full(), local & 1);
+                if (T::kDynamic || !T::kPersistent) c.t = tile_info<T>(p, tile);
+                c.run_tile();
+                if constexpr (T::kSplit) c.finish_split();   // split-KV: the tile's last share combines
+                if constexpr (!T::kPersistent) break;
+                if constexpr (!T::kDynamic) tile += tile_stride<T>();
             }
-            if (T::kDynamic || !T::kPersistent) c.t = tile_info<T>(p, tile);
-            c.run_tile();
-            if constexpr (T::kSplit) c.finish_split();   // split-KV: the tile's last share combines
-            if constexpr (!T::kPersistent) break;
-            if constexpr (!T::kDynamic) tile += tile_stride<T>();
         }
         if constexpr (T::kPingpong) {
             if (c.g == 0) named_sync(1, 256);  // the last WG's final arrival

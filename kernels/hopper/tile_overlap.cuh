@@ -34,8 +34,6 @@ __device__ __forceinline__ int Consumer<T>::fetch_tile(int local, int num_tiles)
 
 template <class T>
 __device__ __forceinline__ void Consumer<T>::run_tiles_overlapped(int num_tiles) {
-    static_assert(T::kTileOverlap && T::kOverlap && !T::kIsCausal && !T::kSplit && !T::kVarlen,
-                  "run_tiles_overlapped: TILE_OVERLAP's build (traits.cuh)");
     float s[T::kSRegs];
     uint32_t pr[T::kPRegs];
     float corr[2];
@@ -97,7 +95,6 @@ __device__ __forceinline__ void Consumer<T>::run_tiles_overlapped(int num_tiles)
         mine = next_mine;
         kv = kvn;
         nb = t.n_blocks;
-        const int st0 = stage_of<T>(kv);
 #pragma unroll
         for (int i = 0; i < T::kORegs; ++i) o[i] = 0.f;
         m[0] = m[1] = -INFINITY;
@@ -105,7 +102,7 @@ __device__ __forceinline__ void Consumer<T>::run_tiles_overlapped(int num_tiles)
         ms[0] = ms[1] = 0.f;
         if (mine) {
             // The first block: its S is in (the turn above); no O to rescale yet.
-            release(sm.k_empty(st0));
+            release(sm.k_empty(stage_of<T>(kv)));
             softmax_any(s, t.n_top - 1, corr);
             to_p(s, pr);
             const int n_masked_iters = nb - max(t.n_unmasked, 0);
@@ -113,12 +110,9 @@ __device__ __forceinline__ void Consumer<T>::run_tiles_overlapped(int num_tiles)
             for (; it < n_masked_iters; ++it) overlap_step<true>(s, pr, corr, it);
             for (; it < nb; ++it) overlap_step<false>(s, pr, corr, it);
         } else {
-            // No rows here (the ragged last query block): its side of every handshake; the
-            // last block's V is released now too (the turn above issues nothing for it).
-            mbar_wait(sm.k_full(st0), phase_of<T>(kv));
-            release(sm.k_empty(st0));
-            mbar_wait(sm.v_full(st0), phase_of<T>(kv));
-            release(sm.v_empty(st0));
+            // No rows here (the ragged last query block): its side of every handshake (the
+            // first block's turn was the one above).
+            pass_loads(0);
             for (int it = 1; it < nb; ++it) pass_block(it);
 #pragma unroll
             for (int i = 0; i < T::kPRegs; ++i) pr[i] = 0u;   // (see "Liveness" above)
