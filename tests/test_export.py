@@ -96,24 +96,36 @@ def H(bn: int = 128, wgs: int = 3, stages: int = 2, rp: int = 32, rc: int = 160,
             "PINGPONG": 1, "SCHED": sched, "RESCALE_LOG2": 8, "EXP_EMU": 0}
 
 
-def hopper_studies(pack: bool = False) -> FakeStore:
+#: hopper_split.toml's recommended config of a grouped decode at D=128 (one 64-row warpgroup,
+#: packed query heads), with 8 splits: the split row of ``hopper_studies(split=True)``.
+SPLIT_ROW = {"BLOCK_N": 128, "CONSUMER_WGS": 1, "STAGES": 3, "REG_PROD": 24, "REG_CONS": 256, "OVERLAP": 1,
+             "PINGPONG": 0, "SCHED": 0, "RESCALE_LOG2": 0, "EXP_EMU": 0, "SPLITS": 8, "PACK_GQA": 1}
+
+
+def hopper_studies(pack: bool = False, split: bool = False) -> FakeStore:
     """One hopper row per scheduler: D64 fp16 (SCHED 0), D64 causal (SCHED 2), D128 bf16
     (SCHED 1), D128 causal fp16 (3 stages, SCHED 0) - the family's recommended configs.
     ``pack``: the D128 bf16 row packs grouped query heads (PACK_GQA=1), the others take the
-    knob's default."""
+    knob's default. ``split``: a fifth study, ``h_d128_split`` (bf16, D128, non-causal, the
+    8192 bucket: rows 4), whose row is split-KV (:data:`SPLIT_ROW`)."""
     d128 = dict(wgs=2, rp=24, rc=240)
     packed = {"PACK_GQA": 1} if pack else {}
-    return FakeStore(
+    studies = [
         summary("h_d64", [trial(0, 500.0, H())], family="hopper"),
         summary("h_d64_causal", [trial(0, 300.0, H(sched=2))], s=4096, causal=True, family="hopper"),
         summary("h_d128_bf16", [trial(0, 400.0, {**H(**d128, sched=1), **packed})], d=128, dtype="bf16",
                 family="hopper"),
         summary("h_d128_causal", [trial(0, 900.0, H(**d128, stages=3))], s=4096, d=128, causal=True,
                 family="hopper"),
-    )
+    ]
+    if split:
+        studies.append(summary("h_d128_split", [trial(0, 60.0, SPLIT_ROW)], s=8192, d=128, dtype="bf16",
+                               family="hopper"))
+    return FakeStore(*studies)
 
 
 HOPPER_STUDIES = ["h_d64", "h_d64_causal", "h_d128_bf16", "h_d128_causal"]
+HOPPER_SPLIT_STUDIES = [*HOPPER_STUDIES, "h_d128_split"]
 
 
 # ------------------------------------------------------------------------------------------ selection
@@ -523,19 +535,23 @@ def test_build_extension_builds_the_hopper_module(tmp_path: Path) -> None:
     hopper section (the FlashCore section of the same header is left to flashcore_ext)."""
     bx = _build_extension_module()
     header = tmp_path / "tuned.h"
-    store = hopper_studies()
+    store = hopper_studies(split=True)
     store.summaries.update(three_studies().summaries)
-    export_header(store, [*HOPPER_STUDIES, "d64_s2k"], header)
+    export_header(store, [*HOPPER_SPLIT_STUDIES, "d64_s2k"], header)
     built = bx.build(header, tmp_path / "ext", family="hopper", jobs=2)
-    assert built.module == tmp_path / "ext" / "hopper_ext.so" and built.rows == 4
+    assert built.module == tmp_path / "ext" / "hopper_ext.so" and built.rows == 5
     rows_h = (tmp_path / "ext" / "src" / "hopper_rows.h").read_text()
-    assert "hopper_ext_launch_3" in rows_h and "hopper_meta_3" in rows_h and "cuda.h" not in rows_h
+    assert "hopper_ext_launch_4" in rows_h and "hopper_meta_4" in rows_h and "cuda.h" not in rows_h
+    assert "#define HOPPER_SPLITS HOPPER_TUNED_4_SPLITS" in (tmp_path / "ext" / "src" / "row_4.cu").read_text()
+    assert re.search(r"#define HOPPER_TUNED_4_SPLITS +8\b", header.read_text())   # the split row
     _probe_on_cpu(tmp_path / "ext", "hopper_ext", (
         "rows = f.configs()\n"
-        "assert [(c['head_dim'], c['dtype'], c['causal']) for c in rows] == [\n"
-        "    (64, 'fp16', False), (64, 'fp16', True), (128, 'fp16', True), (128, 'bf16', False)], rows\n"
-        "assert (f.select(64, 'fp16', True, 100), f.select(128, 'bf16', False, 10**5), f.select(96, 'fp16', False, 5),\n"
-        "        f.select(64, 'bf16', False, 5)) == (1, 3, -1, -1)\n"
+        "assert [(c['head_dim'], c['dtype'], c['causal'], c['max_seqlen']) for c in rows] == [\n"
+        "    (64, 'fp16', False, 2048), (64, 'fp16', True, 4096), (128, 'fp16', True, 4096),\n"
+        "    (128, 'bf16', False, 2048), (128, 'bf16', False, 8192)], rows\n"
+        "assert (f.select(64, 'fp16', True, 100), f.select(128, 'bf16', False, 2048),\n"
+        "        f.select(128, 'bf16', False, 2049), f.select(128, 'bf16', False, 10**5), f.select(96, 'fp16', False, 5),\n"
+        "        f.select(64, 'bf16', False, 5)) == (1, 3, 4, 4, -1, -1)\n"
     ))
 
 
@@ -670,11 +686,13 @@ def test_hopper_production_extension_on_the_gpu(tmp_path: Path) -> None:
     """Export -> build hopper_ext -> attention() matches fp32 SDPA for every row (each
     scheduler), ragged and Sq != Sk shapes, a [B,S,H,D] tensor seen as [B,H,S,D], grouped
     heads through a PACK_GQA=1 row (packed where the layout allows: [B,H,S,D], one query row;
-    unpacked: [B,S,H,D]), on the caller's stream; a stride TMA cannot take and a shape no row
-    serves are clear errors."""
+    unpacked: [B,S,H,D]), on the caller's stream; a split-KV row (decode and short prompts,
+    grouped heads packed and not, called again on the same scratch sizes, captured in a CUDA
+    graph and replayed on new inputs); a stride TMA cannot take and a shape no row serves are
+    clear errors."""
     bx = _build_extension_module()
     header = tmp_path / "tuned.h"
-    export_header(hopper_studies(pack=True), HOPPER_STUDIES, header)
+    export_header(hopper_studies(pack=True, split=True), HOPPER_SPLIT_STUDIES, header)
     built = bx.build(header, tmp_path / "ext", family="hopper")
     probe = _GPU_PROBE.replace("MODULE", "hopper_ext") + r"""
 check_cases([(2, 4, 500, 500, 64, torch.float16, False, 0), (3, 5, 2047, 2047, 64, torch.float16, False, 0),
@@ -697,6 +715,33 @@ for B, H, HKV, Sq, Sk, bshd in ((2, 8, 2, 1000, 1000, False), (1, 12, 4, 300, 77
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
     err = (o.float() - ref).abs().max().item()
     assert err < 2e-2, (B, H, HKV, Sq, Sk, bshd, err)
+# the split-KV row: each call's partials combined by the tile's last CTA, its counters back at 0
+for B, H, HKV, Sq, Sk, bshd in ((1, 8, 2, 1, 8000, False), (2, 4, 4, 37, 2100, False), (1, 8, 1, 3, 5000, False),
+                                (2, 8, 2, 5, 7000, True), (1, 2, 2, 300, 4100, False), (3, 4, 2, 1, 2049, False)):
+    assert f.select(128, "bf16", False, Sk) == 4
+    shapes = ((B, Sq, H, 128), (B, Sk, HKV, 128), (B, Sk, HKV, 128)) if bshd else \
+        ((B, H, Sq, 128), (B, HKV, Sk, 128), (B, HKV, Sk, 128))
+    for _ in range(2):   # fresh inputs, the same scratch sizes
+        q, k, v = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in shapes)
+        if bshd:
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        o = f.attention(q, k, v, False, 0.1)
+        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
+        err = (o.float() - ref).abs().max().item()
+        assert err < 2e-2, ("split", B, H, HKV, Sq, Sk, bshd, err)
+q, k, v = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((2, 8, 1, 128), (2, 2, 6000, 128),
+                                                                             (2, 2, 6000, 128)))
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    o = f.attention(q, k, v, False, 0.1)
+for _ in range(3):
+    for t in (q, k, v):
+        t.copy_(torch.randn_like(t))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
+    err = (o.float() - ref).abs().max().item()
+    assert err < 2e-2, ("split in a graph", err)
 bad = torch.randn(1, 2, 64, 68, device="cuda", dtype=torch.float16)[..., :64]        # row stride 68
 try:
     f.attention(bad, bad, bad, False, None)

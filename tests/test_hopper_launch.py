@@ -57,8 +57,12 @@ def _cases(seed: int = 0) -> dict[str, list[tuple[int, ...]]]:
     # (S, sh, ss): [B,H,S,D] (packable), [B,S,H,D] (packable only with one row), a padded head stride
     packed = [(S, sh, ss) for S in (1, 17, 4096) for D in (64, 128)
               for sh, ss in ((S * D, D), (D, 8 * D), (S * D + 64, D))]
+    # split-KV scratch: ragged tiles, one row, a decode-sized and a prefill-sized problem
+    scratch = [(splits, B, H, sq, bm, D) for splits in (2, 3, 32) for B, H in ((1, 1), (4, 32))
+               for sq in (1, 17, 4097) for bm in (64, 192) for D in (64, 96, 256)]
     return {"tma_fault": fault, "tma_view": view, "map_box": box, "launch_grid": grid,
-            "legal_stride": [(s,) for s in strides], "packed_row_stride": packed}
+            "legal_stride": [(s,) for s in strides], "packed_row_stride": packed,
+            "round256": [(n,) for n in (0, 1, 255, 256, 257, 1 << 40)], "split_scratch": scratch}
 
 
 @pytest.mark.parametrize("sched", [0, 1])
@@ -99,6 +103,18 @@ def _printer(fn_name: str, result_example: object) -> str:
     else:
         parts = ["r"]
     return " ".join('std::printf("%lld ", (long long)' + p + ");" for p in parts) + ' std::printf("\\n");'
+
+
+def test_the_split_scratch_holds_split_cuh_s_regions():
+    """split.cuh reads the counters at 0, the LSE partials after the counters' 256-byte-rounded
+    bytes and the O partials after the LSE's: the rule's total covers exactly those regions."""
+    for splits, B, H, sq, bm, D in ((2, 1, 1, 1, 64, 64), (8, 4, 32, 4097, 192, 128)):
+        s = launch.split_scratch(splits, B, H, sq, bm, D)
+        counters = B * H * -(-sq // bm) * 4
+        lse = B * H * splits * sq * 4
+        assert s["counter_bytes"] == -(-counters // 256) * 256 >= counters
+        assert s["bytes"] == s["counter_bytes"] + -(-lse // 256) * 256 + lse * D
+        assert s["counter_bytes"] % 256 == 0
 
 
 def test_the_cxx_rules_compute_what_the_python_rules_compute(tmp_path):
@@ -152,6 +168,8 @@ def test_the_cxx_launchers_take_their_rules_from_the_header(path):
     # no hand-written copy of a rule: dims, strides, the swizzle, the grid's ceil-division
     for copy in ("dims[5] = {64", "SWIZZLE_128B", "+ bm - 1", "static_cast<cuuint64_t>(S)", "(H > 1 ? sh : ss)"):
         assert copy not in text, f"{path.name} still spells {copy!r} itself"
+    if path == ROW:   # a split-KV row sizes its scratch by the runtime's rule
+        assert "hopper_split_scratch(" in text
 
 
 @pytest.mark.parametrize("source, needle", [

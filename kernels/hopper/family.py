@@ -298,16 +298,9 @@ def recommended_splits(problem: Problem, block_m: int, block_n: int, sms: int = 
 
 
 def split_scratch_bytes(splits: int, batch: int, heads: int, seqlen_q: int, block_m: int, head_dim: int) -> int:
-    """Scratch bytes of a split-KV launch (params.h; split.cuh's layout): int32 counters
-    per tile, fp32 LSE partials [B, H, SPLITS, Sq], fp32 O partials [B, H, SPLITS, Sq, D],
-    each region 256-byte aligned."""
-    bh = batch * heads
-    m_blocks = -(-seqlen_q // block_m)
-    return _round256(bh * m_blocks * 4) + _round256(bh * splits * seqlen_q * 4) + bh * splits * seqlen_q * head_dim * 4
-
-
-def _round256(n: int) -> int:
-    return (n + 255) // 256 * 256
+    """Scratch bytes of a split-KV launch (launch.py's split_scratch: counters, then the fp32
+    LSE and O partials)."""
+    return launch.split_scratch(splits, batch, heads, seqlen_q, block_m, head_dim)["bytes"]
 
 
 def _pack_heads(view: TensorView, group: int) -> TensorView | None:

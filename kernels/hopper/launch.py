@@ -129,5 +129,23 @@ def packed_row_stride(S, sh, ss):
     return 0
 
 
+def round256(n):
+    """``n`` bytes rounded up to a multiple of 256 (each scratch region's alignment)."""
+    return (n + 255) // 256 * 256
+
+
+def split_scratch(splits, batch, heads, seqlen_q, block_m, head_dim):
+    """A split-KV launch's scratch (params.h; split.cuh lays it out): int32 counters, one per
+    tile, then fp32 LSE partials [B, H, SPLITS, Sq], then fp32 O partials [B, H, SPLITS, Sq, D],
+    each region 256-byte aligned. The counters (the first ``counter_bytes``) must read 0 at
+    the first launch; the kernel puts them back to 0, the partials need no clearing."""
+    bh = batch * heads
+    counter_bytes = round256(bh * ((seqlen_q + block_m - 1) // block_m) * 4)
+    return {
+        "counter_bytes": counter_bytes,
+        "bytes": counter_bytes + round256(bh * splits * seqlen_q * 4) + bh * splits * seqlen_q * head_dim * 4,
+    }
+
+
 #: What gen_launch.py renders, in order (a rule may call those before it).
-RULES = (legal_stride, tma_fault, tma_view, map_box, launch_grid, packed_row_stride)
+RULES = (legal_stride, tma_fault, tma_view, map_box, launch_grid, packed_row_stride, round256, split_scratch)

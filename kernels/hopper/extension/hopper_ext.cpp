@@ -34,6 +34,27 @@ using evotuner_ext::n;
 constexpr const char kModule[] = "hopper_ext";
 constexpr int kErrLen = 512;
 
+// A split-KV row's scratch (HopperExtArgs::scratch): a fresh buffer from torch's caching
+// allocator on the caller's stream, its counters cleared there, alive until attention returns
+// (the launch is queued by then; the allocator reuses the block in stream order).
+struct Scratch {
+    torch::TensorOptions options;
+    torch::Tensor buffer;
+    std::string error;
+};
+
+void* allocate_scratch(void* ctx, int64_t bytes, int64_t zero_bytes) noexcept {
+    auto* s = static_cast<Scratch*>(ctx);
+    try {
+        s->buffer = torch::empty({bytes}, s->options);
+        if (zero_bytes > 0) s->buffer.narrow(0, 0, zero_bytes).zero_();
+        return s->buffer.data_ptr();
+    } catch (const std::exception& e) {
+        s->error = e.what();
+        return nullptr;
+    }
+}
+
 void strides(const torch::Tensor& t, int64_t (&out)[3]) {
     out[0] = t.stride(0), out[1] = t.stride(1), out[2] = t.stride(2);
 }
@@ -75,10 +96,15 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
         a.tile_counter = counter.data_ptr<int32_t>();
     }
 
+    Scratch scratch{q.options().dtype(torch::kUInt8), {}, {}};
+    a.scratch = &allocate_scratch;
+    a.scratch_ctx = &scratch;
+
     const int device = q.get_device();
     char err[kErrLen] = {0};
     const int rc = kLaunchers[index](&a, evotuner_ext::current_stream(device), device, err, kErrLen);
-    TORCH_CHECK(rc == 0, "hopper_ext.attention: row ", n(index), ": ", std::string(err));
+    TORCH_CHECK(rc == 0, "hopper_ext.attention: row ", n(index), ": ", std::string(err),
+                scratch.error.empty() ? "" : " (", scratch.error, scratch.error.empty() ? "" : ")");
     return o;
 }
 

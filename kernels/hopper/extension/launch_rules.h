@@ -77,6 +77,25 @@ inline int64_t hopper_packed_row_stride(int64_t S, int64_t sh, int64_t ss) {
     return INT64_C(0);
 }
 
+// ``n`` bytes rounded up to a multiple of 256 (each scratch region's alignment).
+inline int64_t hopper_round256(int64_t n) {
+    return (((n + INT64_C(255)) / INT64_C(256)) * INT64_C(256));
+}
+
+struct HopperSplitScratch {
+    int64_t counter_bytes;
+    int64_t bytes;
+};
+// A split-KV launch's scratch (params.h; split.cuh lays it out): int32 counters, one per
+// tile, then fp32 LSE partials [B, H, SPLITS, Sq], then fp32 O partials [B, H, SPLITS, Sq, D],
+// each region 256-byte aligned. The counters (the first ``counter_bytes``) must read 0 at
+// the first launch; the kernel puts them back to 0, the partials need no clearing.
+inline HopperSplitScratch hopper_split_scratch(int64_t splits, int64_t batch, int64_t heads, int64_t seqlen_q, int64_t block_m, int64_t head_dim) {
+    const int64_t bh = (batch * heads);
+    const int64_t counter_bytes = hopper_round256(((bh * (((seqlen_q + block_m) - INT64_C(1)) / block_m)) * INT64_C(4)));
+    return HopperSplitScratch{counter_bytes, ((counter_bytes + hopper_round256((((bh * splits) * seqlen_q) * INT64_C(4)))) + ((((bh * splits) * seqlen_q) * head_dim) * INT64_C(4)))};
+}
+
 constexpr int kHopperTmaRank = 5;
 constexpr int kHopperMapQ = 0, kHopperMapK = 1, kHopperMapV = 2, kHopperMapO = 3;
 // hopper_tma_fault's codes, named (index = code)
