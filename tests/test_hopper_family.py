@@ -225,6 +225,26 @@ def test_recommended_configs_compile_clean_and_pass_the_gate(builder):
 
 
 @needs_nvcc
+def test_three_warpgroups_at_d256_are_refused_since_ptxas_cannot_build_them(builder):
+    """hopper_wide.toml's `wide_accumulator`: no CONSUMER_WGS=3 config at D=256, and the reason
+    holds (ptxas stops, C7602, even at the smallest tile without OVERLAP). D=192 keeps them (the
+    gate's spill check decides) and D=256 keeps two warpgroups."""
+    from evotuner.config import KernelConfig
+
+    base = dict(BLOCK_N=64, CONSUMER_WGS=3, STAGES=1, REG_PROD=24, REG_CONS=160, OVERLAP=0, PINGPONG=0, SCHED=0,
+                RESCALE_LOG2=0, EXP_EMU=0)
+    wide = load_space(HOPPER.space_for(_problem(256)))
+    cfg = wide.complete(KernelConfig.of(base))
+    violated = wide.violated(cfg, _problem(256))
+    assert violated is not None and violated.name == "wide_accumulator", violated
+    assert wide.violated(cfg, _problem(192)) is None
+    assert wide.violated(wide.complete(KernelConfig.of({**base, "CONSUMER_WGS": 2, "REG_CONS": 240})),
+                         _problem(256)) is None
+    result = builder.submit(cfg, _problem(256)).result()
+    assert not result.ok and "C7602" in (result.error or ""), result.error
+
+
+@needs_nvcc
 def test_shipped_tuned_rows_compile_clean_and_pass_the_gate(builder):
     """flash_attention serves the shipped rows without a gate of its own: a kernel change that
     makes one spill (SCHED=2's counter reset and the packed-batch walk once spilled 8 bytes in
