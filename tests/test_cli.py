@@ -49,10 +49,14 @@ def test_search_resume_show_export(capsys, tmp_path):
     assert "study 's' has 4 finished trials" in out
     assert "SDPA baselines: sdpa_default 250.0 µs" in out
     assert "best" in out and "vs SDPA" in out
+    # the best is a selection among noisy timings: the way to confirm it is named
+    assert "the best's µs is the fastest of 2 timings" in " ".join(out.split()), out
+    assert "`evotuner bench --study s` re-times the best 5 beside SDPA" in " ".join(out.split()), out
 
     code, out, err = search(capsys, db)
     assert code == 0, err
     assert "already has 4 finished trials" in out
+    assert "evotuner bench" not in out            # nothing was timed this time
 
     code, out, err = run(capsys, "resume", "--study", "s", "--trials", 6, "--storage", f"sqlite:///{db}")
     assert code == 0, err
