@@ -3,6 +3,10 @@
 
     python scripts/bench_extension.py --module build/hopper_ext --rounds 3 --output out/bench_ext
     python scripts/bench_extension.py --module build/flashcore_ext --shapes 16,16,2048,64,0 --dtypes fp16
+    python scripts/bench_extension.py --module build/hopper_ext --shapes 16,32,8192,128,0,8,1   # GQA decode
+
+A shape is B,H,S,D,CAUSAL[,HKV[,SQ]]: S keys per sequence, HKV K/V heads (default H; fewer:
+grouped-query, SDPA then runs with enable_gqa), SQ query rows (default S; 1: decoding).
 
 For every shape and dtype a row of the module serves (its ``select()``), the module's
 ``attention()`` is checked against fp32 SDPA on fresh random inputs, then it and SDPA's
@@ -33,33 +37,44 @@ SHAPES = ((16, 16, 2048, 64, False), (1, 8, 512, 64, False), (4, 16, 4096, 64, T
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def parse_shape(text: str) -> tuple[int, int, int, int, bool]:
+def parse_shape(text: str) -> tuple[int, int, int, int, bool, int, int]:
+    """B,H,S,D,CAUSAL[,HKV[,SQ]] -> (B, H, S, D, causal, HKV, SQ)."""
     try:
-        b, h, s, d, c = (int(x) for x in text.split(","))
+        vals = [int(x) for x in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL (e.g. 4,16,4096,64,1)") from None
-    return b, h, s, d, bool(c)
+        vals = []
+    if len(vals) in (5, 6, 7):
+        b, h, s, d, c = vals[:5]
+        hkv = vals[5] if len(vals) > 5 else h
+        sq = vals[6] if len(vals) > 6 else s
+        if min(b, h, s, d, hkv, sq) >= 1 and h % hkv == 0:
+            return b, h, s, d, bool(c), hkv, sq
+    raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL[,HKV[,SQ]] with positive sizes and "
+                                     "H a multiple of HKV (e.g. 4,16,4096,64,1 or 16,32,8192,128,0,8,1)")
 
 
-def bench(mod, shape: tuple[int, int, int, int, bool], dtype: str, args: argparse.Namespace) -> dict | None:
-    B, H, S, D, causal = shape
+def bench(mod, shape: tuple[int, int, int, int, bool, int, int], dtype: str, args: argparse.Namespace) -> dict | None:
+    B, H, S, D, causal, Hkv, Sq = shape
     row = mod.select(D, dtype, causal, S)
     if row < 0:
         return None
     dt = DTYPES[dtype]
-    q, k, v = (torch.randn(B, H, S, D, device="cuda", dtype=dt) for _ in range(3))
+    q = torch.randn(B, H, Sq, D, device="cuda", dtype=dt)
+    k, v = (torch.randn(B, Hkv, S, D, device="cuda", dtype=dt) for _ in range(2))
     scale = 1.0 / math.sqrt(D)
+    gqa = Hkv != H
     o = mod.attention(q, k, v, causal, scale)
-    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, scale=scale)
+    ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, scale=scale,
+                                         enable_gqa=gqa)
     err = (o.float() - ref).abs().max().item()
     ours, theirs = [], []
     for _ in range(args.rounds):
-        theirs.append(time_cuda(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale),
-                                reps=args.reps).median_us)
+        theirs.append(time_cuda(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale,
+                                                                        enable_gqa=gqa), reps=args.reps).median_us)
         ours.append(time_cuda(lambda: mod.attention(q, k, v, causal, scale), reps=args.reps).median_us)
-    problem = Problem(Shape(B, H, S, S, D), dtype, causal)
+    problem = Problem(Shape(B, H, Sq, S, D, Hkv), dtype, causal)
     us = statistics.median(ours)
-    return {"shape": [B, H, S, D], "causal": causal, "dtype": dtype, "row": row,
+    return {"shape": [B, H, S, D], "heads_kv": Hkv, "seqlen_q": Sq, "causal": causal, "dtype": dtype, "row": row,
             "kernel": mod.configs()[row]["kernel"], "max_error": err, "median_us": us, "tflops": problem.tflops(us),
             "sdpa_default_us": statistics.median(theirs), "round_us": ours, "sdpa_round_us": theirs,
             "speedup_vs_sdpa_default": statistics.median(t / m for t, m in zip(theirs, ours))}
@@ -80,7 +95,7 @@ def load_extension(folder: Path):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--module", required=True, type=Path, help="the build folder holding <module>.so")
-    ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL; repeatable")
+    ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL[,HKV[,SQ]]; repeatable")
     ap.add_argument("--dtypes", default="fp16,bf16")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=50)
@@ -95,7 +110,7 @@ def main() -> int:
     rows = []
     print(f"{mod.__name__} on {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'shape':24s} {'dtype':5s} {'kernel':14s} {'µs':>9s} {'TFLOPS':>7s} {'SDPA µs':>9s} {'xdef':>5s} {'err':>8s}")
-    for shape in args.shapes or SHAPES:
+    for shape in args.shapes or [(*s, s[1], s[2]) for s in SHAPES]:
         for dtype in args.dtypes.split(","):
             r = bench(mod, shape, dtype, args)
             if r is None:
@@ -103,7 +118,9 @@ def main() -> int:
                 continue
             rows.append(r)
             B, H, S, D = r["shape"]
-            print(f"{f'{B},{H},{S},{D}' + (' causal' if r['causal'] else ''):24s} {dtype:5s} {r['kernel']:14s} "
+            name = f"{B},{H}" + (f"/{r['heads_kv']}" if r["heads_kv"] != H else "") + f",{S},{D}"
+            name += (f" sq={r['seqlen_q']}" if r["seqlen_q"] != S else "") + (" causal" if r["causal"] else "")
+            print(f"{name:24s} {dtype:5s} {r['kernel']:14s} "
                   f"{r['median_us']:9.1f} {r['tflops']:7.1f} {r['sdpa_default_us']:9.1f} "
                   f"{r['speedup_vs_sdpa_default']:5.2f} {r['max_error']:8.1e}")
     if args.output:

@@ -35,19 +35,19 @@ constexpr const char kModule[] = "hopper_ext";
 constexpr int kErrLen = 512;
 
 // A split-KV row's scratch (HopperExtArgs::scratch): a fresh buffer from torch's caching
-// allocator on the caller's stream, its counters cleared there, alive until attention returns
-// (the launch is queued by then; the allocator reuses the block in stream order).
+// allocator on the caller's stream (the launcher clears its counters there), alive until
+// attention returns (the launch is queued by then; the allocator reuses the block in stream
+// order).
 struct Scratch {
     torch::TensorOptions options;
     torch::Tensor buffer;
     std::string error;
 };
 
-void* allocate_scratch(void* ctx, int64_t bytes, int64_t zero_bytes) noexcept {
+void* allocate_scratch(void* ctx, int64_t bytes) noexcept {
     auto* s = static_cast<Scratch*>(ctx);
     try {
         s->buffer = torch::empty({bytes}, s->options);
-        if (zero_bytes > 0) s->buffer.narrow(0, 0, zero_bytes).zero_();
         return s->buffer.data_ptr();
     } catch (const std::exception& e) {
         s->error = e.what();

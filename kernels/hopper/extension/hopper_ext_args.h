@@ -19,9 +19,10 @@ struct HopperExtArgs {
     int32_t dtype;                // 0 fp16, 1 bf16
     float scale_log2;             // softmax scale * log2(e)
     int32_t* tile_counter;        // SCHED 2 rows: a device int32 that is 0 at launch, zeroed on the launch stream
-    // Split-KV rows (SPLITS > 1): the launcher asks for `bytes` of device scratch whose first
-    // `zero_bytes` read 0 at launch, allocated and cleared on the launch stream and kept alive by
-    // the binding until the launch is queued; nullptr when that failed (the binding holds why).
-    void* (*scratch)(void* ctx, int64_t bytes, int64_t zero_bytes);
+    // Split-KV rows (SPLITS > 1): the launcher asks for `bytes` of device memory, allocated in
+    // the launch stream's order and kept alive by the binding until the launch is queued (the
+    // launcher clears the counters in it on that stream); nullptr when that failed (the binding
+    // holds why).
+    void* (*scratch)(void* ctx, int64_t bytes);
     void* scratch_ctx;
 };
