@@ -26,19 +26,20 @@ PAIRED = dataclasses.replace(DEFAULT_RULE, paired_margin=PAIRED_MARGIN)
 # -- the rule ------------------------------------------------------------------------------
 
 def _drifting(n: int, rng: random.Random, slower: float, noise: float = 0.01) -> tuple[list[float], list[float]]:
-    """(config, incumbent) repetitions timed alternately (I C, C I, I C, ... as time_cuda
-    orders them) while the clock drifts at every repetition: a slow swing of +-10% and a step
+    """(config, incumbent) repetitions timed alternately (each pair's order a coin flip, as
+    time_cuda orders them) while the clock drifts at every repetition: a slow swing of +-10% and a step
     of 8% at a random repetition, inside a pair as often as between two (the H100's windows
     moved that much); each repetition its own noise."""
     phase = rng.uniform(0, 2 * math.pi)
     step_at = rng.randrange(2 * n)
+    order = random.Random(step_at)   # each pair's order, drawn apart from the drift and the noise
 
     def level(slot: int) -> float:
         return (1.0 + 0.10 * math.sin(phase + slot / 18.0)) * (1.08 if slot >= step_at else 1.0)
 
     config, incumbent = [], []
     for j in range(n):
-        inc_slot, cfg_slot = (2 * j, 2 * j + 1) if j % 2 == 0 else (2 * j + 1, 2 * j)
+        inc_slot, cfg_slot = (2 * j, 2 * j + 1) if order.random() < 0.5 else (2 * j + 1, 2 * j)
         config.append(1000.0 * slower * level(cfg_slot) * (1.0 + rng.gauss(0.0, noise)))
         incumbent.append(1000.0 * level(inc_slot) * (1.0 + rng.gauss(0.0, noise)))
     return config, incumbent
@@ -167,8 +168,16 @@ def test_time_cuda_alternates_with_the_incumbent_up_to_the_paired_reps_then_time
                          pair=incumbent, pair_reps=PAIRED.paired_reps)
     assert not t.stopped_early and t.repetitions == 200 and len(t.pair_samples_us) == 64
     assert seen == [(16, 16), (32, 32), (64, 64), (128, 64)]
-    assert order[:6] == ["i", "c", "c", "i", "i", "c"]                  # which goes first alternates
+    pairs = [order[k:k + 2] for k in range(0, 128, 2)]
+    assert all(sorted(p) == ["c", "i"] for p in pairs)                   # each pair: one of each
+    firsts = [p[0] for p in pairs]                                        # which goes first: a coin flip
+    assert 20 <= firsts.count("i") <= 44, firsts                         # about half each way
     assert order.count("i") == 64 and order[128:] == ["c"] * (200 - 64)   # alone after the paired reps
+    again: list[str] = []
+    config2, incumbent2 = _pair_kernels(cuda, again, 100.0, 100.0)
+    timing.time_cuda(config2, warmup=0, reps=200, flush_l2=False, looks=PAIRED.looks(), stop=lambda a, b: False,
+                     pair=incumbent2, pair_reps=PAIRED.paired_reps)
+    assert again == order                                                # the same order every call
     assert t.median_us == pytest.approx(100.0) and t.pair_samples_us == pytest.approx([100.0] * 64)
 
 

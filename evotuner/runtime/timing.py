@@ -10,6 +10,7 @@ callables, one per input set, which are cycled. Returns the median and the
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -43,6 +44,15 @@ _flush_buffers: dict[int, torch.Tensor] = {}
 #: H100 (tests/gpu/test_attention.py, a 40 µs kernel): without it the unflushed median
 #: read 63 µs against 40 µs flushed, the host's launch latency leaking into the events.
 HOST_LEAD_CYCLES = 200_000
+
+
+#: Seed of the coin flips that order each pair of a paired race (the same sequence every
+#: call). A fixed pattern is not neutral: on the H100 (2026-11-27, session n) two equal ~18 µs
+#: kernels timed as I C, C I, I C, ... read the config 2.3-2.9% slower whichever kernel was the
+#: config (the one in the middle of each I C C I), and with coin flips 0.998-1.005 both ways
+#: (docs/measurements/racing/pairbias2_h100_1127n.log); ~440 µs kernels read the same ratio in
+#: every order.
+PAIR_ORDER_SEED = 0x9A1D
 
 
 def _queue_lead() -> None:
@@ -85,8 +95,8 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
 
     Paired racing: with ``pair`` (the incumbent's call), the repetitions of every chunk
     ending at or below ``pair_reps`` alternate with repetitions of ``pair`` (which one goes
-    first alternates too), each with its own flush, lead and events, so both are timed at
-    the same clocks; ``stop`` is then called as ``stop(samples, pair_samples)``, and the
+    first is a coin flip per pair, :data:`PAIR_ORDER_SEED`), each with its own flush, lead
+    and events, so both are timed at the same clocks; ``stop`` is then called as ``stop(samples, pair_samples)``, and the
     repetitions past ``pair_reps`` run alone. Only chunks a look follows are paired (a
     budget of fewer repetitions than the first look pairs none). ``pair`` is warmed up beside
     ``fn``. ``Timing.pair_samples_us`` holds ``pair``'s; the median and percentiles are the
@@ -133,6 +143,7 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
         ends_at.append(reps)
         samples: list[float] = []
         pair_samples: list[float] = []
+        order = random.Random(PAIR_ORDER_SEED)   # which of a pair goes first: a coin flip per pair
         stopped = False
         done = 0
         for end in ends_at:
@@ -141,11 +152,12 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
             theirs: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
             for j in range(end - done):
                 lead_now = lead or j == 0
-                if paired and (done + j) % 2 == 0:
+                pair_first = paired and order.random() < 0.5
+                if pair_first:
                     theirs.append(_timed(pair, flush, lead_now))
                     lead_now = lead
                 own.append(_timed(fns[(done + j) % len(fns)], flush, lead_now))
-                if paired and (done + j) % 2 == 1:
+                if paired and not pair_first:
                     theirs.append(_timed(pair, flush, lead))
             torch.cuda.synchronize(dev)
             samples.extend(s.elapsed_time(e) * 1000.0 for s, e in own)
