@@ -3,6 +3,8 @@
 // formatting, the caller's stream. Torch headers only, no CUDA header.
 #pragma once
 
+#include <c10/core/Stream.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/extension.h>
 
 #include <cstdint>
@@ -23,11 +25,12 @@ inline int32_t as_int32(const char* module, int64_t v, const char* what) {
     return static_cast<int32_t>(v);
 }
 
-// The caller's current torch stream, asked from Python so no ATen CUDA header is needed.
+// The caller's current torch stream (its cudaStream_t), through c10's device-guard interface,
+// which the CUDA torch registers, so no ATen CUDA header is needed (it was a Python round trip,
+// torch.cuda.current_stream(device).cuda_stream, on every call).
 inline void* current_stream(int device) {
-    namespace py = pybind11;
-    py::object stream = py::module_::import("torch.cuda").attr("current_stream")(device);
-    return reinterpret_cast<void*>(stream.attr("cuda_stream").cast<intptr_t>());
+    const c10::Device cuda(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device));
+    return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(cuda).native_handle();
 }
 
 struct Dims {
