@@ -552,6 +552,7 @@ def test_build_extension_builds_the_hopper_module(tmp_path: Path) -> None:
         "assert (f.select(64, 'fp16', True, 100), f.select(128, 'bf16', False, 2048),\n"
         "        f.select(128, 'bf16', False, 2049), f.select(128, 'bf16', False, 10**5), f.select(96, 'fp16', False, 5),\n"
         "        f.select(64, 'bf16', False, 5)) == (1, 3, 4, 4, -1, -1)\n"
+        "assert callable(f.plan) and 'launches' in f.plan.__doc__\n"
     ))
 
 
@@ -715,6 +716,10 @@ for B, H, HKV, Sq, Sk, bshd in ((2, 8, 2, 1000, 1000, False), (1, 12, 4, 300, 77
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
     err = (o.float() - ref).abs().max().item()
     assert err < 2e-2, (B, H, HKV, Sq, Sk, bshd, err)
+    p = f.plan(q, k, v, False, 0.1)   # packed where the layout allows it: [B,H,S,D], or one query row
+    packed = HKV < H and (not bshd or Sq == 1)
+    assert p["row"] == 3 and p["launches"] and p["packed"] == packed and p["splits"] == 1, (B, H, HKV, Sq, bshd, p)
+    assert (p["heads"], p["seqlen_q"]) == ((HKV, H // HKV * Sq) if packed else (H, Sq)), p
 # the split-KV row: each call's partials combined by the tile's last CTA, its counters back at 0
 for B, H, HKV, Sq, Sk, bshd in ((1, 8, 2, 1, 8000, False), (2, 4, 4, 37, 2100, False), (1, 8, 1, 3, 5000, False),
                                 (2, 8, 2, 5, 7000, True), (1, 2, 2, 300, 4100, False), (3, 4, 2, 1, 2049, False)):
@@ -729,6 +734,9 @@ for B, H, HKV, Sq, Sk, bshd in ((1, 8, 2, 1, 8000, False), (2, 4, 4, 37, 2100, F
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
         err = (o.float() - ref).abs().max().item()
         assert err < 2e-2, ("split", B, H, HKV, Sq, Sk, bshd, err)
+    p = f.plan(q, k, v, False, 0.1)
+    assert p["row"] == 4 and p["splits"] == 8 and p["scratch_bytes"] > 0 and p["grid"][0] % 8 == 0, p
+    assert p["packed"] == (HKV < H and (not bshd or Sq == 1)), (B, H, HKV, Sq, bshd, p)
 q, k, v = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((2, 8, 1, 128), (2, 2, 6000, 128),
                                                                              (2, 2, 6000, 128)))
 graph = torch.cuda.CUDAGraph()
@@ -742,6 +750,8 @@ for _ in range(3):
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
     err = (o.float() - ref).abs().max().item()
     assert err < 2e-2, ("split in a graph", err)
+empty = torch.randn(0, 4, 8, 64, device="cuda", dtype=torch.float16)
+assert f.plan(empty, empty, empty, False, None) == {"row": 0, "kernel": "hopper_fwd_0", "launches": False}
 bad = torch.randn(1, 2, 64, 68, device="cuda", dtype=torch.float16)[..., :64]        # row stride 68
 try:
     f.attention(bad, bad, bad, False, None)
@@ -749,6 +759,12 @@ except RuntimeError as e:
     assert "q's row (S) stride breaks a TMA rule" in str(e) and "multiple of 8" in str(e), e
 else:
     raise AssertionError("row stride 68 accepted")
+try:
+    f.plan(bad, bad, bad, False, None)   # plan checks as attention does
+except RuntimeError as e:
+    assert "hopper_ext.plan" in str(e) and "q's row (S) stride breaks a TMA rule" in str(e), e
+else:
+    raise AssertionError("plan: row stride 68 accepted")
 check_unserved()
 print("OK")
 """

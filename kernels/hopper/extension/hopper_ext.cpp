@@ -9,6 +9,7 @@
 //
 //   import torch, hopper_ext
 //   o = hopper_ext.attention(q, k, v, causal, scale)   # q,k,v [B, H, S, D] fp16/bf16 CUDA, D 64, 96, 128, 192 or 256
+//   hopper_ext.plan(q, k, v, causal, scale)            # how that call launches (row, grid, packed, splits, ...)
 //
 // Any strides whose batch/head/row steps are multiples of 8 elements work (e.g. SDPA's
 // [B,H,S,D] and a [B,S,H,D] tensor transposed to [B,H,S,D]); others get an error naming
@@ -59,26 +60,34 @@ void strides(const torch::Tensor& t, int64_t (&out)[3]) {
     out[0] = t.stride(0), out[1] = t.stride(1), out[2] = t.stride(2);
 }
 
-torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
-                        std::optional<double> scale) {
-    const evotuner_ext::Dims d = evotuner_ext::check_qkv("hopper_ext.attention", q, k, v);
-    const int index = evotuner_ext::pick_row("hopper_ext.attention", kModule, tuned::kConfigs, &tuned::select,
-                                             &tuned::index_of, d, causal);
-
-    auto o = torch::empty({d.B, d.H, d.Sq, d.D}, q.options());
-    if (d.B == 0 || d.H == 0 || d.Sq == 0) return o;
-    TORCH_CHECK(d.Sk > 0, "hopper_ext.attention: seqlen_k must be positive");
-
+// One call's launcher arguments: the checks, the row, the output (allocated here), the strides.
+// `launches` is false for an empty problem (nothing to run).
+struct Call {
+    int index = -1;
+    bool launches = false;
+    torch::Tensor o;
     HopperExtArgs a{};
+};
+
+Call prepare(const char* fn, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
+             std::optional<double> scale) {
+    const evotuner_ext::Dims d = evotuner_ext::check_qkv(fn, q, k, v);
+    Call c;
+    c.index = evotuner_ext::pick_row(fn, kModule, tuned::kConfigs, &tuned::select, &tuned::index_of, d, causal);
+    c.o = torch::empty({d.B, d.H, d.Sq, d.D}, q.options());
+    if (d.B == 0 || d.H == 0 || d.Sq == 0) return c;
+    TORCH_CHECK(d.Sk > 0, fn, ": seqlen_k must be positive");
+    c.launches = true;
+    HopperExtArgs& a = c.a;
     a.q = q.data_ptr();
     a.k = k.data_ptr();
     a.v = v.data_ptr();
-    a.o = o.data_ptr();
+    a.o = c.o.data_ptr();
     a.lse = nullptr;
     strides(q, a.q_stride);
     strides(k, a.k_stride);
     strides(v, a.v_stride);
-    strides(o, a.o_stride);
+    strides(c.o, a.o_stride);
     a.batch = evotuner_ext::as_int32(kModule, d.B, "batch");
     a.heads = evotuner_ext::as_int32(kModule, d.H, "heads");
     a.heads_kv = evotuner_ext::as_int32(kModule, d.Hkv, "heads of k/v");
@@ -88,10 +97,18 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
     a.dtype = d.dtype;
     const double s = scale.has_value() ? *scale : 1.0 / std::sqrt(static_cast<double>(d.D));
     a.scale_log2 = static_cast<float>(s * 1.4426950408889634);  // log2(e)
+    return c;
+}
+
+torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
+                        std::optional<double> scale) {
+    Call c = prepare("hopper_ext.attention", q, k, v, causal, scale);
+    if (!c.launches) return c.o;
+    HopperExtArgs& a = c.a;
     // SCHED 2 hands out tiles from a counter that must be 0 at launch: a fresh zeroed int32 on
     // the caller's stream (ordered before the launch; safe with several streams in flight).
     torch::Tensor counter;
-    if (tuned::kConfigs[index].sched == 2) {
+    if (tuned::kConfigs[c.index].sched == 2) {
         counter = torch::zeros({1}, q.options().dtype(torch::kInt32));
         a.tile_counter = counter.data_ptr<int32_t>();
     }
@@ -102,10 +119,37 @@ torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const to
 
     const int device = q.get_device();
     char err[kErrLen] = {0};
-    const int rc = kLaunchers[index](&a, evotuner_ext::current_stream(device), device, err, kErrLen);
-    TORCH_CHECK(rc == 0, "hopper_ext.attention: row ", n(index), ": ", std::string(err),
+    const int rc = kLaunchers[c.index](&a, evotuner_ext::current_stream(device), device, err, kErrLen);
+    TORCH_CHECK(rc == 0, "hopper_ext.attention: row ", n(c.index), ": ", std::string(err),
                 scratch.error.empty() ? "" : " (", scratch.error, scratch.error.empty() ? "" : ")");
-    return o;
+    return c.o;
+}
+
+// How attention() would launch for these inputs, checked as it checks them; nothing queued.
+pybind11::dict plan(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
+                    std::optional<double> scale) {
+    Call c = prepare("hopper_ext.plan", q, k, v, causal, scale);
+    pybind11::dict out;
+    out["row"] = c.index;
+    out["kernel"] = "hopper_fwd_" + std::to_string(c.index);
+    out["launches"] = c.launches;
+    if (!c.launches) return out;
+    HopperExtPlan pl{};
+    c.a.plan = &pl;
+    const int device = q.get_device();
+    char err[kErrLen] = {0};
+    const int rc = kLaunchers[c.index](&c.a, evotuner_ext::current_stream(device), device, err, kErrLen);
+    TORCH_CHECK(rc == 0, "hopper_ext.plan: row ", n(c.index), ": ", std::string(err));
+    out["grid"] = pybind11::make_tuple(pl.grid[0], pl.grid[1], pl.grid[2]);
+    out["block"] = pl.block;
+    out["smem_bytes"] = pl.smem_bytes;
+    out["sched"] = pl.sched;
+    out["splits"] = pl.splits;
+    out["packed"] = pl.packed != 0;
+    out["heads"] = pl.heads;
+    out["seqlen_q"] = pl.seqlen_q;
+    out["scratch_bytes"] = pl.scratch_bytes;
+    return out;
 }
 
 }  // namespace
@@ -114,4 +158,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.doc() = "Hopper (wgmma/TMA) attention with the configs tuned by evotuner (arch " HOPPER_TUNED_ARCH ")";
     evotuner_ext::define_module(m, kModule, HOPPER_TUNED_ARCH, "hopper_fwd_", tuned::kConfigs, &tuned::select,
                                 &tuned::index_of, &attention);
+    m.def("plan", &plan,
+          "how attention(q, k, v, causal, scale) launches, checked as it checks its inputs, nothing queued: "
+          "row, kernel, launches, grid, block, smem_bytes, sched, splits, packed (grouped query heads as one head "
+          "per K/V head), heads and seqlen_q of the launch, scratch_bytes",
+          pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("causal") = false,
+          pybind11::arg("scale") = pybind11::none());
 }

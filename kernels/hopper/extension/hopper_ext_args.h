@@ -4,6 +4,19 @@
 
 #include <cstdint>
 
+// How a call launches (HopperExtArgs::plan): filled instead of launching.
+struct HopperExtPlan {
+    int32_t grid[3];
+    int32_t block;
+    int32_t smem_bytes;
+    int32_t sched;
+    int32_t splits;
+    int32_t packed;            // 1: grouped query heads packed, one K/V head's as one head
+    int32_t heads;             // the launch's heads and query rows per head (packed: K/V heads, group*Sq)
+    int32_t seqlen_q;
+    int64_t scratch_bytes;     // split-KV scratch the launch takes (0: none)
+};
+
 struct HopperExtArgs {
     const void* q;
     const void* k;
@@ -25,4 +38,6 @@ struct HopperExtArgs {
     // holds why).
     void* (*scratch)(void* ctx, int64_t bytes);
     void* scratch_ctx;
+    // Non-null: check the call and describe its launch here, queueing nothing (no scratch taken).
+    HopperExtPlan* plan;
 };
