@@ -56,10 +56,16 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
     except OSError as exc:
         raise ExportError(f"header {path}: cannot read it ({exc.strerror or exc})",
                           "give the header written by `evotuner export`") from None
+    except UnicodeDecodeError:
+        raise ExportError(f"header {path}: not a text file (not UTF-8)",
+                          "give the header written by `evotuner export`") from None
     count, arch = count_macro.search(text), arch_macro.search(text)
     if count is None or arch is None:
-        raise ExportError(f"header {path}: no {T}_COUNT / {T}_ARCH",
-                          "give the header written by `evotuner export`")
+        others = [f.name for f in families() if f.name != fam.name
+                  and re.search(rf"^#define\s+{re.escape(f.export_macro_prefix)}_COUNT\s+\d+\s*$", text, re.M)]
+        raise ExportError(f"header {path}: no {T}_COUNT / {T}_ARCH (no {fam.name} section"
+                          + (f"; it has a {' and a '.join(others)} section)" if others else ")"),
+                          f"pass --family {others[0]}" if others else "give the header written by `evotuner export`")
     n = int(count.group(1))
     rows: list[list[str]] = [[] for _ in range(n)]
     values: list[list[tuple[str, int]]] = [[] for _ in range(n)]

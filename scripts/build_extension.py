@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -265,6 +266,14 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
     start = time.monotonic()
     header = Path(header).resolve()
     check_family(family)
+    if family not in KINDS and family != "flashcore":
+        raise EvotunerError(f"--family {family!r}: no production extension for it",
+                            f"use one of {', '.join(sorted({'flashcore', *KINDS}))}")
+    for what, seconds in (("--row-timeout", row_timeout_s), ("--torch-timeout", torch_timeout_s)):
+        if not (math.isfinite(seconds) and seconds >= 1):
+            raise EvotunerError(f"{what} {seconds}: not a number of seconds of at least 1", f"give e.g. {what} 600")
+    if jobs is not None and jobs < 1:
+        raise EvotunerError(f"--jobs {jobs}: must be at least 1", "give a positive number, or leave it out (CPU count)")
     kind = extension_kind(family)
     info = read_header(header, kind.prefix)
     root = (kernels_root or _kernels_root()).resolve()
@@ -275,7 +284,11 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
     out = Path(output).resolve()
     if out.exists() and not out.is_dir():
         raise EvotunerError(f"--output {out} exists and is not a folder", "give a folder to build into")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EvotunerError(f"--output {out}: cannot create it ({exc.strerror or exc})",
+                            "give a folder you can write, whose parents are folders") from None
     nvcc_path = find_nvcc(nvcc)
     toolchain = probe(nvcc_path)
     ext_dir = kind.folder(root)
@@ -313,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
                       verbose=a.verbose)
     except EvotunerError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:   # a folder that cannot be written, a full disk
+        print(f"error: {exc.filename or a.output}: {exc.strerror or exc} (give an --output folder you can write)",
+              file=sys.stderr)
         return 1
     print(f"built {built.module} ({built.rows} rows, {built.arch}) in {built.seconds:.0f} s")
     print(f"use: import sys, torch; sys.path.insert(0, {str(built.module.parent)!r}); import {built.module.stem}")
