@@ -61,6 +61,9 @@ def write_report(store: StudyStore, study_name: str, output_dir: str | Path) -> 
 
 def make_report(store: StudyStore, study_name: str, output_dir: str | Path) -> Report:
     """Like :func:`write_report`, also saying which plots were left out and why."""
+    if str(output_dir) == "-":      # the usual "standard output" would be a stray folder named '-'
+        raise ReportError("--output -: report writes a folder of plots, not to standard output",
+                          "name the folder, e.g. -o report (./- for a folder named '-')")
     plt = _pyplot()
     out = Path(output_dir)
     summary = store.summary(study_name)        # a study not found creates no folder
@@ -70,7 +73,7 @@ def make_report(store: StudyStore, study_name: str, output_dir: str | Path) -> R
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ReportError(f"--output {out}: cannot create the report folder: {exc.strerror}",
-                          "pass a writable folder") from None
+                          "pass a writable folder whose parents are folders") from None
     protect = store.database_files()
     for name in REPORT_FILES:                  # refuse a link or the database before drawing anything
         check_target(out / name, protect=protect)

@@ -216,6 +216,23 @@ def test_export_to_dash_writes_no_file_named_dash(capsys, cli_env):
     assert "kConfigs" in (cli_env / "-").read_text()
 
 
+def test_report_to_dash_writes_no_folder_named_dash(capsys, cli_env):
+    pytest.importorskip("matplotlib")
+    _replayed(capsys, cli_env)
+    code, out, err = run(capsys, "report", "--study", "s", "-o", "-")
+    assert_one_line_error(code, out, err, "--output -", "folder of plots")
+    assert not (cli_env / "-").exists()
+
+
+def test_report_under_a_file_says_the_parent_is_no_folder(capsys, cli_env):
+    pytest.importorskip("matplotlib")
+    _replayed(capsys, cli_env)
+    (cli_env / "notes.txt").write_text("keep\n")
+    code, out, err = run(capsys, "report", "--study", "s", "-o", cli_env / "notes.txt" / "rep")
+    assert_one_line_error(code, out, err, "cannot create the report folder", "parents are folders")
+    assert (cli_env / "notes.txt").read_text() == "keep\n"
+
+
 # -- signals -----------------------------------------------------------------------------------------------
 
 
