@@ -425,7 +425,9 @@ def export_header(store: ExportSource, study_names: list[str], output: Path, *, 
         dup = sorted({s for s in study_names if study_names.count(s) > 1})
         raise ExportError(f"export: study {dup[0]!r} is named twice", "name each study once")
     if not output.parent.is_dir():
-        raise ExportError(f"export: output directory {output.parent} does not exist",
+        file = next((p for p in output.parents if p.exists() and not p.is_dir()), None)   # a file on the way
+        raise ExportError(f"export: {file} is a file, not a folder" if file else f"export: output directory "
+                          f"{output.parent} does not exist", "name a path inside a folder" if file else
                           f"create it first (mkdir -p {output.parent})")
     try:
         is_dir = output.is_dir()

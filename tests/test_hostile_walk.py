@@ -216,6 +216,14 @@ def test_export_to_dash_writes_no_file_named_dash(capsys, cli_env):
     assert "kConfigs" in (cli_env / "-").read_text()
 
 
+def test_export_under_a_file_says_it_is_a_file(capsys, cli_env):
+    _replayed(capsys, cli_env)
+    (cli_env / "keep.h").write_text("keep\n")
+    code, out, err = run(capsys, "export", "--study", "s", "-o", cli_env / "keep.h" / "x.h")
+    assert_one_line_error(code, out, err, "keep.h is a file, not a folder", "inside a folder")
+    assert (cli_env / "keep.h").read_text() == "keep\n"
+
+
 def test_report_to_dash_writes_no_folder_named_dash(capsys, cli_env):
     pytest.importorskip("matplotlib")
     _replayed(capsys, cli_env)
