@@ -287,8 +287,8 @@ def compile_cmd(
     if constraint is not None:
         raise SpaceError(
             f"--config {kernel_config}: breaks constraint {constraint.name}: {constraint.message}",
-            "pick values the space's [[constraints]] allow",
-        )
+            "pick values the space's [[constraints]] allow" + ("; or give the heads in --shape (e.g. H=32,HKV=8,D=128)"
+                                                               if "KV_GROUP" in constraint.expr.names else ""))
     with ExitStack() as stack:
         builder = _builder(search_space, 1, stack)
         build = builder.build(kernel_config, problem)

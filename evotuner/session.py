@@ -279,20 +279,24 @@ def space_for_config(config: KernelConfig, problem: Problem) -> SearchSpace:
     a knob it leaves out at the family's default, :meth:`SearchSpace.complete`):
     the family's space for ``problem`` when it does (hopper: hopper_split.toml for a small
     problem), else another of the family's packaged spaces that does (a hopper.toml config
-    at a small problem), else the space for ``problem`` (whose validation then says what
-    is missing or unknown)."""
+    at a small problem), else the family's space with the fewest of the config's values it
+    does not list (whose validation then names a value that is really wrong), the space for
+    ``problem`` first among equals."""
     fam = config_family(config)
     paths = list(dict.fromkeys((fam.space_for(problem), fam.default_space(), *packaged_spaces().values())))
-    for path in paths:
-        candidate = load_space(path)
-        if candidate.kernel != fam.name:
-            continue
+    spaces = [s for s in map(load_space, paths) if s.kernel == fam.name]
+    for candidate in spaces:
         try:
             candidate.validate(config)   # its parameters, a knob it leaves out at the family's default
         except SpaceError:
             continue
         return candidate
-    return load_space(paths[0])
+
+    def misfits(space: SearchSpace) -> int:
+        allowed = {p.name: set(p.values) for p in space.params}
+        return sum(1 for name, value in config if value not in allowed.get(name, ()))
+
+    return min(spaces, key=misfits) if spaces else load_space(paths[0])
 
 
 def _space_path(space: str | Path) -> Path:

@@ -417,3 +417,25 @@ def test_a_relative_tool_path_comes_back_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("EVOTUNER_NCU", "./ncu")
     assert find_tool("ncu", "EVOTUNER_NCU") == tool
+
+
+# -- compile: the error names what is wrong ----------------------------------------------------------------
+
+_HOPPER_D64 = "BLOCK_N=128,CONSUMER_WGS=3,EXP_EMU=0,OVERLAP=1,PINGPONG=1,REG_CONS=160,REG_PROD=32,RESCALE_LOG2=0,STAGES=2"
+
+
+@pytest.mark.parametrize("extra, says", [
+    ("SCHED=2,TILE_OVERLAP=-1", "TILE_OVERLAP=-1 is outside"),   # not SCHED=2, which hopper_split lacks
+    ("SCHED=2,CTAS_PER_SM=3", "CTAS_PER_SM=3 is outside"),
+    ("SCHED=0,SPLITS=3", "SPLITS=3 is outside"),
+])
+def test_compile_without_space_names_the_value_no_packaged_space_takes(capsys, cli_env, extra, says):
+    code, out, err = run(capsys, "compile", "--shape", "D=64", "--config", f"{_HOPPER_D64},{extra}")
+    assert_one_line_error(code, out, err, says)
+
+
+def test_compile_of_a_packing_config_without_heads_says_to_give_them(capsys, cli_env):
+    code, out, err = run(capsys, "compile", "--shape", "D=64", "--config",
+                         "BLOCK_N=128,CONSUMER_WGS=1,EXP_EMU=0,OVERLAP=1,PINGPONG=0,REG_CONS=256,REG_PROD=24,"
+                         "RESCALE_LOG2=0,STAGES=2,SCHED=0,SPLITS=2,PACK_GQA=1")
+    assert_one_line_error(code, out, err, "breaks constraint pack_gqa", "give the heads in --shape")
