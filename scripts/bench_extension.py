@@ -49,8 +49,16 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool, int, int]:
         sq = vals[6] if len(vals) > 6 else s
         if min(b, h, s, d, hkv, sq) >= 1 and h % hkv == 0:
             return b, h, s, d, bool(c), hkv, sq
-    raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL[,HKV[,SQ]] with positive sizes and "
-                                     "H a multiple of HKV (e.g. 4,16,4096,64,1 or 16,32,8192,128,0,8,1)")
+    raise argparse.ArgumentTypeError(f"{text!r} is not B,H,S,D,CAUSAL[,HKV[,SQ]] with positive sizes and H a "
+                                     "multiple of HKV (e.g. 4,16,4096,64,1 or 16,32,8192,128,0,8,1)")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one line: ``error: <what> (see --help)``, exit status 2."""
+
+    def error(self, message: str):
+        print(f"error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def bench(mod, shape: tuple[int, int, int, int, bool, int, int], dtype: str, args: argparse.Namespace) -> dict | None:
@@ -93,7 +101,7 @@ def load_extension(folder: Path):
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = OneLineParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--module", required=True, type=Path, help="the build folder holding <module>.so")
     ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL[,HKV[,SQ]]; repeatable")
     ap.add_argument("--dtypes", default="fp16,bf16")
@@ -101,8 +109,21 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--output", type=Path, default=None, help="write OUTPUT.json")
     args = ap.parse_args()
+    bad = sorted(set(args.dtypes.split(",")) - set(DTYPES))
+    if bad:
+        ap.error(f"--dtypes: {','.join(bad)} is not one of {', '.join(DTYPES)}")
+    if args.rounds < 1 or args.reps < 1:
+        ap.error(f"--rounds {args.rounds}, --reps {args.reps}: each must be at least 1")
+    if not args.module.is_dir():
+        ap.error(f"--module {args.module}: not a folder; give the folder scripts/build_extension.py wrote")
+    if args.output is not None:
+        try:
+            args.output.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            ap.error(f"--output {args.output}: cannot create its folder: {exc.strerror or exc}"
+                     + (" (a file is in the way)" if isinstance(exc, (FileExistsError, NotADirectoryError)) else ""))
     if not torch.cuda.is_available():
-        print("error: bench_extension needs a CUDA GPU", file=sys.stderr)
+        print("error: bench_extension needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
         return 1
     mod = load_extension(args.module)
     if mod is None:
@@ -124,7 +145,6 @@ def main() -> int:
                   f"{r['median_us']:9.1f} {r['tflops']:7.1f} {r['sdpa_default_us']:9.1f} "
                   f"{r['speedup_vs_sdpa_default']:5.2f} {r['max_error']:8.1e}")
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.with_suffix(".json").write_text(json.dumps(rows, indent=1))
     return 0
 
