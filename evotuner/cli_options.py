@@ -200,9 +200,20 @@ StaleAfterOpt = Annotated[
     typer.Option("--stale-after", min=0.5, callback=_finite(0.5, MAX_STALE_AFTER_S), help="Seconds without a heartbeat after which other workers on the "
                                                "study take this one's trials over [default: 60]."),
 ]
+def _replay_delay(ctx: typer.Context, param: Any, value: str | None) -> str | None:
+    """A typer callback: BUILD,MEASURE seconds, or a usage error (whether --replay is given is the command's check)."""
+    if value is not None:
+        try:
+            session.parse_replay_delay(value)
+        except EvotunerError as exc:
+            what = exc.message.removeprefix("--replay-delay ")
+            raise typer.BadParameter(f"{what} ({exc.remedy})" if exc.remedy else what) from None
+    return value
+
+
 ReplayDelayOpt = Annotated[
     Optional[str],
-    typer.Option("--replay-delay", help="With --replay: seconds each build and each measurement takes, BUILD,MEASURE "
+    typer.Option("--replay-delay", callback=_replay_delay, help="With --replay: seconds each build and each measurement takes, BUILD,MEASURE "
                                         "(rehearse timing-dependent setups such as several workers)."),
 ]
 FullTimingOpt = Annotated[

@@ -59,6 +59,8 @@ def parse_real(text: str, what: str, **bounds: Any) -> float:
         value = float(text.strip())
     except (ValueError, AttributeError):
         raise error(f"{what}: {text!r} is not a number", bounds.get("remedy")) from None
+    if not math.isfinite(value):   # name what was typed (1e400 reads as inf)
+        raise error(f"{what}: {text.strip()!r} is not a finite number", bounds.get("remedy"))
     return real(value, what, **bounds)
 
 

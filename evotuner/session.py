@@ -107,6 +107,11 @@ def replay_delay(text: str | None, replay: Path | None) -> tuple[float, float]:
         return 0.0, 0.0
     if replay is None:
         raise EvotunerError("--replay-delay needs --replay FILE", "drop --replay-delay, or replay a sweep")
+    return parse_replay_delay(text)
+
+
+def parse_replay_delay(text: str) -> tuple[float, float]:
+    """BUILD,MEASURE seconds, each finite and in [0, MAX_REPLAY_DELAY_S]; else EvotunerError."""
     parts = text.split(",")
     if len(parts) != 2:
         raise EvotunerError(f"--replay-delay {text!r}: not BUILD,MEASURE seconds", "e.g. --replay-delay 0.05,0.02")

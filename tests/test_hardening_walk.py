@@ -454,12 +454,14 @@ def _listing(folder: Path) -> dict[str, tuple[int, int]]:
 # -- 6. numbers: finite and in range at every entry ------------------------------------------------------
 
 
-@pytest.mark.parametrize("delay", ["nan,0", "0,inf", "1e400,0", "-1,0", "0.1"])
-def test_a_non_finite_replay_delay_is_one_line(capsys, cli_env, delay):
+@pytest.mark.parametrize("delay, says", [("nan,0", "'nan'"), ("0,inf", "'inf'"), ("1e400,0", "'1e400'"),
+                                         ("-1,0", "out of range"), ("0.1", "not BUILD,MEASURE")])
+def test_a_non_finite_replay_delay_is_one_line(capsys, cli_env, delay, says):
     csv = _sweep_copy(cli_env / "sweep")
     code, out, err = run(capsys, "search", "--study", "s", "--shape", SHAPE, "--trials", 2, "--replay", csv,
                          "--replay-delay", delay)
-    assert_one_line_error(code, out, err, "--replay-delay")
+    assert_one_line_error(code, out, err, "--replay-delay", says)   # what was typed: 1e400, not inf
+    assert code == 2, (code, err)                                   # a usage error, as --stale-after nan is
     assert "unexpected" not in err and not (cli_env / "evotuner.db").exists()
 
 
