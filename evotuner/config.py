@@ -29,7 +29,7 @@ class KernelConfig:
             raise ValueError("KernelConfig.items must be sorted by name without repeats; use KernelConfig.of()")
         for k, v in self.items:
             if not isinstance(v, int) or isinstance(v, bool):
-                raise SpaceError(f"config: {k}={v!r} is not an integer")
+                raise SpaceError(f"config: {k}={v!r} is not an integer", "give every value as a whole number")
 
     @classmethod
     def of(cls, mapping: Mapping[str, int]) -> "KernelConfig":
@@ -45,7 +45,7 @@ class KernelConfig:
             if not sep or not key:
                 raise SpaceError(f"--config: cannot read {part!r}", "write NAME=VALUE pairs separated by commas, e.g. TILE=128,WARPS=4")
             if key in values:
-                raise SpaceError(f"--config: {key} is given twice")
+                raise SpaceError(f"--config: {key} is given twice", "give each parameter once")
             values[key] = _as_int(key, raw.strip())
         if not values:
             raise SpaceError("--config: no parameters given", "give every space parameter as NAME=VALUE,... (see the space file)")
@@ -82,7 +82,7 @@ def _joined(items: Iterable[tuple[str, object]]) -> str:
 
 def _as_int(name: str, value: object) -> int:
     if isinstance(value, bool):
-        raise SpaceError(f"config: {name}={value!r} is not an integer")
+        raise SpaceError(f"config: {name}={value!r} is not an integer", "give every value as a whole number")
     if isinstance(value, int):
         return value
     if isinstance(value, float) and value.is_integer():
@@ -90,4 +90,5 @@ def _as_int(name: str, value: object) -> int:
     try:
         return int(str(value), 10)
     except ValueError:
-        raise SpaceError(f"config: {name}={value!r} is not an integer") from None
+        raise SpaceError(f"config: {name}={value!r} is not an integer",
+                         "give every value as a whole number") from None

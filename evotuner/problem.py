@@ -48,7 +48,7 @@ class Shape:
         for name in ("batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "heads_kv"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ShapeError(f"shape: {name} must be a positive integer, got {value!r}")
+                raise ShapeError(f"shape: {name} must be a positive integer, got {value!r}", f"give {name}=1 or more")
             if value > INT32_MAX:       # the kernels' shape arguments are int32_t
                 raise ShapeError(f"shape: {name}={value} does not fit the kernels' 32-bit shape arguments",
                                  f"use at most {INT32_MAX}")
@@ -111,13 +111,13 @@ def parse_shape_values(text: str) -> dict[str, int]:
                 "e.g. B=16,H=16,S=2048,D=64 or B=1,H=32,HKV=8,S=4096,D=128",
             )
         if key in values:
-            raise ShapeError(f"--shape: {key} is given twice")
+            raise ShapeError(f"--shape: {key} is given twice", "give each size once")
         try:
             values[key] = int(raw.strip())
         except ValueError:
             raise ShapeError(f"--shape: {key}={raw.strip()!r} is not an integer") from None
     if "S" in values and ({"SQ", "SK"} & values.keys()):
-        raise ShapeError("--shape: give either S or SQ and SK, not both")
+        raise ShapeError("--shape: S and SQ/SK are both given", "give either S (Sq = Sk) or SQ and SK")
     if "S" in values:
         values["SQ"] = values["SK"] = values.pop("S")
     if "HKV" in values and "H" not in values:

@@ -62,7 +62,7 @@ def load_space(path: str | Path | None = None, *, family: str | None = None) -> 
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise SpaceError(f"{where}: cannot read the space file: {exc}") from None
+        raise SpaceError(f"{where}: cannot read the space file: {exc}", "give a UTF-8 TOML space file") from None
     data = parse_toml(text, where)
     if isinstance(data.get("space"), dict) and "base" in data["space"]:
         data, files = narrow(data, text, p)

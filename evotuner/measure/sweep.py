@@ -211,7 +211,8 @@ def read_sweep(path: str | Path) -> SweepTable:
         if not cells:
             continue
         if len(cells) != len(columns):
-            raise ReplayError(f"{path}:{lineno}: {len(cells)} cells, the header has {len(columns)}")
+            raise ReplayError(f"{path}:{lineno}: {len(cells)} cells, the header has {len(columns)}",
+                              "give a whole sweep file as evotuner wrote it (this row is cut short or damaged)")
         row = parse_row(path, lineno, names, cells)
         if row.config in rows:
             raise ReplayError(f"{path}:{lineno}: config {row.config} appears twice")
