@@ -252,7 +252,7 @@ def config_family(config: Mapping[str, int] | KernelConfig | str) -> KernelFamil
     given = ", ".join(sorted(keys))
     if not fits:
         raise SpaceError(f"config: no kernel family takes all of {given} ({listing})",
-                         "use the parameters of one family, or pass family=NAME")
+                         "use the parameters of one family (--space NAME on the command line names its space)")
     raise SpaceError(f"config: {given} name parameters of several families "
                      f"({', '.join(f.name for f in fits)}; {listing})",
                      f"pass family={fits[0].name!r} (--space {fits[0].name} on the command line), "

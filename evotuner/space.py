@@ -57,7 +57,8 @@ def load_space(path: str | Path | None = None, *, family: str | None = None) -> 
     where = str(path)
     p = Path(path)
     if not p.is_file():
-        raise SpaceError(f"{where}: space file not found",
+        what = ("is a folder" if p.is_dir() else "is not a regular file") if p.exists() else "space file not found"
+        raise SpaceError(f"{where}: {what}",
                          "pass an existing .toml file, or omit --space for the packaged default")
     try:
         text = p.read_text(encoding="utf-8")

@@ -218,6 +218,11 @@ def test_loader_errors_name_the_file_and_key(tmp_path, old, new, expected):
 def test_missing_file_is_a_space_error(tmp_path):
     with pytest.raises(SpaceError, match=r"nope\.toml: space file not found"):
         load_space(tmp_path / "nope.toml")
+    (tmp_path / "dir.toml").mkdir()
+    with pytest.raises(SpaceError, match=r"dir\.toml: is a folder"):
+        load_space(tmp_path / "dir.toml")
+    with pytest.raises(SpaceError, match=r"/dev/null: is not a regular file"):
+        load_space("/dev/null")
 
 
 def test_small_fixture_loads(tmp_path):
