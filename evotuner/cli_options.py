@@ -167,8 +167,8 @@ OutputOpt = Annotated[str, typer.Option("--output", "-o", callback=_path_given, 
 ConfigOpt = Annotated[str, typer.Option("--config", help="Kernel config NAME=VALUE,... (every space parameter).")]
 CompileShapeOpt = Annotated[str, typer.Option(
     "--shape", help="The head dim, D=64 (hopper: 64, 96, 128, 192, 256; FlashCore: 32, 64, 96, 128, 256): the "
-                    "only dimension compiled into the kernel; H=..,HKV=.. too for a PACK_GQA=1 config (grouped "
-                    "heads, e.g. H=32,HKV=8,D=128).")]
+                    "only dimension compiled into the kernel; H=..,HKV=.. too for a config that packs grouped "
+                    "query heads (e.g. H=32,HKV=8,D=128).")]
 #: ``compile``'s exit status when the config builds but the ptxas gate rejects it.
 GATE_REJECTED_EXIT = 3
 BenchTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best configs to re-measure.")]
