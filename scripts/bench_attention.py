@@ -45,6 +45,7 @@ from evotuner.runtime import attention as A
 from evotuner.runtime import check as C
 from evotuner.runtime.timing import time_cuda
 from evotuner.tuned import study_bests
+from evotuner.scriptargs import ArgumentParser
 
 #: (B, H, S, D, causal): the issue's standard shapes.
 STANDARD_SHAPES = (
@@ -89,7 +90,7 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", default=[], help="kernel config NAME=V,...; repeatable "
                     "(default: the family's recommended config for the problem, as flash_attention picks it)")
     ap.add_argument("--family", action="append", default=[], help="kernel family; repeatable "

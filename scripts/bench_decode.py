@@ -44,6 +44,7 @@ from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
 from evotuner.runtime.timing import time_eager, time_graph
 from evotuner.tuned import study_bests
+from evotuner.scriptargs import ArgumentParser
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
@@ -173,7 +174,7 @@ def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sq", type=ints, default=[1, 4, 16])
     ap.add_argument("--sk", type=ints, default=[4096, 32768, 131072])
     ap.add_argument("--batch", type=ints, default=[1, 16])

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from evotuner.problem import Problem, Shape
 from evotuner.runtime.timing import time_cuda
+from evotuner.scriptargs import ArgumentParser
 
 SHAPES = ((16, 16, 2048, 64, False), (1, 8, 512, 64, False), (4, 16, 4096, 64, True),
           (8, 16, 2048, 128, False), (4, 32, 4096, 128, True), (1, 32, 8192, 128, False))
@@ -52,13 +53,6 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool, int, int]:
     raise argparse.ArgumentTypeError(f"{text!r} is not B,H,S,D,CAUSAL[,HKV[,SQ]] with positive sizes and H a "
                                      "multiple of HKV (e.g. 4,16,4096,64,1 or 16,32,8192,128,0,8,1)")
 
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse whose usage errors are one line: ``error: <what> (see --help)``, exit status 2."""
-
-    def error(self, message: str):
-        print(f"error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def bench(mod, shape: tuple[int, int, int, int, bool, int, int], dtype: str, args: argparse.Namespace) -> dict | None:
@@ -101,7 +95,7 @@ def load_extension(folder: Path):
 
 
 def main() -> int:
-    ap = OneLineParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--module", required=True, type=Path, help="the build folder holding <module>.so")
     ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL[,HKV[,SQ]]; repeatable")
     ap.add_argument("--dtypes", default="fp16,bf16")

@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from evotuner import childproc
+from evotuner.scriptargs import ArgumentParser
 
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 
@@ -162,7 +163,7 @@ def gpus_in(run: str, per_gpu: dict[str, int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=256)
     ap.add_argument("--shape", default="B=4,H=32,S=4096,D=128")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))

@@ -45,6 +45,7 @@ from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
 from evotuner.runtime import fastpath
 from evotuner.runtime.timing import time_eager, time_graph
+from evotuner.scriptargs import ArgumentParser
 
 #: (B, H, S, D, causal): the six standard shapes, then mid-size ones (8k-64k query rows).
 SHAPES = (
@@ -157,7 +158,7 @@ def bench_shape(shape, dtype: str, args: argparse.Namespace, ext) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL[,HKV]; repeatable")
     ap.add_argument("--set", choices=sorted(SETS), default="standard", help="the shapes when --shapes is not given")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")

@@ -69,6 +69,7 @@ from evotuner.loop import TIMING_KEYS
 from evotuner.measure.base import MeasureOutcome, MeasureStage, PendingMeasure
 from evotuner.measure.racing import DEFAULT_RULE, RaceRule
 from evotuner.problem import Problem, Shape
+from evotuner.scriptargs import ArgumentParser
 
 DEFAULT_SHAPE = "B=16,H=16,S=2048,D=64"
 #: Issue 4's targets, seconds of wall time for a 64-trial study.
@@ -386,7 +387,7 @@ def _gpu_factory(budget_s: float, timeout_s: float) -> Callable[[], MeasureStage
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="bench_tuner.py", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="bench_tuner.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=TARGET_TRIALS, help="trials per study (default 64)")
     p.add_argument("--shape", default=DEFAULT_SHAPE, help=f"problem shape (default {DEFAULT_SHAPE})")
     p.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))

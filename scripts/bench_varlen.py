@@ -37,6 +37,7 @@ import torch.nn.functional as F
 import evotuner
 from evotuner.runtime import check as C
 from evotuner.runtime.timing import time_eager, time_graph
+from evotuner.scriptargs import ArgumentParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_runtime import CALLS  # noqa: E402  -- the eager calls per timing, as bench_runtime's
@@ -62,7 +63,7 @@ def check_packed(out: torch.Tensor, q, k, v, cu: list[int], causal: bool, scale:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--min", type=int, default=128)
     ap.add_argument("--max", type=int, default=8192)

@@ -34,7 +34,6 @@ Exit status 0 on success; 1 with a one-line reason (and remedy) otherwise.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -55,6 +54,7 @@ from evotuner.compiler.nvcc import find_nvcc, probe, run
 from evotuner.errors import BuildError, EvotunerError
 from evotuner.header import HeaderInfo, read_header, row_instantiation
 from evotuner.kernels.hopper.params import HOPPER_META
+from evotuner.scriptargs import ArgumentParser
 
 #: The family-independent pieces every production extension shares (ext_common.cuh: the row
 #: launchers' helpers; ext_binding.h: the torch bindings'). A family's own pieces (binding, row
@@ -306,7 +306,7 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--header", required=True, type=Path, help="the header written by `evotuner export`")
     ap.add_argument("--output", required=True, type=Path, help="folder to build into (created)")
     ap.add_argument("--family", default="flashcore",

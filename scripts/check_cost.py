@@ -13,7 +13,6 @@ Needs a GPU.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from evotuner.measure.worker_tools import ragged_problem
 from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
+from evotuner.scriptargs import ArgumentParser
 
 
 def _ms(fn: Callable[[], Any], rounds: int) -> float:
@@ -41,7 +41,7 @@ def _ms(fn: Callable[[], Any], rounds: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="B=4,H=32,S=4096,D=128")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     ap.add_argument("--causal", action="store_true")

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 from evotuner import spacelimits  # noqa: E402
 from evotuner.problem import Problem, Shape  # noqa: E402
 from evotuner.space import load_space  # noqa: E402
+from evotuner.scriptargs import ArgumentParser
 
 SPLITS = """
 [params.SPLITS]
@@ -90,7 +91,7 @@ def best_of(repeat: int, fn) -> tuple[float, float, object]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--no-reference", action="store_true", help="skip the per-config interpreter path")
     args = ap.parse_args()

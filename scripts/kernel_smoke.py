@@ -37,6 +37,7 @@ from evotuner.defaults import recommended
 from evotuner.gate import apply_gate
 from evotuner.problem import Problem, Shape
 from evotuner.space import load_space
+from evotuner.scriptargs import ArgumentParser
 
 FAMILY = "flashcore"
 CHECK_SHAPES = [(1, 1, 1, 1), (2, 3, 17, 17), (1, 2, 97, 200), (2, 2, 200, 97), (1, 2, 513, 513),
@@ -226,7 +227,7 @@ def _sdpa(backend, q, k, v, causal):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=Path("."), help="smoke.log, ptxas.json, timing.json go here")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-faults", action="store_true")

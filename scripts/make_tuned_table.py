@@ -15,13 +15,13 @@ refresh it. Exit status 1 with a one-line reason when no study qualifies.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
 from evotuner import tuned
 from evotuner.errors import EvotunerError
+from evotuner.scriptargs import ArgumentParser
 
 
 def _toml_str(text: str) -> str:
@@ -44,7 +44,7 @@ def render(rows: list[tuned.TunedRow], source: str, device: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--storage", required=True, help="the study database (URL or SQLite path)")
     ap.add_argument("--family", required=True, help="the kernel family whose studies make the table")
     ap.add_argument("--device", required=True, help="the GPU model name the studies were measured on")

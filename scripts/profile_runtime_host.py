@@ -8,7 +8,6 @@ SDPA's. A tool for working on the runtime; scripts/bench_runtime.py gives the us
 
 from __future__ import annotations
 
-import argparse
 import sys
 import timeit
 
@@ -18,10 +17,11 @@ import torch.nn.functional as F
 import evotuner
 from evotuner.runtime import attention as A
 from evotuner.runtime import cuda
+from evotuner.scriptargs import ArgumentParser
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="1,8,512,64,0")
     ap.add_argument("--number", type=int, default=2000)
     args = ap.parse_args()

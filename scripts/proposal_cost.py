@@ -35,7 +35,6 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import argparse
 import json
 import statistics
 import sys
@@ -47,6 +46,8 @@ from typing import Any
 
 import optuna
 from optuna.samplers import BaseSampler
+
+from evotuner.scriptargs import ArgumentParser
 
 
 class TimedSampler(BaseSampler):
@@ -170,7 +171,7 @@ def summarize(sampler: TimedSampler, finished: dict[int, float], lo: int, hi: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep", type=Path, help="a recorded sweep CSV (scripts/sweep.py)")
     ap.add_argument("--space", default=None, help="the space the sweep was made with (default: packaged)")
     ap.add_argument("--sampler", default="guided")

@@ -39,6 +39,8 @@ import time
 import numpy as np
 import optuna
 
+from evotuner.scriptargs import ArgumentParser
+
 
 def proposals(space, problem, estimate, related, trials: int, seed: int) -> list[float]:
     """Seconds per proposal of ``trials`` guided proposals, each told its noisy estimate."""
@@ -62,7 +64,7 @@ def proposals(space, problem, estimate, related, trials: int, seed: int) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--storage", help="the study database (a SQLAlchemy URL)")
     ap.add_argument("--study", help="the study whose problem and space are used")
     ap.add_argument("--shape", help="instead of a study: this problem (B=..,H=..,[HKV=..,]S=..,D=..), cold")

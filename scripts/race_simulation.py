@@ -26,7 +26,6 @@ with the same marginal quantiles.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import glob
 import json
@@ -39,6 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from evotuner.measure.racing import DEFAULT_RULE, RaceRule
+from evotuner.scriptargs import ArgumentParser
 
 #: The standard normal's 80% point: p80 = median + Z80 * sigma_hi for a split normal.
 Z80 = 0.8416212335729143
@@ -158,7 +158,7 @@ def top(recorded: Sequence[Recorded], n: int) -> list[Recorded]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="race_simulation.py", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="race_simulation.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--sweeps", default="tests/data/sweep_h100_*.csv")
     p.add_argument("--orders", type=int, default=20)
     p.add_argument("--rho", type=float, default=0.0)

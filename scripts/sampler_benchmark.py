@@ -55,7 +55,6 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import argparse
 import json
 import math
 import statistics
@@ -68,6 +67,8 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+
+from evotuner.scriptargs import ArgumentParser
 
 TARGET = 1.02
 BUDGETS = (0.10, 0.25, 0.50)
@@ -351,7 +352,7 @@ def plot(runs: dict[str, list[Run]], results: dict[str, Any], output: Path) -> P
 def main(argv: list[str] | None = None) -> int:
     from evotuner.propose import SAMPLERS
 
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweeps", nargs="+", help="sweep CSVs (scripts/sweep.py)")
     ap.add_argument("--samplers", default=",".join(SAMPLERS),
                     help=f"comma-separated, default {','.join(SAMPLERS)}; variants: tpe:startup=N, nsga2:pop=N")

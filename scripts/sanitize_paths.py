@@ -18,7 +18,6 @@ reference so a silent wrong result fails too. Exit status 0 when every output is
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 
@@ -26,6 +25,7 @@ import torch
 
 import evotuner
 from evotuner.runtime import check as C
+from evotuner.scriptargs import ArgumentParser
 
 #: (family, B, H, HKV, Sq, Sk, D, causal)
 CASES = (
@@ -129,7 +129,7 @@ def _dense(family: str | None, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=("all", *GROUPS), default="all")
     ap.add_argument("--case", action="append", default=[], metavar="B,H,HKV,SQ,SK,D,CAUSAL,CONFIG",
                     help="run only this hopper case (CONFIG: 'NAME=value,...', or '-' for the recommended one); "

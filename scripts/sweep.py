@@ -62,6 +62,7 @@ from evotuner.measure.sweep import (
     write_sweep,
 )
 from evotuner.problem import Problem, Shape
+from evotuner.scriptargs import ArgumentParser
 
 
 @dataclass
@@ -287,7 +288,7 @@ def prefetch(space: Any, job: SweepJob, builder: Any, fresh: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", help="B=16,H=16,S=2048,D=64")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     ap.add_argument("--causal", action="store_true")

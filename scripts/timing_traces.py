@@ -18,7 +18,6 @@ passes: [[µs, ...], ...], clocks_mhz: [SM clock after each pass's timing, ...]}
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -34,6 +33,7 @@ from evotuner.measure.sweep import read_sweep
 from evotuner.runtime import timing
 from evotuner.runtime.check import make_inputs
 from evotuner.runtime.loader import KernelModule
+from evotuner.scriptargs import ArgumentParser
 
 
 def pick(rows: list, top: int, spread: int) -> list:
@@ -56,7 +56,7 @@ def _sm_clock() -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sweep", default="tests/data/sweep_h100_hopper_d128_causal.csv")
     ap.add_argument("--top", type=int, default=24)
     ap.add_argument("--spread", type=int, default=8)

@@ -30,7 +30,6 @@ within 15% of the first sweep's optimum, with the similarity evotuner.transfer a
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import shutil
@@ -42,6 +41,8 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+
+from evotuner.scriptargs import ArgumentParser
 
 TARGET = 1.02
 
@@ -184,7 +185,7 @@ def _rank_correlation(a: list[float], b: list[float]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweeps", nargs="+", help="sweep CSVs of one space (at least 2)")
     ap.add_argument("--space", required=True, help="the space the sweeps were recorded with")
     ap.add_argument("--seeds", type=int, default=10)

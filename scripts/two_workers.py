@@ -29,6 +29,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from evotuner.storage import StudyStore
+from evotuner.scriptargs import ArgumentParser
 
 STUDY = "two-workers"
 
@@ -73,7 +74,7 @@ def check(storage: str, trials: int) -> list[str]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=24)
     ap.add_argument("--shape", default="B=16,H=16,S=2048,D=64")
     ap.add_argument("--workdir", type=Path, default=None)
