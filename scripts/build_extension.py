@@ -266,21 +266,19 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
     start = time.monotonic()
     header = Path(header).resolve()
     check_family(family)
-    if family not in KINDS and family != "flashcore":
-        raise EvotunerError(f"--family {family!r}: no production extension for it",
-                            f"use one of {', '.join(sorted({'flashcore', *KINDS}))}")
     for what, seconds in (("--row-timeout", row_timeout_s), ("--torch-timeout", torch_timeout_s)):
         if not (math.isfinite(seconds) and seconds >= 1):
             raise EvotunerError(f"{what} {seconds}: not a number of seconds of at least 1", f"give e.g. {what} 600")
     if jobs is not None and jobs < 1:
         raise EvotunerError(f"--jobs {jobs}: must be at least 1", "give a positive number, or leave it out (CPU count)")
     kind = extension_kind(family)
-    info = read_header(header, kind.prefix)
     root = (kernels_root or _kernels_root()).resolve()
     inc = [*(Path(p).resolve() for p in includes), root]
-    if not any((p / family / "instantiate.cuh").is_file() for p in inc):
+    if not any((p / family / "instantiate.cuh").is_file() for p in inc):   # an unknown --family too
         raise EvotunerError(f"kernel family {family!r}: no {family}/instantiate.cuh under {', '.join(map(str, inc))}",
-                            "pass --kernels-root (the folder holding <family>/instantiate.cuh)")
+                            "pass --family flashcore or hopper, or --kernels-root (the folder holding "
+                            "<family>/instantiate.cuh)")
+    info = read_header(header, kind.prefix)
     out = Path(output).resolve()
     if out.exists() and not out.is_dir():
         raise EvotunerError(f"--output {out} exists and is not a folder", "give a folder to build into")
