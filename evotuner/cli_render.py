@@ -144,8 +144,7 @@ class SearchView:
         if result.new_trials and result.timings:
             self._log(_time_split(result))
         print_lines(_top_table(summary, 10, dict(summary.baselines or self.baselines or {}), space))
-        timed = sum(1 for t in summary.trials
-                    if t.state == "COMPLETE" and t.value is not None and t.duplicate_of is None)
+        timed = len(_timed_trials(summary))
         if result.new_trials and timed > 1:
             # the best is a selection: the fastest of many timings, each of which moves between runs
             self._log(f"the best's µs is the fastest of {timed} timings, and one config's timing moves up to ~10% "
@@ -209,12 +208,15 @@ def decoded_json(summary: Any, space: Any) -> dict[str, Any]:
     return data
 
 
+def _timed_trials(summary: Any) -> list[Any]:
+    """The study's trials with a timing of their own (COMPLETE, a value, not a duplicate)."""
+    return [t for t in summary.trials if t.state == "COMPLETE" and t.value is not None and t.duplicate_of is None]
+
+
 def _top_table(summary: Any, top: int, baselines: dict[str, float | None], space: Any = None) -> list[Text]:
     """The best trials: one column per parameter under its fixed short header, the figures, the
     legend. A parameter the space allows one value of gets no column: the legend names its value."""
-    done = sorted((t for t in summary.trials
-                   if t.state == "COMPLETE" and t.value is not None and t.duplicate_of is None),
-                  key=lambda t: t.value)[:top]
+    done = sorted(_timed_trials(summary), key=lambda t: t.value)[:top]
     configs = [_config_values(t, space) for t in done]
     fixed = {p.name: p.values[0] for p in space.params if len(p.values) == 1} if space is not None else {}
     names = [n for n in columns.param_names(configs, tuple(space.names) if space is not None else ())

@@ -36,7 +36,11 @@ def _family(family: KernelFamily | str | None) -> KernelFamily:
 
 def header_families(path: Path) -> tuple[str, ...]:
     """The registered families that have a section in the header at ``path``."""
-    text = Path(path).read_text(encoding="utf-8")
+    return _sections(Path(path).read_text(encoding="utf-8"))
+
+
+def _sections(text: str) -> tuple[str, ...]:
+    """The registered families with a ``<T>_COUNT`` macro in a header's text."""
     return tuple(f.name for f in families()
                  if re.search(rf"^#define\s+{re.escape(f.export_macro_prefix)}_COUNT\s+\d+\s*$", text, re.M))
 
@@ -61,8 +65,7 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
                           "give the header written by `evotuner export`") from None
     count, arch = count_macro.search(text), arch_macro.search(text)
     if count is None or arch is None:
-        others = [f.name for f in families() if f.name != fam.name
-                  and re.search(rf"^#define\s+{re.escape(f.export_macro_prefix)}_COUNT\s+\d+\s*$", text, re.M)]
+        others = [name for name in _sections(text) if name != fam.name]
         raise ExportError(f"header {path}: no {T}_COUNT / {T}_ARCH (no {fam.name} section"
                           + (f"; it has a {' and a '.join(others)} section)" if others else ")"),
                           f"pass --family {others[0]}" if others else "give the header written by `evotuner export`")

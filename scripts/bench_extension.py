@@ -54,7 +54,6 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool, int, int]:
                                      "multiple of HKV (e.g. 4,16,4096,64,1 or 16,32,8192,128,0,8,1)")
 
 
-
 def bench(mod, shape: tuple[int, int, int, int, bool, int, int], dtype: str, args: argparse.Namespace) -> dict | None:
     B, H, S, D, causal, Hkv, Sq = shape
     row = mod.select(D, dtype, causal, S)

@@ -96,10 +96,10 @@ def time_cuda(fn: Callable[[], object] | Sequence[Callable[[], object]], *, warm
     Paired racing: with ``pair`` (the incumbent's call), the repetitions of every chunk
     ending at or below ``pair_reps`` alternate with repetitions of ``pair`` (which one goes
     first is a coin flip per pair, :data:`PAIR_ORDER_SEED`), each with its own flush, lead
-    and events, so both are timed at the same clocks; ``stop`` is then called as ``stop(samples, pair_samples)``, and the
-    repetitions past ``pair_reps`` run alone. Only chunks a look follows are paired (a
-    budget of fewer repetitions than the first look pairs none). ``pair`` is warmed up beside
-    ``fn``. ``Timing.pair_samples_us`` holds ``pair``'s; the median and percentiles are the
+    and events, so both are timed at the same clocks; ``stop`` is then called as
+    ``stop(samples, pair_samples)``, and the repetitions past ``pair_reps`` run alone. Only
+    chunks a look follows are paired (a budget of fewer repetitions than the first look pairs
+    none). ``pair`` is warmed up beside ``fn``. ``Timing.pair_samples_us`` holds ``pair``'s; the median and percentiles are the
     config's own, over its repetitions timed alone where those are at least half of them
     (``samples_us`` keeps all).
 
