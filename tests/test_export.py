@@ -704,9 +704,10 @@ x = torch.randn(2, 300, 4, 64, device="cuda", dtype=torch.float16).transpose(1, 
 o = f.attention(x, x, x, False, None)
 ref = F.scaled_dot_product_attention(x.float(), x.float(), x.float())
 assert (o.float() - ref).abs().max().item() < 2e-3
-for B, H, HKV, Sq, Sk, bshd in ((2, 8, 2, 1000, 1000, False), (1, 12, 4, 300, 777, False), (3, 4, 1, 1, 300, False),
-                                (2, 8, 2, 500, 500, True)):
-    assert f.select(128, "bf16", False, Sk) == 3
+
+def grouped(B, H, HKV, Sq, Sk, bshd):
+    # fresh bf16 q, k, v at D=128 ([B,S,H,D] storage seen as [B,H,S,D] when bshd), run non-causal
+    # with scale 0.1 and checked against fp32 SDPA; returns them
     shapes = ((B, Sq, H, 128), (B, Sk, HKV, 128), (B, Sk, HKV, 128)) if bshd else \
         ((B, H, Sq, 128), (B, HKV, Sk, 128), (B, HKV, Sk, 128))
     q, k, v = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in shapes)
@@ -716,6 +717,12 @@ for B, H, HKV, Sq, Sk, bshd in ((2, 8, 2, 1000, 1000, False), (1, 12, 4, 300, 77
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
     err = (o.float() - ref).abs().max().item()
     assert err < 2e-2, (B, H, HKV, Sq, Sk, bshd, err)
+    return q, k, v
+
+for B, H, HKV, Sq, Sk, bshd in ((2, 8, 2, 1000, 1000, False), (1, 12, 4, 300, 777, False), (3, 4, 1, 1, 300, False),
+                                (2, 8, 2, 500, 500, True)):
+    assert f.select(128, "bf16", False, Sk) == 3
+    q, k, v = grouped(B, H, HKV, Sq, Sk, bshd)
     p = f.plan(q, k, v, False, 0.1)   # packed where the layout allows it: [B,H,S,D], or one query row
     packed = HKV < H and (not bshd or Sq == 1)
     assert p["row"] == 3 and p["launches"] and p["packed"] == packed and p["splits"] == 1, (B, H, HKV, Sq, bshd, p)
@@ -724,16 +731,8 @@ for B, H, HKV, Sq, Sk, bshd in ((2, 8, 2, 1000, 1000, False), (1, 12, 4, 300, 77
 for B, H, HKV, Sq, Sk, bshd in ((1, 8, 2, 1, 8000, False), (2, 4, 4, 37, 2100, False), (1, 8, 1, 3, 5000, False),
                                 (2, 8, 2, 5, 7000, True), (1, 2, 2, 300, 4100, False), (3, 4, 2, 1, 2049, False)):
     assert f.select(128, "bf16", False, Sk) == 4
-    shapes = ((B, Sq, H, 128), (B, Sk, HKV, 128), (B, Sk, HKV, 128)) if bshd else \
-        ((B, H, Sq, 128), (B, HKV, Sk, 128), (B, HKV, Sk, 128))
     for _ in range(2):   # fresh inputs, the same scratch sizes
-        q, k, v = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in shapes)
-        if bshd:
-            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-        o = f.attention(q, k, v, False, 0.1)
-        ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
-        err = (o.float() - ref).abs().max().item()
-        assert err < 2e-2, ("split", B, H, HKV, Sq, Sk, bshd, err)
+        q, k, v = grouped(B, H, HKV, Sq, Sk, bshd)
     p = f.plan(q, k, v, False, 0.1)
     assert p["row"] == 4 and p["splits"] == 8 and p["scratch_bytes"] > 0 and p["grid"][0] % 8 == 0, p
     assert p["packed"] == (HKV < H and (not bshd or Sq == 1)), (B, H, HKV, Sq, bshd, p)
@@ -750,6 +749,9 @@ for _ in range(3):
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
     err = (o.float() - ref).abs().max().item()
     assert err < 2e-2, ("split in a graph", err)
+x = torch.randn(1, 3, 513, 64, device="cuda", dtype=torch.float16)   # row 1: SCHED 2, a 4-byte tile counter per call
+p = f.plan(x, x, x, True, None)
+assert (p["row"], p["sched"], p["splits"], p["scratch_bytes"]) == (1, 2, 1, 4), p
 empty = torch.randn(0, 4, 8, 64, device="cuda", dtype=torch.float16)
 assert f.plan(empty, empty, empty, False, None) == {"row": 0, "kernel": "hopper_fwd_0", "launches": False}
 bad = torch.randn(1, 2, 64, 68, device="cuda", dtype=torch.float16)[..., :64]        # row stride 68

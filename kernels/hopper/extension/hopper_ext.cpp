@@ -35,10 +35,10 @@ using evotuner_ext::n;
 constexpr const char kModule[] = "hopper_ext";
 constexpr int kErrLen = 512;
 
-// A split-KV row's scratch (HopperExtArgs::scratch): a fresh buffer from torch's caching
-// allocator on the caller's stream (the launcher clears its counters there), alive until
-// attention returns (the launch is queued by then; the allocator reuses the block in stream
-// order).
+// A row's per-call memory (HopperExtArgs::scratch: SCHED 2's tile counter, split-KV's
+// scratch): a fresh buffer from torch's caching allocator on the caller's stream (the launcher
+// clears its counters there), alive until the launch is queued (the allocator then reuses the
+// block in stream order).
 struct Scratch {
     torch::TensorOptions options;
     torch::Tensor buffer;
@@ -100,28 +100,23 @@ Call prepare(const char* fn, const torch::Tensor& q, const torch::Tensor& k, con
     return c;
 }
 
+// Hand the call to its row's launcher (which launches, or with c.a.plan describes the launch),
+// with per-call memory from torch on the caller's stream; a failure is the row's error.
+void run_row(const char* fn, Call& c, const torch::Tensor& q) {
+    Scratch scratch{q.options().dtype(torch::kUInt8), {}, {}};
+    c.a.scratch = &allocate_scratch;
+    c.a.scratch_ctx = &scratch;
+    const int device = q.get_device();
+    char err[kErrLen] = {0};
+    const int rc = kLaunchers[c.index](&c.a, evotuner_ext::current_stream(device), device, err, kErrLen);
+    TORCH_CHECK(rc == 0, fn, ": row ", n(c.index), ": ", std::string(err),
+                scratch.error.empty() ? "" : " (", scratch.error, scratch.error.empty() ? "" : ")");
+}
+
 torch::Tensor attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, bool causal,
                         std::optional<double> scale) {
     Call c = prepare("hopper_ext.attention", q, k, v, causal, scale);
-    if (!c.launches) return c.o;
-    HopperExtArgs& a = c.a;
-    // SCHED 2 hands out tiles from a counter that must be 0 at launch: a fresh zeroed int32 on
-    // the caller's stream (ordered before the launch; safe with several streams in flight).
-    torch::Tensor counter;
-    if (tuned::kConfigs[c.index].sched == 2) {
-        counter = torch::zeros({1}, q.options().dtype(torch::kInt32));
-        a.tile_counter = counter.data_ptr<int32_t>();
-    }
-
-    Scratch scratch{q.options().dtype(torch::kUInt8), {}, {}};
-    a.scratch = &allocate_scratch;
-    a.scratch_ctx = &scratch;
-
-    const int device = q.get_device();
-    char err[kErrLen] = {0};
-    const int rc = kLaunchers[c.index](&a, evotuner_ext::current_stream(device), device, err, kErrLen);
-    TORCH_CHECK(rc == 0, "hopper_ext.attention: row ", n(c.index), ": ", std::string(err),
-                scratch.error.empty() ? "" : " (", scratch.error, scratch.error.empty() ? "" : ")");
+    if (c.launches) run_row("hopper_ext.attention", c, q);
     return c.o;
 }
 
@@ -136,10 +131,7 @@ pybind11::dict plan(const torch::Tensor& q, const torch::Tensor& k, const torch:
     if (!c.launches) return out;
     HopperExtPlan pl{};
     c.a.plan = &pl;
-    const int device = q.get_device();
-    char err[kErrLen] = {0};
-    const int rc = kLaunchers[c.index](&c.a, evotuner_ext::current_stream(device), device, err, kErrLen);
-    TORCH_CHECK(rc == 0, "hopper_ext.plan: row ", n(c.index), ": ", std::string(err));
+    run_row("hopper_ext.plan", c, q);
     out["grid"] = pybind11::make_tuple(pl.grid[0], pl.grid[1], pl.grid[2]);
     out["block"] = pl.block;
     out["smem_bytes"] = pl.smem_bytes;
@@ -161,7 +153,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("plan", &plan,
           "how attention(q, k, v, causal, scale) launches, checked as it checks its inputs, nothing queued: "
           "row, kernel, launches, grid, block, smem_bytes, sched, splits, packed (grouped query heads as one head "
-          "per K/V head), heads and seqlen_q of the launch, scratch_bytes",
+          "per K/V head), heads and seqlen_q of the launch, scratch_bytes (its per-call memory)",
           pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("causal") = false,
           pybind11::arg("scale") = pybind11::none());
 }

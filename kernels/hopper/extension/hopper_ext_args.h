@@ -14,7 +14,7 @@ struct HopperExtPlan {
     int32_t packed;            // 1: grouped query heads packed, one K/V head's as one head
     int32_t heads;             // the launch's heads and query rows per head (packed: K/V heads, group*Sq)
     int32_t seqlen_q;
-    int64_t scratch_bytes;     // split-KV scratch the launch takes (0: none)
+    int64_t scratch_bytes;     // per-call memory the launch takes (split-KV scratch, SCHED 2's counter; 0: none)
 };
 
 struct HopperExtArgs {
@@ -31,11 +31,10 @@ struct HopperExtArgs {
     int32_t heads_kv;             // heads of k and v: heads, or a divisor of it (GQA/MQA)
     int32_t dtype;                // 0 fp16, 1 bf16
     float scale_log2;             // softmax scale * log2(e)
-    int32_t* tile_counter;        // SCHED 2 rows: a device int32 that is 0 at launch, zeroed on the launch stream
-    // Split-KV rows (SPLITS > 1): the launcher asks for `bytes` of device memory, allocated in
-    // the launch stream's order and kept alive by the binding until the launch is queued (the
-    // launcher clears the counters in it on that stream); nullptr when that failed (the binding
-    // holds why).
+    // Per-call device memory for SCHED 2's tile counter and split-KV's scratch: the launcher asks
+    // for `bytes`, allocated in the launch stream's order and kept alive by the binding until the
+    // launch is queued, and clears the counters in it on that stream; nullptr when the allocation
+    // failed (the binding holds why).
     void* (*scratch)(void* ctx, int64_t bytes);
     void* scratch_ctx;
     // Non-null: check the call and describe its launch here, queueing nothing (no scratch taken).
