@@ -48,8 +48,8 @@ def test_d96_is_a_hopper_problem_searched_in_its_own_space():
         assert HOPPER.space_for(prob).name == "hopper_d96.toml", prob
         assert not uses_split_space(prob)                       # no split-KV space at D=96
     assert SPACE.name == "hopper_d96" and SPACE.kernel == "hopper"
-    # hopper.toml's knobs but cross-tile pipelining (listed [0] there, not searched)
-    assert set(SPACE.names) == set(load_space(HOPPER.default_space()).names) - {"TILE_OVERLAP"}
+    # hopper.toml's knobs but cross-tile pipelining and Q in registers (listed [0] there, not searched)
+    assert set(SPACE.names) == set(load_space(HOPPER.default_space()).names) - {"TILE_OVERLAP", "Q_IN_REGS"}
     feasible = [c for c in SPACE.configs() if SPACE.violated(c, _problem()) is None]
     assert 1000 <= len(feasible) <= 20000
     # the space is D=96's only: other head dims are refused naming it

@@ -70,7 +70,8 @@ RECOMMENDED = [(d, dt, c, s) for d in HOPPER.head_dims for dt in DTYPES for c in
 def test_space_loads_and_names_the_family():
     assert SPACE.kernel == "hopper" and SPACE.arch == "sm_90a"
     assert set(SPACE.names) == {"BLOCK_N", "CONSUMER_WGS", "STAGES", "REG_PROD", "REG_CONS", "OVERLAP", "PINGPONG",
-                                "SCHED", "RESCALE_LOG2", "EXP_EMU", "CTAS_PER_SM", "CLUSTER", "PACK_GQA", "TILE_OVERLAP"}
+                                "SCHED", "RESCALE_LOG2", "EXP_EMU", "CTAS_PER_SM", "CLUSTER", "PACK_GQA", "TILE_OVERLAP",
+                                "Q_IN_REGS"}
     feasible = [c for c in SPACE.configs() if SPACE.violated(c, _problem(64)) is None]
     assert 1000 <= len(feasible) <= 20000
 
@@ -242,6 +243,43 @@ def test_three_warpgroups_at_d256_are_refused_since_ptxas_cannot_build_them(buil
                          _problem(256)) is None
     result = builder.submit(cfg, _problem(256)).result()
     assert not result.ok and "C7602" in (result.error or ""), result.error
+
+
+@needs_nvcc
+def test_q_in_registers_builds_clean_at_two_warpgroups_and_is_refused_at_three(builder, tmp_path):
+    """Q_IN_REGS=1: at two warpgroups (D=64, 96, 128) the build passes the gate (no spill) and
+    S = Q K^T is an RS-wgmma over K-major K (trans-b 0) fed by ldmatrix; the constraint
+    `q_in_regs` refuses three warpgroups, and the reason holds (ptxas spills there)."""
+    from evotuner.config import KernelConfig
+
+    two = dict(BLOCK_N=128, CONSUMER_WGS=2, STAGES=2, REG_PROD=24, REG_CONS=240, OVERLAP=1, PINGPONG=1, SCHED=2,
+               RESCALE_LOG2=8, EXP_EMU=0, TILE_OVERLAP=1, Q_IN_REGS=1)
+    three = {**two, "BLOCK_N": 80, "CONSUMER_WGS": 3, "REG_CONS": 160}
+    text = HOPPER.default_space().read_text(encoding="utf-8")   # the shipped space, Q_IN_REGS searched
+    listed = "[params.Q_IN_REGS]\nvalues = [0]\n"
+    assert listed in text
+    tiles = "[params.BLOCK_N]\nvalues = [64, 80, 96, 112, 128, 144, 160, 176, 192]\n"   # (under the size limit)
+    assert tiles in text
+    text = text.replace(tiles, "[params.BLOCK_N]\nvalues = [80, 128]\n")
+    (tmp_path / "hopper_q.toml").write_text(text.replace(listed, "[params.Q_IN_REGS]\nvalues = [0, 1]\n"))
+    space = load_space(tmp_path / "hopper_q.toml")
+    cfg2, cfg3 = space.complete(KernelConfig.of(two)), space.complete(KernelConfig.of(three))
+    assert space.violated(cfg2, _problem(128)) is None
+    violated = space.violated(cfg3, _problem(128))
+    assert violated is not None and violated.name == "q_in_regs", violated
+    jobs = [(d, builder.submit(cfg2, _problem(d))) for d in (64, 96, 128)]
+    spilled = builder.submit(cfg3, _problem(128))
+    for d, fut in jobs:
+        result = fut.result()
+        assert result.ok, (d, result.error)
+        gate = apply_gate(result, space.gate, family=HOPPER)
+        assert gate.passed, (d, gate.reason)
+    ptx = hopper_ptx(tmp_path, **two)
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.f16\.f16 \{[^}]*\}, \{[^}]*\}, %rd\d+, p, 1, 1, 0;",
+                     ptx), "S = Q K^T is not an RS-wgmma over K-major K"
+    assert "ldmatrix.sync.aligned.m8n8.x4.shared.b16" in ptx
+    report = parse_ptxas(spilled.result().ptxas_log, HOPPER.entry)
+    assert report.spill_stores > 0, report
 
 
 @needs_nvcc

@@ -29,6 +29,7 @@ struct Consumer {
     int kv;           // K/V ring iteration of this tile's first block
 
     float o[T::kORegs];
+    uint32_t qr[T::kQRegs];   // Q_IN_REGS: this warpgroup's Q as wgmma A fragments (load_q)
     float m[2];     // running row max, raw score units (rows r and r+8 of this thread)
     float l[2];     // thread-partial row sums
     float ms[2];    // m * scale_log2 with -inf replaced by 0
@@ -38,6 +39,25 @@ struct Consumer {
         q_base = sm.q + g * 64 * 128;
         o_base = (T::kPersistent ? sm.o : sm.q) + g * 64 * 128;
         kv = 0;
+    }
+
+    // Q_IN_REGS: this warpgroup's 64 rows of Q (the tile at q_base, landed) into qr, the A
+    // fragments of S = Q K^T's k16 steps. ldmatrix.x4 per step: lane l gives row 16*warp + l%16,
+    // 16-byte chunk 2*(step%4) + l/16 of panel step/4, stored at chunk ^ (row%8) (128B swizzle;
+    // the slab starts 1024-B aligned); matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15) come back as
+    // a0..a3 in wgmma's A order. D=96: panel 1's zero-filled columns are never read.
+    __device__ __forceinline__ void load_q() {
+        if constexpr (T::kQInRegs) {
+            const int r = warp * 16 + (lane & 15);
+#pragma unroll
+            for (int j = 0; j < T::kKStepsQK; ++j) {
+                const int chunk = 2 * (j % 4) + (lane >> 4);
+                uint32_t f[4];
+                ldmatrix_x4(q_base + (j / 4) * T::kBlockM * 128 + r * 128 + ((chunk ^ (r & 7)) << 4), f);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) qr[4 * j + i] = f[i];
+            }
+        }
     }
 
     __device__ __forceinline__ void issue_qk(float (&s)[T::kSRegs], int stage) {
@@ -50,9 +70,14 @@ struct Consumer {
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < T::kKStepsQK; ++j) {
-            const uint64_t da = da0 + static_cast<uint64_t>(((j / 4) * T::kBlockM * 128 + (j % 4) * 32) >> 4);
             const uint64_t db = db0 + static_cast<uint64_t>(((j / 4) * BN * 128 + (j % 4) * 32) >> 4);
-            Wgmma<BN, DT>::ss(s, da, db, j > 0 ? 1 : 0);
+            if constexpr (T::kQInRegs) {
+                const uint32_t a[4] = {qr[4 * j], qr[4 * j + 1], qr[4 * j + 2], qr[4 * j + 3]};
+                Wgmma<BN, DT>::rsk(s, a, db, j > 0 ? 1 : 0);
+            } else {
+                const uint64_t da = da0 + static_cast<uint64_t>(((j / 4) * T::kBlockM * 128 + (j % 4) * 32) >> 4);
+                Wgmma<BN, DT>::ss(s, da, db, j > 0 ? 1 : 0);
+            }
         }
         wgmma_commit();
         pin(s);
@@ -256,6 +281,7 @@ struct Consumer {
         float s[T::kSRegs];
         uint32_t pr[T::kPRegs];
         float corr[2];
+        load_q();
         const int nb = t.n_blocks;
         // Iterations on blocks n >= n_unmasked (the first ones: blocks run downwards).
         const int n_masked_iters = T::kSplit ? min(nb, max(0, t.n_top - max(t.n_unmasked, t.n_top - nb)))

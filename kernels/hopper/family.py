@@ -76,9 +76,9 @@ class Hopper(KernelFamily):
     dtypes = ("fp16", "bf16")
     min_blocks_label = "blocks per SM (__launch_bounds__) "
     # split-KV, GQA query-head packing, two CTAs per SM, CTA pairs sharing K/V loads,
-    # cross-tile pipelining; the kernel's defaults: off (a config recorded before a knob
+    # cross-tile pipelining, Q in registers; the kernel's defaults: off (a config recorded before a knob
     # existed reads as the default)
-    optional_params = {"SPLITS": 1, "PACK_GQA": 0, "CTAS_PER_SM": 1, "CLUSTER": 1, "TILE_OVERLAP": 0}
+    optional_params = {"SPLITS": 1, "PACK_GQA": 0, "CTAS_PER_SM": 1, "CLUSTER": 1, "TILE_OVERLAP": 0, "Q_IN_REGS": 0}
     export_namespace = "hopper::tuned"
     export_macro_prefix = "HOPPER_TUNED"
 

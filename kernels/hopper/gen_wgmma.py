@@ -3,6 +3,7 @@
 PTX needs the N/2 accumulator operands spelled out, so the wrappers are generated:
   hopper::Wgmma<N, DT>::ss(d, desc_a, desc_b, scale_d)   // A and B from shared memory (K-major both)
   hopper::Wgmma<N, DT>::rs(d, a, desc_b, scale_d)                  // A from registers, B MN-major (trans-b = 1)
+  hopper::Wgmma<N, DT>::rsk(d, a, desc_b, scale_d)                 // A from registers, B K-major (trans-b = 0)
 DT 0 = fp16, 1 = bf16; N = 16..256 step 16; fp32 accumulators d[N/2].
 Run: python3 kernels/hopper/gen_wgmma.py  (tests/test_hopper_family.py checks that the shipped
 wgmma.cuh is what it writes).
@@ -37,14 +38,15 @@ def generate() -> str:
             lines.append(f'        : {dops}')
             lines.append('        : "l"(da), "l"(db), "r"(scale_d));')
             lines.append("  }")
-            # RS
-            lines.append(f"  static __device__ __forceinline__ void rs(float (&d)[{r}], const uint32_t (&a)[4], uint64_t db, int scale_d) {{")
-            lines.append('    asm volatile("{\\n.reg .pred p;\\n"')
-            lines.append(f'        "setp.ne.b32 p, %{r + 5}, 0;\\n"')
-            lines.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{tn}.{tn} {{{dlist}}}, {{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, 1;\\n}}\\n"')
-            lines.append(f'        : {dops}')
-            lines.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));')
-            lines.append("  }")
+            # RS: B MN-major (rs, trans-b 1: V of O += P V) or K-major (rsk, trans-b 0: K of S = Q K^T)
+            for name, trans_b in (("rs", 1), ("rsk", 0)):
+                lines.append(f"  static __device__ __forceinline__ void {name}(float (&d)[{r}], const uint32_t (&a)[4], uint64_t db, int scale_d) {{")
+                lines.append('    asm volatile("{\\n.reg .pred p;\\n"')
+                lines.append(f'        "setp.ne.b32 p, %{r + 5}, 0;\\n"')
+                lines.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{tn}.{tn} {{{dlist}}}, {{%{r}, %{r + 1}, %{r + 2}, %{r + 3}}}, %{r + 4}, p, 1, 1, {trans_b};\\n}}\\n"')
+                lines.append(f'        : {dops}')
+                lines.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(scale_d));')
+                lines.append("  }")
             lines.append("};")
     lines.append("}  // namespace hopper")
     return "\n".join(lines) + "\n"

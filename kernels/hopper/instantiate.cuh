@@ -21,6 +21,7 @@
 //   #define HOPPER_CTAS_PER_SM 1     // optional (default 1); 2: two CTAs per SM (__launch_bounds__ min blocks)
 //   #define HOPPER_CLUSTER 1         // optional (default 1); 2: CTA pairs along M share K/V loads (__cluster_dims__)
 //   #define HOPPER_TILE_OVERLAP 0    // optional (default 0); 1: the next tile's first QK^T under this one's epilogue
+//   #define HOPPER_Q_IN_REGS 0       // optional (default 0); 1: S = Q K^T with Q in registers (RS-wgmma)
 //   #include "hopper/instantiate.cuh"
 //
 // Optional: HOPPER_BLOCK_M (if given it must equal 64*CONSUMER_WGS), HOPPER_PV_PADDED (dev
@@ -86,6 +87,9 @@
 #ifndef HOPPER_TILE_OVERLAP
 #define HOPPER_TILE_OVERLAP 0
 #endif
+#ifndef HOPPER_Q_IN_REGS
+#define HOPPER_Q_IN_REGS 0
+#endif
 #if HOPPER_CLUSTER != 1 && HOPPER_CLUSTER != 2
 #error "HOPPER_CLUSTER must be 1 (off) or 2 (CTA pairs sharing K/V loads)"
 #endif
@@ -122,7 +126,7 @@ using HOPPER_TRAITS_ = hopper::Traits<HOPPER_HEAD_DIM, HOPPER_BLOCK_N, HOPPER_ST
                                       HOPPER_SCHED, HOPPER_IS_CAUSAL != 0, HOPPER_ELEMENT_, HOPPER_RESCALE_LOG2,
                                       HOPPER_EXP_EMU, HOPPER_VARLEN != 0, HOPPER_SPLITS,
                                       HOPPER_PACK_GQA, HOPPER_CTAS_PER_SM, HOPPER_CLUSTER,
-                                      HOPPER_TILE_OVERLAP>;
+                                      HOPPER_TILE_OVERLAP, HOPPER_Q_IN_REGS>;
 
 // Braces: a definition on both the host and device side (see flashcore/instantiate.cuh).
 extern "C" {
@@ -189,6 +193,7 @@ extern "C" __global__ void HOPPER_CLUSTER_DIMS_ __launch_bounds__(HOPPER_TRAITS_
 #undef HOPPER_CTAS_PER_SM
 #undef HOPPER_CLUSTER
 #undef HOPPER_TILE_OVERLAP
+#undef HOPPER_Q_IN_REGS
 #undef HOPPER_CLUSTER_DIMS_
 #undef HOPPER_PV_PADDED
 #undef HOPPER_KERNEL_NAME

@@ -131,6 +131,15 @@ __device__ __forceinline__ void tma_store_wait_all() { asm volatile("cp.async.bu
 // Generic-proxy smem writes -> visible to the async proxy (TMA store, wgmma).
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Four 8x8 b16 matrices from shared memory, one row address per lane (lanes 8j..8j+7: the rows of
+// matrix j): r[j] = this lane's two elements of matrix j, in the mma/wgmma A-fragment order.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
 // ---- warpgroup control ------------------------------------------------------
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }

@@ -78,6 +78,7 @@ __device__ __forceinline__ void Consumer<T>::run_tiles_overlapped(int num_tiles)
         q_base = q_base0 + b * T::kQBytes;
         pp_sync();
         if (next_mine) {
+            load_q();
             mbar_wait(sm.k_full(stage_of<T>(kvn)), phase_of<T>(kvn));
             issue_qk(s, stage_of<T>(kvn));
             pp_arrive();

@@ -15,7 +15,7 @@ template <> struct ElementInfo<__nv_bfloat16> { static constexpr int kDtype = 1;
 template <int HEAD_DIM_, int BLOCK_N_, int STAGES_, int CONSUMER_WGS_, int REG_PROD_, int REG_CONS_, int OVERLAP_,
           int PINGPONG_, int SCHED_, bool IS_CAUSAL_, typename Element_, int RESCALE_LOG2_ = 0, int EXP_EMU_ = 0,
           bool VARLEN_ = false, int SPLITS_ = 1, int PACK_GQA_ = 0, int CTAS_PER_SM_ = 1, int CLUSTER_ = 1,
-          int TILE_OVERLAP_ = 0>
+          int TILE_OVERLAP_ = 0, int Q_IN_REGS_ = 0>
 struct Traits {
     using Element = Element_;
     static constexpr int kDtype = ElementInfo<Element>::kDtype;
@@ -86,6 +86,11 @@ struct Traits {
     // own barriers and tile slot. 0: off (a tile starts after the previous one's epilogue).
     static constexpr bool kTileOverlap = TILE_OVERLAP_ != 0;
     static constexpr int kQBufs = kTileOverlap ? 2 : 1;
+    // S = Q K^T with Q from registers (RS-wgmma, K K-major) instead of shared memory: each
+    // consumer warpgroup reads its 64 rows of Q into wgmma A fragments once per tile
+    // (ldmatrix), 4 registers per k16 step (32 at D=128), so the Q K^T of every key block reads
+    // only K from shared memory. 0: off (SS-wgmma, Q re-read from shared memory every block).
+    static constexpr bool kQInRegs = Q_IN_REGS_ != 0;
     static constexpr int kLaunchRegs = (65536 / (kThreads * kCtasPerSm) / 8) * 8 > 255
                                            ? 255 : (65536 / (kThreads * kCtasPerSm) / 8) * 8;
     static constexpr int kPool = kThreads * kLaunchRegs;
@@ -112,6 +117,7 @@ struct Traits {
     static constexpr int kSRegs = kBlockN / 2;             // fp32 S accumulator per thread
     static constexpr int kORegs = kPvCols / 2;             // fp32 O accumulator per thread
     static constexpr int kPRegs = kBlockN / 4;             // packed 16-bit P per thread
+    static constexpr int kQRegs = kQInRegs ? 4 * kKStepsQK : 1;   // Q_IN_REGS: Q's A fragments per thread
 
     // Shared memory (bytes, from a 1024-B aligned base): Q (two buffers with TILE_OVERLAP), STAGES K, STAGES V,
     // the O staging tile (persistent only; else O is staged in Q's slab), then
@@ -167,6 +173,7 @@ struct Traits {
     static_assert(!kTileOverlap || (kPersistent && kOverlap && !kSplit && !kClustered && !kIsCausal && !kVarlen),
                   "TILE_OVERLAP=1 needs SCHED 1 or 2, OVERLAP=1 and a non-causal dense problem without split-KV or "
                   "CTA pairs");
+    static_assert(Q_IN_REGS_ == 0 || Q_IN_REGS_ == 1, "Q_IN_REGS must be 0 or 1");
     static_assert(kQBytes % 1024 == 0 && kKVBytes % 1024 == 0, "tiles must keep 1024-B (swizzle atom) alignment");
 };
 
