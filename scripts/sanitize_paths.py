@@ -13,7 +13,8 @@ with split, packed heads with and without split), each call checked against the 
 reference so a silent wrong result fails too. Exit status 0 when every output is right.
 ``--only split`` runs the split-KV cases alone, ``--only ctas`` those with two CTAs per SM
 (CTAS_PER_SM=2, every scheduler), ``--only cluster`` the CTA pairs sharing K/V loads
-(CLUSTER=2); ``--head-dim 96`` every group's cases at that head dim.
+(CLUSTER=2), ``--only qregs`` those with Q in registers (Q_IN_REGS=1); ``--head-dim 96`` every
+group's cases at that head dim.
 """
 
 from __future__ import annotations
@@ -112,7 +113,16 @@ CLUSTER = (
     (1, 8, 2, 513, 131, 64, False, _PAIR + ",CTAS_PER_SM=1,BLOCK_N=128,STAGES=2,SCHED=1"),
     (1, 2, 1, 300, 150, 256, False, _PAIR + ",BLOCK_N=64,STAGES=1,SCHED=1"),
 )
-GROUPS = {"split": SPLIT, "ctas": CTAS, "cluster": CLUSTER}
+_QREGS = "BLOCK_N=128,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,OVERLAP=1,PINGPONG=1,RESCALE_LOG2=8,EXP_EMU=0"
+#: (B, H, HKV, Sq, Sk, D, causal, config): Q in registers (Q_IN_REGS=1): the cross-tile pipeline
+#: with ragged tiles, causal persistent, D=96's padded panels with packed grouped heads, one row.
+QREGS = (
+    (3, 5, 5, 97, 513, 128, False, _QREGS + ",SCHED=2,TILE_OVERLAP=1,Q_IN_REGS=1"),
+    (2, 8, 2, 300, 200, 64, True, _QREGS + ",SCHED=1,Q_IN_REGS=1"),
+    (1, 8, 2, 77, 131, 96, False, _QREGS + ",SCHED=0,PACK_GQA=1,Q_IN_REGS=1"),
+    (1, 4, 4, 1, 17, 128, False, _QREGS + ",SCHED=1,TILE_OVERLAP=1,Q_IN_REGS=1"),
+)
+GROUPS = {"split": SPLIT, "ctas": CTAS, "cluster": CLUSTER, "qregs": QREGS}
 
 
 def _dense(family: str | None, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool,
