@@ -55,18 +55,27 @@ def render(module: ModuleType, functions: Sequence[Callable[..., object]], *, pr
            banner: str) -> str:
     """The C++ header text of ``functions`` (in order; a function may call those before it),
     each named ``<prefix>_<name>``; ``banner`` is the comment at its top."""
-    rendered: dict[str, _Function] = {}
-    parts = []
-    for fn in functions:
-        parts.append(_Translator(module, fn, prefix, rendered).render())
     head = "".join(f"// {line}".rstrip() + "\n" for line in banner.splitlines())
-    return head + "#pragma once\n#include <algorithm>\n#include <cstdint>\n\n" + "\n".join(parts)
+    return head + "#pragma once\n#include <algorithm>\n#include <cstdint>\n\n" + render_functions(
+        module, functions, prefix=prefix)
+
+
+def render_functions(module: ModuleType, functions: Sequence[Callable[..., object]], *, prefix: str,
+                     constexpr: bool = False) -> str:
+    """The C++ definitions of ``functions`` alone (no banner, guard or include), for a header
+    that holds other code too: ``inline``, or ``constexpr`` (usable in constant expressions,
+    C++14 and later) when asked. The includer provides ``<cstdint>`` (and ``<algorithm>`` for
+    ``min``/``max``)."""
+    rendered: dict[str, _Function] = {}
+    specifier = "constexpr" if constexpr else "inline"
+    return "\n".join(_Translator(module, fn, prefix, rendered, specifier).render() for fn in functions)
 
 
 class _Translator:
     def __init__(self, module: ModuleType, fn: Callable[..., object], prefix: str,
-                 rendered: dict[str, _Function]) -> None:
+                 rendered: dict[str, _Function], specifier: str = "inline") -> None:
         self.module, self.fn, self.prefix, self.rendered = module, fn, prefix, rendered
+        self.specifier = specifier
         self.tree = ast.parse(textwrap.dedent(inspect.getsource(fn))).body[0]
         if not isinstance(self.tree, ast.FunctionDef):
             self._fail(self.tree, "not a plain function")
@@ -103,7 +112,7 @@ class _Translator:
         if doc:
             lines.extend(f"// {line}".rstrip() + "\n" for line in doc.splitlines())
         args = ", ".join(f"int64_t {p}" for p in self.params)
-        lines.append(f"inline {rtype} {self.cname}({args}) {{\n")
+        lines.append(f"{self.specifier} {rtype} {self.cname}({args}) {{\n")
         for stmt in body:
             lines.append(self._statement(stmt, info))
         lines.append("}\n")
