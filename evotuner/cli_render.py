@@ -305,7 +305,8 @@ def export_lines(result: Any) -> list[Text]:
         names = columns.param_names([dict(r.params) for _, r in rows], rows[0][1].order)
         short = columns.headers(names)
         shorts.update(short)
-        cols = [*(columns.Col(h, right=h in ("#", "D", "µs")) for h in ("#", "dtype", "D", "causal", "S≤", "chk", "µs")),
+        heads = ("#", "dtype", "D", "causal", "Q≤", "S≤", "chk", "µs")
+        cols = [*(columns.Col(h, right=h in ("#", "D", "µs")) for h in heads),
                 *(columns.Col(short[n], right=True, group=1, tight=True) for n in names), columns.Col("study", group=2)]
         studies = [for_terminal(f"{r.study} #{r.trial}") + (" (replayed)" if r.replayed else "") for _, r in rows]
         long = max(len(s) for s in studies) > width // 2
@@ -313,7 +314,8 @@ def export_lines(result: Any) -> list[Text]:
         lines += [Text("")] + columns.table_lines(cols[:-1] if long else cols, cells, width,
                                                   notes=[f"study {s}" for s in studies] if long else (),
                                                   title=f"{family} ({columns.count(len(rows), 'row')})")
-    extra = ["S≤ = the max seqlen_k a row serves", "chk = evotuner check: ok, FAIL or - (unchecked)"]
+    extra = ["Q≤ = a row's query-rows bucket: it serves B*H*Sq above half of it, up to it",
+             "S≤ = the max seqlen_k a row serves", "chk = evotuner check: ok, FAIL or - (unchecked)"]
     return lines + [Text("")] + [Text(line) for line in columns.legend_lines(shorts, width, extra)]
 
 
@@ -323,8 +325,9 @@ def print_lines(lines: list[Text]) -> None:
 
 def _export_cells(i: int, row: Any, names: list[str]) -> list[Any]:
     max_seqlen = "any" if row.max_seqlen >= 2**31 - 1 else str(row.max_seqlen)
-    return [str(i), row.dtype, str(row.head_dim), "yes" if row.causal else "no", max_seqlen,
-            _CHECK_MARK.get(row.checked, row.checked), f"{row.median_us:.1f}", *columns.cells(dict(row.params), names)]
+    return [str(i), row.dtype, str(row.head_dim), "yes" if row.causal else "no", f"2^{row.query_rows_bucket}",
+            max_seqlen, _CHECK_MARK.get(row.checked, row.checked), f"{row.median_us:.1f}",
+            *columns.cells(dict(row.params), names)]
 
 
 #: The export table's ``chk`` cell per `evotuner check` verdict (short: the table fits 80 columns).

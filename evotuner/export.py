@@ -1,7 +1,9 @@
 """Export: the best COMPLETE config per key of finished studies -> one C++ header.
 
-Key = (kernel family, arch, dtype, head_dim, causal, seqlen bucket). The bucket is the
-power-of-two bucket of the study's ``seqlen_k`` with these edges::
+Key = (kernel family, arch, dtype, head_dim, causal, query-rows bucket, seqlen bucket).
+The query-rows bucket is that of the study's B*H*Sq (:mod:`evotuner.query_rows`: bucket
+``b`` holds ``2^(b-1) < B*H*Sq <= 2^b``, bucket 0 one row); the seqlen bucket is the
+power-of-two bucket of its ``seqlen_k`` with these edges::
 
     seqlen_k <=   512  -> max_seqlen   512
     seqlen_k <=  1024  -> max_seqlen  1024
@@ -11,27 +13,40 @@ power-of-two bucket of the study's ``seqlen_k`` with these edges::
     seqlen_k  >  8192  -> max_seqlen  INT32_MAX (the open bucket)
 
 When two studies land on one key the faster one (lower median µs) wins; the
-winner's provenance comment names the studies it beat.
+winner's provenance comment names the studies it beat. Studies of different
+query-rows buckets never compete (a decode study and a prefill study of one Sk
+bucket are two rows).
 
 The header holds one section per kernel family (several families share one
 header; the production extension dispatches over all of them). A family's
 section lives in its ``KernelFamily.export_namespace`` (FlashCore's is
-``flashcore::tuned``) and holds ``struct Config``, the ``kConfigs`` table,
-``select()`` (exact dtype/head_dim/causal match, smallest bucket whose
-``max_seqlen >= seqlen``, else the largest bucket, else nullptr), and for the
-kernel build the same values again as macros, ``<T>_<i>_<NAME>`` with ``<T>``
-the family's ``export_macro_prefix`` (``HEAD_DIM``, ``IS_CAUSAL``, ``DTYPE``,
-``MAX_SEQLEN`` and one per kernel parameter) plus ``<T>_COUNT`` and
-``<T>_ARCH``: macros cannot read constexpr values, so a translation unit
-instantiating row ``i`` writes ``#define <P>_<NAME> <T>_<i>_<NAME>`` (``<P>``: the
-family's macro prefix). The header static_asserts that both spellings agree.
+``flashcore::tuned``) and holds ``struct Config``, the ``kConfigs`` table, the
+query-rows rule rendered from :mod:`evotuner.query_rows` (``query_rows_bucket``,
+``query_rows_rank``, constexpr), and ``select(head_dim, dtype, causal, seqlen,
+query_rows)``: of the rows of the exact (dtype, head_dim, causal), those of the
+query-rows bucket that holds the call's B*H*Sq, else of the nearest bucket (fewest
+doublings away; at a tie the larger bucket); of those, the smallest seqlen bucket
+whose ``max_seqlen >= seqlen``, else the largest; nullptr when no row has the
+(dtype, head_dim, causal). (A deprecated four-argument ``select`` without query rows
+serves the largest query-rows bucket.) For the kernel build the section has the
+same values again as macros, ``<T>_<i>_<NAME>`` with ``<T>`` the family's
+``export_macro_prefix`` (``HEAD_DIM``, ``IS_CAUSAL``, ``DTYPE``,
+``QUERY_ROWS_BUCKET``, ``MAX_SEQLEN`` and one per kernel parameter) plus
+``<T>_COUNT`` and ``<T>_ARCH``: macros cannot read constexpr values, so a
+translation unit instantiating row ``i`` writes ``#define <P>_<NAME> <T>_<i>_<NAME>``
+(``<P>``: the family's macro prefix). The header static_asserts that both spellings
+agree.
+
+A header exported before the query-rows bucket (its rows have no
+``<T>_<i>_QUERY_ROWS_BUCKET``) is refused by every reader (:mod:`evotuner.header`:
+the production build, :mod:`evotuner.tuned`) in one line naming the file: its rows
+may be decode studies that took a prefill row's key; re-export it.
 
 Every value written is checked to be an integer in range before anything is
 written; the file is written atomically (temp file in the same folder, then
 rename), so a failed export leaves the previous file, or none, never a partial one.
 :mod:`evotuner.header` reads a written header back.
 """
-
 
 from __future__ import annotations
 

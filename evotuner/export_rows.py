@@ -1,7 +1,8 @@
 """Export's rows: a finished study's best COMPLETE trial as a validated :class:`ExportRow`,
 its key and seqlen bucket, and the choice of one row per key (:func:`select_rows`).
 
-The header format and the key are described in :mod:`evotuner.export`."""
+The header format, the key and its buckets are described in :mod:`evotuner.export`; the
+query-rows bucket rule is :mod:`evotuner.query_rows`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from evotuner.abi import DTYPE_CODES
 from evotuner.errors import EvotunerError, ExportError
 from evotuner.family import KernelFamily, get_family
 from evotuner.problem import Problem
+from evotuner.query_rows import bucket as query_rows_bucket
 from evotuner.space import SearchSpace, parse_space
 from evotuner.storage.diagnostics import CheckRecord
 from evotuner.storage.records import StudyRecord, StudySummary
@@ -30,7 +32,7 @@ OPEN_BUCKET = INT32_MAX
 _PARAM = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 #: Names the header's struct/macros use for the problem part; a parameter may not take them
 #: (nor any name the family reserves).
-_HEADER_NAMES = frozenset({"MAX_SEQLEN", "CAUSAL", "COUNT", "ARCH"})
+_HEADER_NAMES = frozenset({"MAX_SEQLEN", "QUERY_ROWS_BUCKET", "CAUSAL", "COUNT", "ARCH"})
 
 
 def _header_reserved(family: KernelFamily) -> frozenset[str]:
@@ -67,6 +69,8 @@ class ExportRow:
     causal: bool
     seqlen_k: int
     max_seqlen: int
+    query_rows: int                       # B*H*Sq of the study's problem
+    query_rows_bucket: int                # its bucket (evotuner.query_rows.bucket)
     params: tuple[tuple[str, int], ...]   # sorted by name, like KernelConfig.items
     order: tuple[str, ...]                # the parameter names in the space file's order (struct fields)
     median_us: float
@@ -80,14 +84,15 @@ class ExportRow:
     replayed: bool = False                     # its figures are a recorded sweep's (search --replay)
 
     @property
-    def key(self) -> tuple[str, str, str, int, bool, int]:
-        return (self.family, self.arch, self.dtype, self.head_dim, self.causal, self.max_seqlen)
+    def key(self) -> tuple[str, str, str, int, bool, int, int]:
+        """Rows of one key compete (the faster wins); rows of different query-rows or seqlen
+        buckets never do."""
+        return (self.family, self.arch, self.dtype, self.head_dim, self.causal, self.query_rows_bucket,
+                self.max_seqlen)
 
     @property
     def param_names(self) -> tuple[str, ...]:
         return tuple(name for name, _ in self.params)
-
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -166,6 +171,8 @@ def best_row(store: ExportSource, study: str) -> ExportRow:
     if head_dim not in family.head_dims:
         raise _fail(study, f"head_dim={head_dim} is not one of {family.head_dims}")
     seqlen_k = _int_value(study, "seqlen_k", shape.seqlen_k, 1, INT32_MAX)
+    query_rows = math.prod(_int_value(study, name, getattr(shape, name), 1, INT32_MAX)
+                           for name in ("batch", "heads", "seqlen_q"))
     if problem.dtype not in DTYPE_CODES:
         raise _fail(study, f"dtype {problem.dtype!r} has no kernel code", f"use one of {', '.join(DTYPE_CODES)}")
     if not isinstance(problem.causal, bool):
@@ -181,7 +188,8 @@ def best_row(store: ExportSource, study: str) -> ExportRow:
     return ExportRow(
         study=study, trial=int(best.number), arch=space.arch, family=family.name, dtype=problem.dtype,
         head_dim=head_dim,
-        causal=problem.causal, seqlen_k=seqlen_k, max_seqlen=seqlen_bucket(seqlen_k),
+        causal=problem.causal, seqlen_k=seqlen_k, max_seqlen=seqlen_bucket(seqlen_k), query_rows=query_rows,
+        query_rows_bucket=query_rows_bucket(query_rows),
         params=tuple(sorted(params.items())), order=order, median_us=float(best.value),
         tflops=None if tflops is None else float(tflops), date=comment_text(date),
         nvcc_version=_nvcc_short(summary.nvcc_version),
@@ -205,9 +213,10 @@ def _study_family(study: str, space: SearchSpace) -> KernelFamily:
 
 
 def select_rows(rows: Iterable[ExportRow]) -> list[ExportRow]:
-    """Keep the fastest row per key (ties: the earlier study named); header order."""
-    winners: dict[tuple[str, str, str, int, bool, int], ExportRow] = {}
-    losers: dict[tuple[str, str, str, int, bool, int], list[tuple[str, float]]] = {}
+    """Keep the fastest row per key (ties: the earlier study named); header order: family,
+    dtype, head dim, causal, seqlen bucket, query-rows bucket."""
+    winners: dict[tuple[str, str, str, int, bool, int, int], ExportRow] = {}
+    losers: dict[tuple[str, str, str, int, bool, int, int], list[tuple[str, float]]] = {}
     for row in rows:
         current = winners.get(row.key)
         if current is None:
@@ -220,7 +229,8 @@ def select_rows(rows: Iterable[ExportRow]) -> list[ExportRow]:
     out = [
         ExportRow(**{**r.__dict__, "beat": tuple(losers.get(key, ()))}) for key, r in winners.items()
     ]
-    out.sort(key=lambda r: (r.family, DTYPE_CODES[r.dtype], r.head_dim, r.causal, r.max_seqlen))
+    out.sort(key=lambda r: (r.family, DTYPE_CODES[r.dtype], r.head_dim, r.causal, r.max_seqlen,
+                            r.query_rows_bucket))
     return out
 
 

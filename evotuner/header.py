@@ -13,7 +13,9 @@ from evotuner.errors import ExportError
 from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
 
 #: Per-row macros that describe the problem, not a kernel parameter.
-ROW_PROBLEM_MACROS = ("HEAD_DIM", "IS_CAUSAL", "DTYPE", "MAX_SEQLEN")
+ROW_PROBLEM_MACROS = ("HEAD_DIM", "IS_CAUSAL", "DTYPE", "QUERY_ROWS_BUCKET", "MAX_SEQLEN")
+#: Of those, the ones only select() reads (the row's buckets): the kernel build takes none.
+ROW_BUCKET_MACROS = ("QUERY_ROWS_BUCKET", "MAX_SEQLEN")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,10 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
                               "re-export the header; do not edit it by hand")
         rows[i].append(m.group(2))
         values[i].append((m.group(2), int(m.group(3))))
+    if rows and "QUERY_ROWS_BUCKET" not in rows[0] and "MAX_SEQLEN" in rows[0]:
+        raise ExportError(f"header {path}: exported before rows had a query-rows bucket "
+                          f"(no {T}_0_QUERY_ROWS_BUCKET), so a decode study may hold a prefill row",
+                          f"re-export it from its studies: evotuner export --study ... --output {path}")
     for i, names in enumerate(rows):
         missing = [p for p in ROW_PROBLEM_MACROS if p not in names]
         if missing or len(names) == len(ROW_PROBLEM_MACROS):
@@ -106,7 +112,7 @@ def row_instantiation(header: str, index: int, names: Iterable[str], family: Ker
              f'#error "{header} has no row {index}"',
              "#endif"]
     for name in names:
-        if name == "MAX_SEQLEN":
+        if name in ROW_BUCKET_MACROS:
             continue
         lines.append(f"#define {P}_{name} {T}_{index}_{name}")
     if kernel_name is not None:

@@ -8,17 +8,21 @@ row serves ``flash_attention_varlen`` only, a dense study's ``flash_attention`` 
 * a study database (``sqlite:///studies.db``, a PostgreSQL URL, or a path to a SQLite
   file): each study's best COMPLETE trial, with the study's problem and device; or
 * an exported header (``evotuner export``): each row of each family's section, sized
-  by its seqlen bucket, with the device its provenance comment names; or
+  by its query-rows and seqlen buckets, with the device its provenance comment names; or
 * the table the package ships for a GPU model (``kernels/<family>/tuned_*.toml``,
   written by ``scripts/make_tuned_table.py`` from recorded sweeps).
 
 :meth:`TunedTable.pick` answers for one problem on one GPU model: of the rows of the
 same GPU model (or of none named), family, head dim, dtype and causal flag, the row in
 the problem's size bucket (the power-of-two bucket of its query rows B*H*Sq and of its
-key length Sk; a header row: the header's own ``select()`` rule on Sk), else (not for a
-shipped table) the nearest tuned size within :data:`NEAREST_DOUBLINGS` doublings, else
-nothing (the caller then runs the recommended config). The answer carries the row and a
-one-line reason.
+key length Sk, both :func:`evotuner.query_rows.bucket`), else (not for a shipped table)
+the nearest tuned size within :data:`NEAREST_DOUBLINGS` doublings, else nothing (the
+caller then runs the recommended config). Header rows are served by the header's own
+``select()`` rule (:meth:`TunedTable.pick`; the C++ renders the same
+:mod:`evotuner.query_rows`): the query-rows bucket holding B*H*Sq, else the nearest, then
+the smallest seqlen bucket holding Sk, else the largest. A header exported before rows had
+a query-rows bucket is refused (:func:`evotuner.header.read_header`: re-export it). The
+answer carries the row and a one-line reason.
 
 Torch-free; storage is read through :mod:`evotuner.session` only.
 """
@@ -32,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from evotuner import query_rows as qr_rule
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.problem import Problem
@@ -66,22 +71,24 @@ class TunedRow:
     #: row flash_attention only); sized by its padded shape, B*H*longest Sq and the longest
     #: Sk, what a packed call knows without reading its offsets back from the device
     varlen: bool = False
+    #: a header row's query-rows bucket (its query_rows is None: the header keeps the bucket only;
+    #: None here too: any query rows)
+    query_rows_bucket: int | None = None
 
     @property
     def size(self) -> str:
-        rows = f"{self.query_rows} query rows, " if self.query_rows is not None else ""
-        return f"{rows}Sk={self.seqlen_k}"
+        if self.query_rows is not None:
+            return f"{self.query_rows} query rows, Sk={self.seqlen_k}"
+        if self.query_rows_bucket is not None:
+            lo, hi = qr_rule.bounds(self.query_rows_bucket)
+            return f"{lo}..{hi} query rows, Sk <= {self.seqlen_k}"
+        return f"Sk={self.seqlen_k}"
 
 
 @dataclass(frozen=True)
 class TunedPick:
     row: TunedRow
     why: str
-
-
-def _bucket(n: int) -> int:
-    """Power-of-two bucket: ceil(log2(n))."""
-    return max(0, (int(n) - 1).bit_length())
 
 
 def _doublings(a: int, b: int) -> float:
@@ -120,19 +127,14 @@ class TunedTable:
             return _doublings(sk, r.seqlen_k) + (_doublings(qr, r.query_rows) if r.query_rows is not None else 0.0)
 
         sized = [r for r in same if r.query_rows is not None]
-        fit = [r for r in sized if _bucket(r.query_rows) == _bucket(qr) and _bucket(r.seqlen_k) == _bucket(sk)]
+        bucket = qr_rule.bucket
+        fit = [r for r in sized if bucket(r.query_rows) == bucket(qr) and bucket(r.seqlen_k) == bucket(sk)]
         if fit:
             row = min(fit, key=lambda r: (distance(r), r.median_us or math.inf))
             return TunedPick(row, f"tuned: {row.source}{on}, same size bucket ({row.size})")
         headers = [r for r in same if r.query_rows is None]
-        if headers:   # the exported header's select(): the smallest bucket holding Sk, else the largest
-            holding = [r for r in headers if r.seqlen_k >= sk]
-            if holding:
-                row = min(holding, key=lambda r: r.seqlen_k)
-                return TunedPick(row, f"tuned: {row.source}{on}, bucket Sk <= {row.seqlen_k}")
-            if not sized:
-                row = max(headers, key=lambda r: r.seqlen_k)
-                return TunedPick(row, f"tuned: {row.source}{on}, the largest bucket (Sk <= {row.seqlen_k})")
+        if headers:
+            return _header_select(headers, qr, sk, on)
         if sized and not self.shipped:
             row = min(sized, key=lambda r: (distance(r), r.median_us or math.inf))
             d = distance(row)
@@ -151,6 +153,27 @@ class TunedTable:
         if not any(r.device in (device, "") for r in same):
             return f"the tuned rows for this problem in {self.source} are for {same[0].device}, not {device}"
         return f"no tuned size within {NEAREST_DOUBLINGS:g} doublings in {self.source}"
+
+
+def _header_select(rows: list[TunedRow], query_rows: int, sk: int, on: str) -> TunedPick:
+    """The exported header's select() over its rows of the call's (dtype, head dim, causal):
+    the query-rows bucket holding ``query_rows``, else the nearest (:func:`evotuner.query_rows.rank`),
+    then the smallest seqlen bucket holding ``sk``, else the largest."""
+    want = qr_rule.bucket(query_rows)
+
+    def rank(r: TunedRow) -> int:   # a row without a bucket (made by hand) serves any query rows
+        return 0 if r.query_rows_bucket is None else int(qr_rule.rank(r.query_rows_bucket, want))
+
+    nearest = min(rank(r) for r in rows)
+    rows = [r for r in rows if rank(r) == nearest]
+    which = "its query-rows bucket" if nearest == 0 else "the nearest query-rows bucket"
+    holding = [r for r in rows if r.seqlen_k >= sk]
+    if holding:
+        row = min(holding, key=lambda r: r.seqlen_k)
+        return TunedPick(row, f"tuned: {row.source}{on}, {which} ({row.size}), bucket Sk <= {row.seqlen_k}")
+    row = max(rows, key=lambda r: r.seqlen_k)
+    return TunedPick(row, f"tuned: {row.source}{on}, {which} ({row.size}), the largest bucket "
+                          f"(Sk <= {row.seqlen_k})")
 
 
 def _padded_rows(problem: Problem) -> int:
@@ -237,7 +260,7 @@ def load_header(path: Path) -> TunedTable:
     """The rows of every family's section of a header written by ``evotuner export``."""
     from evotuner.abi import DTYPE_NAMES
     from evotuner.errors import ExportError
-    from evotuner.header import header_families, read_header
+    from evotuner.header import ROW_PROBLEM_MACROS, header_families, read_header
 
     try:
         text = Path(path).read_text(encoding="utf-8")
@@ -255,12 +278,12 @@ def load_header(path: Path) -> TunedTable:
             raise TunedError(f"tuned table {exc.message}", exc.remedy) from None
         for i, values in enumerate(info.values):
             v = dict(values)
-            params = {n: x for n, x in values if n not in ("HEAD_DIM", "IS_CAUSAL", "DTYPE", "MAX_SEQLEN")}
+            params = {n: x for n, x in values if n not in ROW_PROBLEM_MACROS}
             rows.append(TunedRow(
                 family=name, device=_header_device(text, info.export_prefix, i), head_dim=v["HEAD_DIM"],
                 dtype=DTYPE_NAMES.get(v["DTYPE"], "?"), causal=bool(v["IS_CAUSAL"]), seqlen_k=v["MAX_SEQLEN"],
                 query_rows=None, config=KernelConfig.of(params), median_us=None,
-                source=f"{name} row {i}"))
+                source=f"{name} row {i}", query_rows_bucket=v["QUERY_ROWS_BUCKET"]))
     return TunedTable(tuple(rows), str(path))
 
 

@@ -56,7 +56,7 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool, int, int]:
 
 def bench(mod, shape: tuple[int, int, int, int, bool, int, int], dtype: str, args: argparse.Namespace) -> dict | None:
     B, H, S, D, causal, Hkv, Sq = shape
-    row = mod.select(D, dtype, causal, S)
+    row = mod.select(D, dtype, causal, S, B * H * Sq)
     if row < 0:
         return None
     dt = DTYPES[dtype]

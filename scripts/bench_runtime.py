@@ -120,7 +120,7 @@ def bench_shape(shape, dtype: str, args: argparse.Namespace, ext) -> dict:
     }
     errors = {"evotuner": check("evotuner", out, q, k, v, causal, scale),
               "sdpa": check("sdpa", callees["sdpa"](), q, k, v, causal, scale)}
-    if ext is not None and ext.select(D, dtype, causal, S) >= 0:
+    if ext is not None and ext.select(D, dtype, causal, S, B * H * S) >= 0:
         callees["extension"] = lambda: ext.attention(q, k, v, causal, scale)
         errors["extension"] = check("the extension", callees["extension"](), q, k, v, causal, scale)
     rounds: dict[str, dict[str, list[float]]] = {n: {"host": [], "eager": [], "graph": []} for n in callees}

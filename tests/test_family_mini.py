@@ -153,8 +153,8 @@ def test_replayed_search_resume_show_and_export(capsys, tmp_path, sweep):
         pytest.skip("no host C++ compiler")
     src = tmp_path / "use.cpp"
     src.write_text('#include "tuned.h"\nint main() {\n'
-                   '  const auto* m = mini::tuned::select(32, 0, false, 256);\n'
-                   '  const auto* f = flashcore::tuned::select(64, 0, false, 2048);\n'
+                   '  const auto* m = mini::tuned::select(32, 0, false, 256, 256);\n'
+                   '  const auto* f = flashcore::tuned::select(64, 0, false, 2048, 16 * 16 * 2048);\n'
                    '  return (m != nullptr && f != nullptr && m->rows > 0 && f->block_m > 0) ? 0 : 1;\n}\n')
     build = subprocess.run([gxx, "-std=c++17", str(src), "-I", str(tmp_path), "-o", str(tmp_path / "use")],
                            capture_output=True, text=True, timeout=120)

@@ -109,7 +109,7 @@ def test_adversarial_names_are_made_safe_in_the_header_which_compiles(capsys, cl
     user = cli_env / "use.cpp"
     user.write_text(f'#include "{header}"\n'
                     "static_assert(flashcore::tuned::kNumConfigs == 1, \"one row\");\n"
-                    "static_assert(flashcore::tuned::index_of(flashcore::tuned::select(64, 0, false, 2048)) == 0);\n"
+                    "static_assert(flashcore::tuned::index_of(flashcore::tuned::select(64, 0, false, 2048, 16 * 16 * 2048)) == 0);\n"
                     "int main() { return 0; }\n")
     result = subprocess.run([*_compiler(), str(user)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -66,14 +66,15 @@ inline Dims check_qkv(const char* fn, const torch::Tensor& q, const torch::Tenso
     return d;
 }
 
-// "D=64 fp16 S<=2048; D=128 bf16 causal S<=..." of a header section's kConfigs.
+// "D=64 fp16 B*H*Sq<=131072 S<=2048; D=128 bf16 causal ..." of a header section's kConfigs
+// (B*H*Sq<=2^b: the row's query-rows bucket b).
 template <class Config, size_t N>
 std::string rows_text(const Config (&configs)[N]) {
     std::string s;
     for (size_t i = 0; i < N; ++i) {
         const Config& c = configs[i];
         s += (i ? "; D=" : "D=") + n(c.head_dim) + (c.dtype ? " bf16" : " fp16") + (c.causal ? " causal" : "") +
-             " S<=" + n(c.max_seqlen);
+             " B*H*Sq<=" + n(int64_t(1) << c.query_rows_bucket) + " S<=" + n(c.max_seqlen);
     }
     return s;
 }
@@ -88,6 +89,7 @@ pybind11::list configs_list(const Config (&configs)[N], const std::string& kerne
         d["head_dim"] = c.head_dim;
         d["dtype"] = c.dtype ? "bf16" : "fp16";
         d["causal"] = c.causal;
+        d["query_rows_bucket"] = c.query_rows_bucket;
         d["max_seqlen"] = c.max_seqlen;
         d["kernel"] = kernel_prefix + std::to_string(i);
         out.append(d);
@@ -95,12 +97,17 @@ pybind11::list configs_list(const Config (&configs)[N], const std::string& kerne
     return out;
 }
 
-// The row of a header section serving the call, or an error naming the shape and the rows.
+// A header section's select(head_dim, dtype, causal, seqlen_k, query_rows = B*H*Sq).
+template <class Config>
+using Select = const Config* (*)(int, int, bool, int, int64_t);
+
+// The row of a header section serving the call (its query rows B*H*Sq and seqlen_k: the
+// header's select()), or an error naming the shape and the rows.
 template <class Config, size_t N>
-int pick_row(const char* fn, const char* module, const Config (&configs)[N],
-             const Config* (*select)(int, int, bool, int), int (*index_of)(const Config*), const Dims& d,
-             bool causal) {
-    const Config* row = select(static_cast<int>(d.D), d.dtype, causal, as_int32(module, d.Sk, "seqlen_k"));
+int pick_row(const char* fn, const char* module, const Config (&configs)[N], Select<Config> select,
+             int (*index_of)(const Config*), const Dims& d, bool causal) {
+    const Config* row = select(static_cast<int>(d.D), d.dtype, causal, as_int32(module, d.Sk, "seqlen_k"),
+                               d.B * d.H * d.Sq);
     TORCH_CHECK(row != nullptr, fn, ": no tuned config for head_dim=", n(d.D), " ", d.dtype ? "bf16" : "fp16",
                 causal ? " causal" : " non-causal", "; this build serves: ", rows_text(configs),
                 " (export a study for this shape and rebuild)");
@@ -113,23 +120,27 @@ using Attention = torch::Tensor (*)(const torch::Tensor&, const torch::Tensor&, 
 // attention(), select(), configs() and arch of a binding over one header section.
 template <class Config, size_t N>
 void define_module(pybind11::module_& m, const char* module, const char* arch, const char* kernel_prefix,
-                   const Config (&configs)[N], const Config* (*select)(int, int, bool, int),
-                   int (*index_of)(const Config*), Attention attention) {
+                   const Config (&configs)[N], Select<Config> select, int (*index_of)(const Config*),
+                   Attention attention) {
     m.def("attention", attention, "o = softmax(scale * q k^T [causal mask]) v; q, k, v [B, H, S, D] CUDA fp16/bf16",
           pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("causal") = false,
           pybind11::arg("scale") = pybind11::none());
     const std::string name = module;
     m.def(
         "select",
-        [name, select, index_of](int head_dim, const std::string& dtype, bool causal, int64_t seqlen) {
+        [name, select, index_of](int head_dim, const std::string& dtype, bool causal, int64_t seqlen,
+                                 int64_t query_rows) {
             TORCH_CHECK(dtype == "fp16" || dtype == "bf16", name, ".select: dtype must be 'fp16' or 'bf16'");
-            return index_of(select(head_dim, dtype == "bf16" ? 1 : 0, causal, as_int32(name.c_str(), seqlen, "seqlen")));
+            TORCH_CHECK(query_rows >= 0, name, ".select: query_rows=", n(query_rows), " is negative (give B*H*Sq)");
+            return index_of(select(head_dim, dtype == "bf16" ? 1 : 0, causal, as_int32(name.c_str(), seqlen, "seqlen"),
+                                   query_rows));
         },
-        "index of the header row serving (head_dim, dtype, causal, seqlen_k), -1 for none", pybind11::arg("head_dim"),
-        pybind11::arg("dtype"), pybind11::arg("causal"), pybind11::arg("seqlen"));
+        "index of the header row serving (head_dim, dtype, causal, seqlen_k, query_rows = B*H*Sq), -1 for none",
+        pybind11::arg("head_dim"), pybind11::arg("dtype"), pybind11::arg("causal"), pybind11::arg("seqlen"),
+        pybind11::arg("query_rows"));
     const std::string prefix = kernel_prefix;
     m.def("configs", [&configs, prefix] { return configs_list(configs, prefix); },
-          "the header's rows: head_dim, dtype, causal, max_seqlen, kernel name");
+          "the header's rows: head_dim, dtype, causal, query_rows_bucket, max_seqlen, kernel name");
     m.attr("arch") = arch;
 }
 

@@ -11,8 +11,8 @@
 //   o = flashcore_ext.attention(q, k, v, causal, scale)   # q,k,v [B, H, S, D] fp16/bf16 CUDA
 //
 // The row is chosen with the header's flashcore::tuned::select(head_dim, dtype,
-// causal, seqlen_k); a shape no row serves is an error naming the shape and the
-// rows this build has.
+// causal, seqlen_k, B*H*Sq) (evotuner_ext::pick_row); a shape no row serves is an
+// error naming the shape and the rows this build has.
 #include <pybind11/stl.h>
 
 #include <cmath>

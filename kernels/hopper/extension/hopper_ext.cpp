@@ -11,6 +11,9 @@
 //   o = hopper_ext.attention(q, k, v, causal, scale)   # q,k,v [B, H, S, D] fp16/bf16 CUDA, D 64, 96, 128, 192 or 256
 //   hopper_ext.plan(q, k, v, causal, scale)            # how that call launches (row, grid, packed, splits, ...)
 //
+// The row is the header's hopper::tuned::select(head_dim, dtype, causal, seqlen_k, B*H*Sq)
+// (evotuner_ext::pick_row): a decode call and a prefill of one seqlen_k take their own rows.
+//
 // Any strides whose batch/head/row steps are multiples of 8 elements work (e.g. SDPA's
 // [B,H,S,D] and a [B,S,H,D] tensor transposed to [B,H,S,D]); others get an error naming
 // the stride. Sq != Sk and causal (top-left, SDPA's is_causal) are served.
