@@ -652,7 +652,7 @@ def test_replayed_search_resume_and_export_compile(capsys, tmp_path, env):
     assert "namespace hopper::tuned {" in text and "#define HOPPER_TUNED_COUNT 1" in text
     assert "HOPPER_TUNED_0_CONSUMER_WGS" in text
     src = tmp_path / "use.cpp"
-    src.write_text('#include "tuned.h"\nint main() {\n  const auto* h = hopper::tuned::select(64, 0, false, 2048);\n'
+    src.write_text('#include "tuned.h"\nint main() {\n  const auto* h = hopper::tuned::select(64, 0, false, 2048, 16LL * 16 * 2048);\n'
                    "  return h != nullptr ? 0 : 1;\n}\n")
     build = subprocess.run([*_host_compiler(), str(src), "-I", str(tmp_path), "-o", str(tmp_path / "use")],
                            capture_output=True, text=True, timeout=120)
