@@ -118,6 +118,25 @@ def check_target(path: str | os.PathLike[str], *, protect: Iterable[str | os.Pat
     return st
 
 
+def _unwritable(path: Path, st: os.stat_result, option: str) -> EvotunerError:
+    """Why an existing ``path`` cannot be written. Its mode bits say so, or they grant this user
+    write access and the system refuses it anyway (an immutable or append-only attribute, a
+    read-only mount, an ACL), where chmod cannot help."""
+    mode = stat.S_IMODE(st.st_mode)
+    if os.geteuid() == 0 or st.st_uid == os.geteuid():
+        granted = bool(mode & stat.S_IWUSR) or os.geteuid() == 0
+    elif st.st_gid in (os.getegid(), *os.getgroups()):
+        granted = bool(mode & stat.S_IWGRP)
+    else:
+        granted = bool(mode & stat.S_IWOTH)
+    if granted:
+        return EvotunerError(f"cannot write {path}: its mode ({mode:o}) allows writing but the system refuses it "
+                             f"(an immutable or append-only attribute, a read-only mount or an ACL)",
+                             f"see `lsattr {path}` and `findmnt -T {path}`, or write to another {option}")
+    return EvotunerError(f"cannot write {path}: the file is read-only",
+                         f"make it writable (chmod u+w {path}) or write to another {option}")
+
+
 @contextmanager
 def output_file(path: str | os.PathLike[str], *, protect: Iterable[str | os.PathLike[str]] = (),
                 option: str = "--output") -> Iterator[BinaryIO]:
@@ -127,8 +146,7 @@ def output_file(path: str | os.PathLike[str], *, protect: Iterable[str | os.Path
     protect = tuple(protect)
     old = check_target(path, protect=protect, option=option)
     if old is not None and not os.access(path, os.W_OK):
-        raise EvotunerError(f"cannot write {path}: the file is read-only",
-                            f"make it writable (chmod u+w {path}) or write to another {option}")
+        raise _unwritable(path, old, option)
     mode = stat.S_IMODE(old.st_mode) if old is not None else 0o666 & ~_umask()
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:_TMP_NAME_CHARS]}.", suffix=".tmp",

@@ -59,6 +59,30 @@ def _replayed(capsys, tmp_path: Path, study: str = "s", trials: int = 6, device:
 # -- export: the header's mode, unwritable targets, adversarial text ----------------------------
 
 
+def test_export_to_a_header_the_system_refuses_says_chmod_only_where_the_mode_is_why(capsys, cli_env,
+                                                                                     monkeypatch):
+    """A header whose mode lets this user write it but which the system refuses (chattr +i, a
+    read-only mount: os.access says no) points at lsattr/findmnt, not at chmod; a header whose
+    mode is the reason still says chmod (not for root, whose writes no mode refuses)."""
+    import evotuner.atomicfile as atomicfile
+
+    _replayed(capsys, cli_env)
+    header = cli_env / "h.h"
+    header.write_text("// old\n")
+    refused = str(header)
+    real_access = os.access
+    monkeypatch.setattr(atomicfile.os, "access",
+                        lambda p, m, *a, **k: False if str(p) == refused else real_access(p, m, *a, **k))
+    header.chmod(0o644)
+    code, out, err = run(capsys, "export", "--study", "s", "-o", header)
+    assert code != 0 and "lsattr" in err and "chmod" not in err, err
+    assert len(err.strip().splitlines()) == 1 and header.read_text() == "// old\n"
+    if os.geteuid() != 0:
+        header.chmod(0o444)
+        code, out, err = run(capsys, "export", "--study", "s", "-o", header)
+        assert code != 0 and "read-only" in err and "chmod u+w" in err, err
+
+
 def test_export_keeps_the_mode_of_an_existing_header_and_umask_for_a_new_one(capsys, cli_env):
     _replayed(capsys, cli_env)
     header = cli_env / "h.h"
