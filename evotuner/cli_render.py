@@ -314,7 +314,7 @@ def export_lines(result: Any) -> list[Text]:
         lines += [Text("")] + columns.table_lines(cols[:-1] if long else cols, cells, width,
                                                   notes=[f"study {s}" for s in studies] if long else (),
                                                   title=f"{family} ({columns.count(len(rows), 'row')})")
-    extra = ["Q≤ = a row's query-rows bucket: it serves B*H*Sq above half of it, up to it",
+    extra = ["Q≤ = a row serves calls whose query rows B*H*Sq lie in (Q/2, Q]",
              "S≤ = the max seqlen_k a row serves", "chk = evotuner check: ok, FAIL or - (unchecked)"]
     return lines + [Text("")] + [Text(line) for line in columns.legend_lines(shorts, width, extra)]
 
