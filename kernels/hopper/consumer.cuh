@@ -1,6 +1,7 @@
-// Hopper family: a consumer warpgroup (the mainloop's math). S = Q K^T by SS-wgmma, the
-// online softmax (softmax.cuh), O += P V by RS-wgmma with P in registers, the overlap and
-// ping-pong schedules, causal block passing; the epilogue stores O and the LSE (epilogue.cuh).
+// Hopper family: a consumer warpgroup (the mainloop's math). S = Q K^T by SS-wgmma (RS with
+// Q_IN_REGS: Q's fragments read once per tile, load_q), the online softmax (softmax.cuh),
+// O += P V by RS-wgmma with P in registers, the overlap and ping-pong schedules, causal block
+// passing; the epilogue stores O and the LSE (epilogue.cuh).
 #pragma once
 
 #include "hopper/params.h"
