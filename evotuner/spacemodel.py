@@ -10,6 +10,7 @@ import itertools
 import json
 import re
 from dataclasses import dataclass, field, replace
+from pathlib import PurePath
 from typing import Iterator, Mapping
 
 from evotuner.config import KernelConfig
@@ -205,7 +206,8 @@ class SearchSpace:
             if given[p.name] not in p.values:
                 raise SpaceError(
                     f"config: {p.name}={given[p.name]} is outside the space {self.path}",
-                    f"allowed values of {p.name}: {_join(p.values)}",
+                    f"allowed values of {p.name}: {_join(p.values)}; to try another, list it in a copy of "
+                    f"{PurePath(self.path).name} and pass that file as the space (--space)",
                 )
 
     def environment(self, config: KernelConfig, problem: Problem) -> dict[str, int]:

@@ -119,8 +119,9 @@ def test_validate_rejects_unknown_missing_and_out_of_domain():
     assert "BLOCK_M, BLOCK_N, NUM_WARPS" in str(e.value)
     with pytest.raises(SpaceError, match=r"missing parameter NUM_WARPS.*one of 4, 8"):
         space.validate(cfg("BLOCK_M=128,BLOCK_N=64"))
-    with pytest.raises(SpaceError, match=r"BLOCK_M=96 is outside the space small.toml.*64, 128, 256"):
+    with pytest.raises(SpaceError, match=r"BLOCK_M=96 is outside the space small.toml.*64, 128, 256") as e:
         space.validate(cfg("BLOCK_M=96,BLOCK_N=64,NUM_WARPS=4"))
+    assert "a copy of small.toml" in str(e.value) and "--space" in str(e.value)
     with pytest.raises(SpaceError, match="outside"):
         space.violated(cfg("BLOCK_M=96,BLOCK_N=64,NUM_WARPS=4"), problem())
 
