@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from evotuner.abi import DTYPE_NAMES
 from evotuner.errors import ExportError
+from evotuner.export_rows import BUCKET_EDGES, INT32_MAX, OPEN_BUCKET
 from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
 
 #: Per-row macros that describe the problem, not a kernel parameter.
@@ -79,6 +81,9 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
         if i >= n:
             raise ExportError(f"header {path}: row macro {T}_{i}_{m.group(2)} but only {n} rows",
                               "re-export the header; do not edit it by hand")
+        if m.group(2) in rows[i]:
+            raise ExportError(f"header {path}: {T}_{i}_{m.group(2)} is defined twice",
+                              "re-export the header; do not edit it by hand")
         rows[i].append(m.group(2))
         values[i].append((m.group(2), int(m.group(3))))
     if rows and "QUERY_ROWS_BUCKET" not in rows[0] and "MAX_SEQLEN" in rows[0]:
@@ -91,8 +96,36 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
             raise ExportError(f"header {path}: row {i} lacks macros "
                               f"{', '.join(f'{T}_{i}_{p}' for p in missing) or '(kernel parameters)'}",
                               "re-export the header; do not edit it by hand")
+    for i, row in enumerate(values):
+        _check_values(path, T, i, row, rows[0])
     return HeaderInfo(arch=arch.group(1), rows=tuple(tuple(r) for r in rows), family=fam.name,
                       values=tuple(tuple(v) for v in values), export_prefix=T)
+
+
+#: The values export writes for a row's problem macros (a row edited by hand out of these would
+#: serve no call, or a wrong one): QUERY_ROWS_BUCKET up to 63, the bucket of the largest int64
+#: B*H*Sq that the header's select() takes.
+_PROBLEM_VALUES = {"HEAD_DIM": range(1, INT32_MAX + 1), "IS_CAUSAL": range(2), "DTYPE": tuple(DTYPE_NAMES),
+                   "QUERY_ROWS_BUCKET": range(64), "MAX_SEQLEN": (*BUCKET_EDGES, OPEN_BUCKET)}
+
+
+def _check_values(path: Path, T: str, i: int, row: tuple[tuple[str, int], ...] | list[tuple[str, int]],
+                  first: list[str]) -> None:
+    """Refuse a row whose values export never writes, or whose kernel parameters differ from row 0's."""
+    names = [n for n, _ in row]
+    if sorted(names) != sorted(first):
+        missing = sorted(set(first) - set(names))
+        extra = sorted(set(names) - set(first))
+        what = (f"lacks {', '.join(f'{T}_{i}_{d}' for d in missing)} (row 0 has them)" if missing else
+                f"has {', '.join(f'{T}_{i}_{d}' for d in extra)}, which row 0 lacks")
+        raise ExportError(f"header {path}: row {i} {what}", "re-export the header; do not edit it by hand")
+    for name, value in row:
+        allowed = _PROBLEM_VALUES.get(name, range(INT32_MAX + 1))
+        if value not in allowed:
+            shown = f"{allowed.start}..{allowed.stop - 1}" if isinstance(allowed, range) else \
+                ", ".join(map(str, allowed))
+            raise ExportError(f"header {path}: {T}_{i}_{name} is {value}, not one of {shown}",
+                              "re-export the header; do not edit it by hand")
 
 
 def row_instantiation(header: str, index: int, names: Iterable[str], family: KernelFamily | str, *,

@@ -194,3 +194,41 @@ def test_a_header_exported_before_the_query_rows_bucket_is_refused_in_one_line(t
     with pytest.raises(EvotunerError, match="re-export it"):     # the production build reads it the same way
         _build_extension_module().build(old, tmp_path / "ext")
     assert read_header(_select_header(tmp_path)).rows[0][3] == "QUERY_ROWS_BUCKET"   # a new one reads
+
+
+# ------------------------------------------------------------------------------------------ edited headers
+
+
+@pytest.mark.parametrize("edit,why", [
+    (r"(FLASHCORE_TUNED_1_QUERY_ROWS_BUCKET\s+)17", "QUERY_ROWS_BUCKET is -3, not one of 0..63"),
+    (r"(FLASHCORE_TUNED_1_QUERY_ROWS_BUCKET\s+)17", "QUERY_ROWS_BUCKET is 70, not one of 0..63"),
+    (r"(FLASHCORE_TUNED_1_MAX_SEQLEN\s+)2048", "MAX_SEQLEN is 3000, not one of 512, 1024"),
+    (r"(FLASHCORE_TUNED_1_DTYPE\s+)0", "DTYPE is 9, not one of 0, 1"),
+    (r"(FLASHCORE_TUNED_1_IS_CAUSAL\s+)0", "IS_CAUSAL is 2, not one of 0..1"),
+    (r"(FLASHCORE_TUNED_1_BLOCK_M\s+)\d+", "BLOCK_M is 99999999999, not one of 0..2147483647"),
+    (r"(FLASHCORE_TUNED_1_QUERY_ROWS_BUCKET\s+17)", "FLASHCORE_TUNED_1_QUERY_ROWS_BUCKET is defined twice"),
+    (r"#define FLASHCORE_TUNED_4_STAGES.*\n#define FLASHCORE_TUNED_4_MIN_BLOCKS.*\n()",
+     "row 4 lacks FLASHCORE_TUNED_4_MIN_BLOCKS, FLASHCORE_TUNED_4_STAGES (row 0 has them)"),
+])
+def test_a_header_section_edited_by_hand_is_refused_in_one_line(tmp_path: Path, edit: str, why: str) -> None:
+    """A row's value export never writes (a query-rows bucket no B*H*Sq has, a seqlen bucket that is not
+    an edge, a dtype code, a config value past int32), a macro defined twice or a row missing kernel
+    parameters (a header cut short) is refused by every reader, not served as a row no call matches."""
+    header = _select_header(tmp_path)
+    text = header.read_text()
+    value = re.search(r"is (-?\d+),", why)
+    if "twice" in why:
+        edited = re.sub(edit, r"\1\n#define FLASHCORE_TUNED_1_QUERY_ROWS_BUCKET 5", text, count=1)
+    elif value:
+        edited = re.sub(edit, lambda m: m.group(1) + value.group(1), text, count=1)
+    else:      # the last row's last two parameters cut off
+        edited = text[:re.search(edit, text).start()]
+    assert edited != text
+    header.write_text(edited)
+    with pytest.raises(ExportError) as exc:
+        read_header(header)
+    assert why in str(exc.value) and str(header) in str(exc.value) and "\n" not in str(exc.value), exc.value
+    with pytest.raises(tuned.TunedError, match=re.escape(why)):
+        tuned.load(header)
+    with pytest.raises(EvotunerError, match=re.escape(why)):      # refused before anything is built
+        _build_extension_module().build(header, tmp_path / "ext", nvcc="/nonexistent/nvcc")
