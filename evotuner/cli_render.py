@@ -297,7 +297,8 @@ def _problem_pairs(p: Problem) -> list[tuple[str, str]]:
 def export_lines(result: Any) -> list[Text]:
     """The exported rows, one table per kernel family (each its own parameters), then the legend."""
     width = consoles.out.width
-    lines = [Text(line) for line in columns.wrap(f"{result.path}  ({columns.count(len(result.rows), 'config')})", width, 2)]
+    head = f"{for_terminal(result.path)}  ({columns.count(len(result.rows), 'config')})"   # a name may hold ESC
+    lines = [Text(line) for line in columns.wrap(head, width, 2)]
     families = list(dict.fromkeys(r.family for r in result.rows))
     shorts: dict[str, str] = {}
     for family in families:

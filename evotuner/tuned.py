@@ -198,14 +198,30 @@ def load(source: str | Path) -> TunedTable:
     if "://" not in text:
         path = Path(text).expanduser()
         if not path.is_file():
-            raise TunedError(f"tuned table {path}: no such file",
+            raise TunedError(f"tuned table {path}: {'a directory' if path.is_dir() else 'no such file'}",
                              "give a study database (sqlite:///studies.db or its path) or a header from evotuner export")
         if is_header(path):
             return load_header(path)
         if path.suffix.lower() == ".toml":
             return load_shipped(path)
+        if _not_sqlite(path):      # else the database layer's refusal would point at --storage
+            raise TunedError(f"tuned table {path}: not an SQLite study database, and its suffix is none of "
+                             f"{', '.join(_HEADER_SUFFIXES)} (a header) or .toml (a shipped table)",
+                             "give a study database (sqlite:///studies.db or its path), or a header from "
+                             "evotuner export named like tuned.h")
         text = f"sqlite:///{path.resolve()}"
     return load_studies(text)
+
+
+def _not_sqlite(path: Path) -> bool:
+    """Whether the non-empty file at ``path`` lacks the SQLite header (an empty file is left to the
+    database layer, which says it holds no study)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    return bool(head) and head != b"SQLite format 3\x00"
 
 
 def load_studies(url: str) -> TunedTable:

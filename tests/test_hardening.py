@@ -59,6 +59,39 @@ def _replayed(capsys, tmp_path: Path, study: str = "s", trials: int = 6, device:
 # -- export: the header's mode, unwritable targets, adversarial text ----------------------------
 
 
+def test_export_names_its_header_escaped_on_the_terminal(capsys, cli_env):
+    """-o with an escape sequence or a newline in its name: the file is written as named, and the
+    summary's first line shows the name escaped (no raw ESC reaches the terminal, no line break)."""
+    _replayed(capsys, cli_env)
+    for name, shown in (("c\x1b[31mred.h", "c\\x1b[31mred.h"), ("a\nb.h", "a\\x0ab.h")):
+        code, out, err = run(capsys, "export", "--study", "s", "-o", name)
+        assert code == 0, err
+        assert (cli_env / name).is_file() and "\x1b" not in out, out
+        assert out.splitlines()[0].startswith(shown), out.splitlines()[0]
+
+
+def test_a_tuned_table_that_is_a_folder_or_a_misnamed_header_says_so(tmp_path, monkeypatch):
+    """$EVOTUNER_TUNED / use_tuned at a folder says "a directory" (not "no such file"); at a file
+    neither a header by its suffix nor an SQLite database (an exported header renamed .txt) says
+    what it takes, not the database layer's --storage advice."""
+    from evotuner import tuned
+    from evotuner.runtime import choice
+
+    folder = tmp_path / "tuned.h"
+    folder.mkdir()
+    text = tmp_path / "tuned.txt"
+    text.write_text("#define FLASHCORE_TUNED_COUNT 0\n")
+    for source, why in ((folder, "a directory"), (text, "not an SQLite study database")):
+        with pytest.raises(tuned.TunedError) as exc:
+            tuned.load(source)
+        assert why in exc.value.message and "--storage" not in str(exc.value), exc.value
+        monkeypatch.setenv(tuned.ENV_VAR, str(source))
+        monkeypatch.setattr(choice, "_tables", None)
+        with pytest.raises(tuned.TunedError, match=f"EVOTUNER_TUNED: tuned table {source}: {why}"):
+            choice.served_tables()
+    monkeypatch.setattr(choice, "_tables", None)
+
+
 def test_export_to_a_header_the_system_refuses_says_chmod_only_where_the_mode_is_why(capsys, cli_env,
                                                                                      monkeypatch):
     """A header whose mode lets this user write it but which the system refuses (chattr +i, a
