@@ -39,7 +39,6 @@ import json
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
+from evotuner.atomicfile import check_target, write_bytes_atomic, write_text_atomic
 from evotuner.compiler.cache import EXTENSION_DIR
 from evotuner.compiler.instantiate import check_family, gencode
 from evotuner.compiler.nvcc import find_nvcc, probe, run
@@ -153,7 +153,7 @@ def generate_sources(info: HeaderInfo, header: Path, out: Path, family: str, kin
     include, src = out / "include", out / "src"
     include.mkdir(parents=True, exist_ok=True)
     src.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(header, include / kind.config_header)
+    _write_if_changed(include / kind.config_header, header.read_text(encoding="utf-8"))
     template = (ext_dir / kind.row_template).read_text()
     x = kind.prefix
     sources = []
@@ -183,8 +183,14 @@ def generate_sources(info: HeaderInfo, header: Path, out: Path, family: str, kin
 
 
 def _write_if_changed(path: Path, text: str) -> None:
+    """Write a generated file under evotuner's output rule (never through a link a reused --output
+    folder holds, never a folder or a device); an unchanged file keeps its time (nvcc's rebuild)."""
+    try:
+        check_target(path, option="--output folder")
+    except EvotunerError as exc:
+        raise BuildError(exc.message, exc.remedy) from None
     if not path.is_file() or path.read_text() != text:
-        path.write_text(text)
+        write_text_atomic(path, text, option="--output folder")
 
 
 def compile_rows(nvcc: Path, arch: str, sources: list[Path], out: Path, includes: list[Path], jobs: int,
@@ -255,7 +261,10 @@ def build_binding(objects: list[Path], out: Path, includes: list[Path], cuda_lib
     if not built.is_file():
         raise BuildError(f"the torch build finished but {built} is missing", "rerun with --verbose")
     module = out / f"{kind.module}.so"
-    shutil.copyfile(built, module)
+    try:
+        write_bytes_atomic(module, built.read_bytes(), option="--output folder")   # never through a link
+    except EvotunerError as exc:
+        raise BuildError(exc.message, exc.remedy) from None
     return module
 
 
@@ -282,20 +291,20 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
     out = Path(output).resolve()
     if out.exists() and not out.is_dir():
         raise EvotunerError(f"--output {out} exists and is not a folder", "give a folder to build into")
+    nvcc_path = find_nvcc(nvcc)      # before the folder is made: a refused build leaves nothing behind
+    toolchain = probe(nvcc_path)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise EvotunerError(f"--output {out}: cannot create it ({exc.strerror or exc})",
                             "give a folder you can write, whose parents are folders") from None
-    nvcc_path = find_nvcc(nvcc)
-    toolchain = probe(nvcc_path)
     ext_dir = kind.folder(root)
     sources = generate_sources(info, header, out, family, kind, ext_dir)
     objects = compile_rows(nvcc_path, info.arch, sources, out, [COMMON, ext_dir, *inc], jobs or os.cpu_count() or 1,
                            row_timeout_s)
     module = build_binding(objects, out, inc, cuda_library_dirs(nvcc_path, out / "obj"), verbose, torch_timeout_s,
                            kind, ext_dir)
-    (out / "build_info.json").write_text(json.dumps({
+    _write_if_changed(out / "build_info.json", json.dumps({
         "module": module.name, "header": str(header),
         "header_sha256": hashlib.sha256(header.read_bytes()).hexdigest(),
         "rows": len(info.rows), "arch": info.arch, "family": family, "nvcc": toolchain.release,

@@ -232,3 +232,24 @@ def test_a_header_section_edited_by_hand_is_refused_in_one_line(tmp_path: Path, 
         tuned.load(header)
     with pytest.raises(EvotunerError, match=re.escape(why)):      # refused before anything is built
         _build_extension_module().build(header, tmp_path / "ext", nvcc="/nonexistent/nvcc")
+
+
+def test_build_extension_leaves_no_folder_when_refused_and_never_writes_through_a_link(tmp_path: Path) -> None:
+    """A build refused for its nvcc creates no --output folder; a reused --output folder whose
+    include/<config header> or src/row_<i>.cu is a link to a file elsewhere is refused in one line,
+    and the link's target keeps its text (the build wrote through such links before)."""
+    ext = _build_extension_module()
+    header = _select_header(tmp_path)
+    with pytest.raises(EvotunerError, match="nvcc"):
+        ext.build(header, tmp_path / "out", nvcc=str(tmp_path / "no-nvcc"))
+    assert not (tmp_path / "out").exists()
+    victim = tmp_path / "victim.txt"
+    for linked in ("include/flashcore_config.h", "src/row_0.cu"):
+        victim.write_text("keep\n")
+        out = tmp_path / f"reused_{linked.split('/')[0]}"
+        (out / "include").mkdir(parents=True)
+        (out / "src").mkdir()
+        (out / linked).symlink_to(victim)
+        with pytest.raises(EvotunerError, match="symbolic link") as exc:
+            ext.generate_sources(read_header(header), header, out, "flashcore", ext.FLASHCORE, ext.FLASHCORE.folder())
+        assert "\n" not in str(exc.value) and victim.read_text() == "keep\n"
