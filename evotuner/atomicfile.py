@@ -38,7 +38,8 @@ from typing import BinaryIO
 
 from evotuner.errors import EvotunerError
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
+#: The first bytes of every SQLite database file.
+SQLITE_MAGIC = b"SQLite format 3\x00"
 #: How much of the target's name the temporary file's name keeps (NAME_MAX is 255 on Linux).
 _TMP_NAME_CHARS = 48
 
@@ -103,16 +104,16 @@ def check_target(path: str | os.PathLike[str], *, protect: Iterable[str | os.Pat
         if same:
             raise EvotunerError(f"cannot write {path}: it is the study database in use ({guarded})",
                                 f"write to another {option}; the database keeps every study")
-    if st is not None and st.st_size >= len(_SQLITE_MAGIC):
+    if st is not None and st.st_size >= len(SQLITE_MAGIC):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             try:
-                head = os.read(fd, len(_SQLITE_MAGIC))
+                head = os.read(fd, len(SQLITE_MAGIC))
             finally:
                 os.close(fd)
         except OSError:
             head = b""
-        if head == _SQLITE_MAGIC:
+        if head == SQLITE_MAGIC:
             raise EvotunerError(f"cannot write {path}: it holds an SQLite database",
                                 f"write to another {option}; evotuner never replaces a database")
     return st

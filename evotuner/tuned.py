@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Iterable
 
 from evotuner import query_rows as qr_rule
+from evotuner.atomicfile import SQLITE_MAGIC
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.problem import Problem
@@ -63,7 +64,7 @@ class TunedRow:
     dtype: str
     causal: bool
     seqlen_k: int          # the tuned problem's key length (a header row: its bucket's max_seqlen)
-    query_rows: int | None  # B*H*Sq of the tuned problem; None for a header row (bucketed by Sk only)
+    query_rows: int | None  # B*H*Sq of the tuned problem; None for a header row (query_rows_bucket instead)
     config: KernelConfig
     median_us: float | None
     source: str            # where the row came from, for messages: "study 'x' trial 12"
@@ -71,18 +72,20 @@ class TunedRow:
     #: row flash_attention only); sized by its padded shape, B*H*longest Sq and the longest
     #: Sk, what a packed call knows without reading its offsets back from the device
     varlen: bool = False
-    #: a header row's query-rows bucket (its query_rows is None: the header keeps the bucket only;
-    #: None here too: any query rows)
+    #: a header row's query-rows bucket (the header keeps the bucket only); None for the others
     query_rows_bucket: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.query_rows is None) == (self.query_rows_bucket is None):
+            raise ValueError("a TunedRow has query_rows (a study's or shipped row) or query_rows_bucket "
+                             "(a header row), exactly one")
 
     @property
     def size(self) -> str:
         if self.query_rows is not None:
             return f"{self.query_rows} query rows, Sk={self.seqlen_k}"
-        if self.query_rows_bucket is not None:
-            lo, hi = qr_rule.bounds(self.query_rows_bucket)
-            return f"{lo}..{hi} query rows, Sk <= {self.seqlen_k}"
-        return f"Sk={self.seqlen_k}"
+        lo, hi = qr_rule.bounds(self.query_rows_bucket)
+        return f"{lo}..{hi} query rows, Sk <= {self.seqlen_k}"
 
 
 @dataclass(frozen=True)
@@ -161,8 +164,8 @@ def _header_select(rows: list[TunedRow], query_rows: int, sk: int, on: str) -> T
     then the smallest seqlen bucket holding ``sk``, else the largest."""
     want = qr_rule.bucket(query_rows)
 
-    def rank(r: TunedRow) -> int:   # a row without a bucket (made by hand) serves any query rows
-        return 0 if r.query_rows_bucket is None else int(qr_rule.rank(r.query_rows_bucket, want))
+    def rank(r: TunedRow) -> int:
+        return int(qr_rule.rank(r.query_rows_bucket, want))
 
     nearest = min(rank(r) for r in rows)
     rows = [r for r in rows if rank(r) == nearest]
@@ -218,10 +221,10 @@ def _not_sqlite(path: Path) -> bool:
     database layer, which says it holds no study)."""
     try:
         with open(path, "rb") as f:
-            head = f.read(16)
+            head = f.read(len(SQLITE_MAGIC))
     except OSError:
         return False
-    return bool(head) and head != b"SQLite format 3\x00"
+    return bool(head) and head != SQLITE_MAGIC
 
 
 def load_studies(url: str) -> TunedTable:
