@@ -13,8 +13,8 @@ with split, packed heads with and without split), each call checked against the 
 reference so a silent wrong result fails too. Exit status 0 when every output is right.
 ``--only split`` runs the split-KV cases alone, ``--only ctas`` those with two CTAs per SM
 (CTAS_PER_SM=2, every scheduler), ``--only cluster`` the CTA pairs sharing K/V loads
-(CLUSTER=2), ``--only qregs`` those with Q in registers (Q_IN_REGS=1); ``--head-dim 96`` every
-group's cases at that head dim.
+(CLUSTER=2), ``--only qregs`` those with Q in registers (Q_IN_REGS=1), ``--only tail`` the last
+wave split (SCHED=3); ``--head-dim 96`` every group's cases at that head dim.
 """
 
 from __future__ import annotations
@@ -122,7 +122,17 @@ QREGS = (
     (1, 8, 2, 77, 131, 96, False, _QREGS + ",SCHED=0,PACK_GQA=1,Q_IN_REGS=1"),
     (1, 4, 4, 1, 17, 128, False, _QREGS + ",SCHED=1,TILE_OVERLAP=1,Q_IN_REGS=1"),
 )
-GROUPS = {"split": SPLIT, "ctas": CTAS, "cluster": CLUSTER, "qregs": QREGS}
+_TAIL = "STAGES=2,REG_PROD=24,OVERLAP=1,RESCALE_LOG2=8,EXP_EMU=0,SCHED=3"
+#: (B, H, HKV, Sq, Sk, D, causal, config): the last wave split (SCHED=3), small and ragged; on
+#: 132 SMs the plans cut 1 tile in 4, 12 in 3 (ragged Sq and Sk), 12 in 5 (packed heads, three
+#: warpgroups) and 8 in 8 (D=64).
+TAIL = (
+    (1, 133, 133, 60, 1100, 128, False, _TAIL + ",BLOCK_N=128,CONSUMER_WGS=1,REG_CONS=256,PINGPONG=0"),
+    (2, 9, 3, 1000, 777, 128, False, _TAIL + ",BLOCK_N=128,CONSUMER_WGS=2,REG_CONS=240,PINGPONG=1"),
+    (3, 9, 3, 1000, 777, 128, False, _TAIL + ",BLOCK_N=80,CONSUMER_WGS=3,REG_CONS=160,PINGPONG=1,PACK_GQA=1"),
+    (1, 140, 140, 64, 2000, 64, False, _TAIL + ",BLOCK_N=128,CONSUMER_WGS=1,REG_CONS=256,PINGPONG=0"),
+)
+GROUPS = {"split": SPLIT, "ctas": CTAS, "cluster": CLUSTER, "qregs": QREGS, "tail": TAIL}
 
 
 def _dense(family: str | None, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: int, causal: bool,

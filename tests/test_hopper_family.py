@@ -180,8 +180,8 @@ def test_meta_table_decodes_onto_the_common_names_and_refuses_other_versions():
     assert set(meta) == set(("abi", "threads", "smem_bytes", "head_dim", "is_causal", "dtype", "min_blocks")) | set(
         HOPPER.meta_fields)
     from evotuner.abi import MetaError
-    with pytest.raises(MetaError, match="HOPPER_ABI_VERSION 7"):
-        HOPPER.decode_meta(b"\x07\0\0\0" + raw[4:])
+    with pytest.raises(MetaError, match="HOPPER_ABI_VERSION 8"):
+        HOPPER.decode_meta(b"\x08\0\0\0" + raw[4:])
     with pytest.raises(MetaError, match="expected 92"):
         HOPPER.decode_meta(raw[:-4])
     with pytest.raises(MetaError, match="inconsistent"):   # CTAS_PER_SM is 1 or 2

@@ -60,9 +60,16 @@ def _cases(seed: int = 0) -> dict[str, list[tuple[int, ...]]]:
     # split-KV scratch: ragged tiles, one row, a decode-sized and a prefill-sized problem
     scratch = [(splits, B, H, sq, bm, D) for splits in (2, 3, 32) for B, H in ((1, 1), (4, 32))
                for sq in (1, 17, 4097) for bm in (64, 192) for D in (64, 96, 256)]
+    # SCHED 3: tiles below, at and past the grid, ragged last rounds short and long, few key blocks
+    tail = [(tiles, g, kb, min(tiles, 132 * c)) for tiles in (1, 100, 132, 133, 144, 688, 1024, 1376, 4096)
+            for g in (1, 114, 132, 264) for kb in (1, 2, 3, 9, 52) for c in (1, 2) if g <= 132 * c]
     return {"tma_fault": fault, "tma_view": view, "map_box": box, "launch_grid": grid,
             "legal_stride": [(s,) for s in strides], "packed_row_stride": packed,
-            "round256": [(n,) for n in (0, 1, 255, 256, 257, 1 << 40)], "split_scratch": scratch}
+            "round256": [(n,) for n in (0, 1, 255, 256, 257, 1 << 40)], "split_scratch": scratch,
+            "tail_slots": [(t, c) for t in (1, 133, 300, 5000) for c in (1, 2)],
+            "tail_scratch": [(t, c, bm, D) for t in (1, 133, 5000) for c in (1, 2) for bm in (64, 192)
+                             for D in (64, 96, 256)],
+            "tail_plan": tail}
 
 
 @pytest.mark.parametrize("sched", [0, 1])
@@ -115,6 +122,31 @@ def test_the_split_scratch_holds_split_cuh_s_regions():
         assert s["counter_bytes"] == -(-counters // 256) * 256 >= counters
         assert s["bytes"] == s["counter_bytes"] + -(-lse // 256) * 256 + lse * D
         assert s["counter_bytes"] % 256 == 0
+
+
+def test_the_tail_plan_splits_only_a_short_last_round_within_its_slots():
+    """SCHED 3 (tile_scheduler.cuh): the last r = tiles mod grid tiles are cut into `parts` parts
+    when the idle CTAs can take them, at most TAIL_PARTS, two key blocks a part, every part a
+    partial slot; the parts then fit the grid, and split.cuh's regions fit the scratch."""
+    cases = {(688, 132, 52): (660, 4), (1024, 132, 32): (1024, 1), (1376, 132, 13): (1320, 2),
+             (133, 132, 9): (132, 4), (140, 132, 16): (132, 8), (137, 132, 2): (137, 1), (132, 132, 40): (132, 1),
+             (100, 100, 40): (100, 1), (4096, 132, 16): (4092, 8)}
+    for (tiles, grid, kb), want in cases.items():
+        plan = launch.tail_plan(tiles, grid, kb, launch.tail_slots(tiles, 1))
+        assert (plan["first"], plan["parts"]) == want, (tiles, grid, kb, plan)
+    for tiles, grid, kb, slots in _cases()["tail_plan"]:
+        plan = launch.tail_plan(tiles, grid, kb, slots)
+        r = tiles - plan["first"]
+        assert 1 <= plan["parts"] <= launch.TAIL_PARTS
+        if plan["parts"] > 1:
+            assert r == tiles % grid and r * plan["parts"] <= min(grid, slots) and kb // plan["parts"] >= 2
+            bm, D = 192, 128
+            need = -(-r * 4 // 256) * 256 + -(-r * plan["parts"] * bm * 4 // 256) * 256 + r * plan["parts"] * bm * D * 4
+            assert need <= launch.tail_scratch(tiles, 2 if slots > 132 else 1, bm, D)["bytes"]
+        else:
+            assert r == 0
+    # the kernel's bound on the parts it combines (traits.cuh kTailParts) is the plan's
+    assert f"kTailParts = {launch.TAIL_PARTS};" in (KERNELS / "hopper" / "traits.cuh").read_text()
 
 
 def test_the_cxx_rules_compute_what_the_python_rules_compute(tmp_path):

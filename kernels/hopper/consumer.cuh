@@ -28,6 +28,7 @@ struct Consumer {
     uint32_t q_base;  // this WG's 64-row slab inside panel 0 of Q (TILE_OVERLAP: the current tile's buffer)
     uint32_t o_base;  // this WG's 64-row slab inside panel 0 of the O staging tile
     int kv;           // K/V ring iteration of this tile's first block
+    uint32_t flag_word;   // split-KV / SCHED 3: the combine flag word finish_split uses next (split.cuh)
 
     float o[T::kORegs];
     uint32_t qr[T::kQRegs];   // Q_IN_REGS: this warpgroup's Q as wgmma A fragments (load_q)
@@ -40,6 +41,7 @@ struct Consumer {
         q_base = sm.q + g * 64 * 128;
         o_base = (T::kPersistent ? sm.o : sm.q) + g * 64 * 128;
         kv = 0;
+        flag_word = 0;
     }
 
     // Q_IN_REGS: this warpgroup's 64 rows of Q (the tile at q_base, landed) into qr, the A
@@ -270,7 +272,7 @@ struct Consumer {
             epilogue();
             return;
         }
-        if constexpr (T::kSplit) {
+        if constexpr (T::kSplit || T::kTailSplit) {
             // A share with no block this warpgroup sees: an empty partial (LSE -inf).
             if (t.n_blocks == 0 || causal_skip() >= t.n_blocks) {
                 skip_tile();
@@ -285,8 +287,9 @@ struct Consumer {
         load_q();
         const int nb = t.n_blocks;
         // Iterations on blocks n >= n_unmasked (the first ones: blocks run downwards).
-        const int n_masked_iters = T::kSplit ? min(nb, max(0, t.n_top - max(t.n_unmasked, t.n_top - nb)))
-                                             : nb - max(t.n_unmasked, 0);
+        const int n_masked_iters = T::kSplit || T::kTailSplit
+                                       ? min(nb, max(0, t.n_top - max(t.n_unmasked, t.n_top - nb)))
+                                       : nb - max(t.n_unmasked, 0);
         const int first = causal_skip();   // iterations before it: masked for every row here
         for (int it = 0; it < first; ++it) pass_block(it);
         if constexpr (!T::kOverlap) {
@@ -332,14 +335,15 @@ struct Consumer {
     __device__ __forceinline__ void run_tiles_overlapped(int num_tiles);
     __device__ __forceinline__ int fetch_tile(int local, int num_tiles) const;
 
-    // O / l -> this WG's staging slab -> TMA store; LSE (epilogue.cuh). Split-KV: the
-    // fp32 partial O and LSE to the scratch (split.cuh).
+    // O / l -> this WG's staging slab -> TMA store; LSE (epilogue.cuh). Split-KV and SCHED 3's
+    // split tiles: the fp32 partial O and LSE to the scratch (split.cuh).
     __device__ __forceinline__ void epilogue();
     __device__ __forceinline__ void epilogue_stage();
     __device__ __forceinline__ void epilogue_commit();
     __device__ __forceinline__ void store_partial();
-    // Split-KV, after run_tile by every consumer thread of the CTA: count this CTA's share
-    // done; the tile's last one combines the partials into O and the LSE (split.cuh).
+    // Split-KV and SCHED 3's split tiles, after run_tile by every consumer thread of the CTA:
+    // count this CTA's share done; the tile's last one combines the partials into O and the
+    // LSE (split.cuh).
     __device__ __forceinline__ void finish_split();
 };
 

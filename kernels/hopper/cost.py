@@ -19,7 +19,7 @@ file; CTAS_PER_SM=2 halves it, see the last item), in clocks:
 * a tile: its iterations (causal tiles end at the diagonal) plus its prologue (Q load, first
   K) and epilogue (O store), which a persistent CTA overlaps with its next tile;
 * the kernel: the tiles' makespan over the SMs in the order the kernel hands them out
-  (kernel.cuh ``tile_info``: SCHED 0 the hardware's dispatch, 1 static striding, 2 a
+  (kernel.cuh ``tile_info``: SCHED 0 the hardware's dispatch, 1 static striding, 2 and 3 a
   dynamic counter; causal tiles longest first);
 * a packed variable-length batch (``Problem.lengths_q``): each sequence's own tiles (its
   rows, its key blocks, causal within it), every sequence's and head's tiles scheduled
@@ -28,6 +28,9 @@ file; CTAS_PER_SM=2 halves it, see the last item), in clocks:
 * split-KV (SPLITS > 1): a tile's key blocks shared by SPLITS CTAs, each adding its fp32
   partial's store, the last one the combine; the chip's HBM bandwidth floors the kernel
   (every K/V byte read once), which decides decoding;
+* the last wave split (SCHED=3, non-causal dense): launch.py's plan; the split tiles' parts
+  (each a split-KV share with its partial and combine, as above) handed out after the whole
+  tiles to the first CTA free;
 * two CTAs per SM (CTAS_PER_SM=2): twice the slots for the makespan, each CTA's iteration
   the longer of both CTAs' throughput-bound time and its own latency-bound time, so the
   fixed per-iteration latency and the tile edges of one CTA run under the other's work;
@@ -57,6 +60,7 @@ from typing import Mapping
 
 import numpy as np
 
+from evotuner.kernels.hopper import launch
 from evotuner.problem import Problem, Shape
 
 #: H100 SXM: streaming multiprocessors and the clock the figures below are per-clock of.
@@ -236,6 +240,23 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
         return tuple(out)
 
     static = config["SCHED"] == 1
+    if config["SCHED"] == 3 and not problem.lengths_q and not problem.causal:
+        # the last wave split: whole tiles to the first CTA free, then the split tiles' parts,
+        # each its share of the key blocks, its fp32 partial and (the last one's) combine
+        heads = s.batch * s.heads
+        per_m = tiles(s.seqlen_q, s.seqlen_k)
+        durations = np.tile(np.asarray(per_m), heads)
+        grid = max(1, min(sms * ctas, len(durations)))
+        plan = launch.tail_plan(len(durations), grid, -(-s.seqlen_k // n),
+                                launch.tail_slots(len(durations), ctas))
+        if plan["parts"] > 1:
+            rows = [min(block_m, s.seqlen_q - m * block_m) for m in range(len(per_m))] * heads
+            part = [_tile(config, d, rows[i], -(-s.seqlen_k // n), persistent, plan["parts"], ctas)
+                    for i in range(plan["first"], len(durations))]
+            durations = np.concatenate([durations[:plan["first"]], np.repeat(part, plan["parts"])])
+        clocks = _schedule(durations, grid, False)
+        kv_bytes = 2 * s.batch * s.seqlen_k * s.heads_kv * d * 2
+        return max(clocks, kv_bytes / HBM_BYTES_PER_CLK) / (clock_ghz * 1e3)
     if problem.lengths_q:
         clocks = _packed_makespan(tuple(tiles(q, k) for q, k in problem.sequences()), s.heads * splits,
                                   problem.causal, sms * ctas, static)

@@ -14,6 +14,12 @@ __device__ __forceinline__ void Consumer<T>::epilogue() {
         store_partial();
         return;
     }
+    if constexpr (T::kTailSplit) {   // SCHED 3: a part of a split tile of the last wave
+        if (__shfl_sync(0xffffffffu, t.parts, 0) > 1) {
+            store_partial();
+            return;
+        }
+    }
     epilogue_stage();
     epilogue_commit();
 }

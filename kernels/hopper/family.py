@@ -33,7 +33,7 @@ WIDE_HEAD_DIMS = (192, 256)
 #: Head dims tuned in search_spaces/hopper_d96.toml: D=96, tiles padded to 128 columns
 #: (kernels/hopper/traits.cuh kDimPad; launch.py NARROW_HEAD_DIM).
 NARROW_HEAD_DIMS = (launch.NARROW_HEAD_DIM,)
-#: Bytes of the SCHED=2 tile counter (one int32, zero at launch).
+#: Bytes of the SCHED=2 and 3 tile counter (one int32, zero at launch).
 TILE_COUNTER_BYTES = 4
 #: Problems of at most this many query rows (B*H*Sq: one wave of 64-row tiles on the
 #: H100's 132 SMs) are searched in search_spaces/hopper_split.toml (split-KV).
@@ -196,14 +196,19 @@ class Hopper(KernelFamily):
         return None
 
     def workspace_bytes(self, meta: Mapping[str, int]) -> int:
-        return TILE_COUNTER_BYTES if int(meta["sched"]) == 2 else 0
+        return TILE_COUNTER_BYTES if int(meta["sched"]) >= 2 else 0
 
     def scratch_bytes(self, meta: Mapping[str, int], batch: int, heads: int, seqlen_q: int, seqlen_k: int) -> int:
-        """Split-KV (SPLITS > 1): the per-tile counters and the fp32 partials (params.h)."""
+        """Split-KV (SPLITS > 1) and SCHED 3 (the last wave split): the counters and the fp32
+        partials (params.h). SCHED 3's is sized for the unpacked tiles, at least the packed ones'."""
         splits = int(meta.get("splits", 1))
+        block_m, head_dim = int(meta["block_m"]), int(meta["head_dim"])
+        if int(meta["sched"]) == 3:
+            tiles = -(-seqlen_q // block_m) * heads * batch
+            return launch.tail_scratch(tiles, int(meta.get("ctas_per_sm", 1)), block_m, head_dim)["bytes"]
         if splits <= 1:
             return 0
-        return split_scratch_bytes(splits, batch, heads, seqlen_q, int(meta["block_m"]), int(meta["head_dim"]))
+        return split_scratch_bytes(splits, batch, heads, seqlen_q, block_m, head_dim)
 
     def launch(self, meta: Mapping[str, int], args: AttentionArgs, device: DeviceInfo) -> LaunchSpec:
         q, k, v, o, lse = args.q, args.k, args.v, args.o, args.lse
@@ -244,23 +249,30 @@ class Hopper(KernelFamily):
         p.scale_log2 = float(args.scale) * math.log2(math.e)
         p.kv_group = group
         sched = int(meta["sched"])
-        if sched == 2:
+        if sched >= 2:
             if not args.workspace:
-                raise EvotunerError("hopper SCHED=2: no zeroed tile counter (AttentionArgs.workspace is 0)",
+                raise EvotunerError(f"hopper SCHED={sched}: no zeroed tile counter (AttentionArgs.workspace is 0)",
                                     "launch through evotuner.runtime.KernelModule, which zeroes it per launch")
             p.tile_counter = args.workspace
         else:
             p.tile_counter = None
-        if splits > 1:
+        g = launch.launch_grid(sched, Sq, meta["block_m"], splits, H, B, device.sm_count, meta.get("ctas_per_sm", 1),
+                               meta.get("cluster", 1))
+        p.tail_first, p.tail_parts = 0, 1
+        if sched == 3:   # the last wave split: the plan on this grid, within the scratch's slots
+            block_m = int(meta["block_m"])
+            tiles = -(-Sq // block_m) * H * B
+            slots = launch.tail_slots(tiles, meta.get("ctas_per_sm", 1))
+            plan = launch.tail_plan(tiles, g["x"], -(-Sk // int(meta["block_n"])), slots)
+            p.tail_first, p.tail_parts = plan["first"], plan["parts"]
+        if splits > 1 or sched == 3:
             if not args.scratch:
-                raise EvotunerError(f"hopper SPLITS={splits}: no scratch for the partial results "
-                                    "(AttentionArgs.scratch is 0)",
+                what = f"SPLITS={splits}" if splits > 1 else "SCHED=3"
+                raise EvotunerError(f"hopper {what}: no scratch for the partial results (AttentionArgs.scratch is 0)",
                                     "launch through evotuner.runtime.KernelModule, which allocates it")
             p.scratch = args.scratch
             p.o_ptr = o.ptr
             p.o_batch_stride, p.o_head_stride, p.o_row_stride = o.strides[0], o.strides[1], o.strides[2]
-        g = launch.launch_grid(sched, Sq, meta["block_m"], splits, H, B, device.sm_count, meta.get("ctas_per_sm", 1),
-                               meta.get("cluster", 1))
         return LaunchSpec(args=(bytes(p),), grid=(g["x"], g["y"], g["z"]), block=(meta["threads"], 1, 1),
                           smem_bytes=meta["smem_bytes"])
 

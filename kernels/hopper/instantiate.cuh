@@ -12,7 +12,8 @@
 //   #define HOPPER_REG_CONS 240      // setmaxnreg of each consumer WG
 //   #define HOPPER_OVERLAP 1         // S(n+1) = QK^T issued before softmax(n) retires PV(n)
 //   #define HOPPER_PINGPONG 1        // consumer WGs take turns issuing their GEMMs
-//   #define HOPPER_SCHED 0           // 0 one CTA per tile, 1 persistent static, 2 persistent dynamic (grid = min(#SMs, tiles))
+//   #define HOPPER_SCHED 0           // 0 one CTA per tile, 1 persistent static, 2 persistent dynamic (grid = min(#SMs, tiles)),
+//                                    // 3 dynamic with the last wave split (non-causal dense)
 //   #define HOPPER_RESCALE_LOG2 0    // optional (default 0 = eager O rescale); 8 = lazy rescale
 //   #define HOPPER_EXP_EMU 0         // optional (default 0); k >= 2: 1 exp2 in k by FMA polynomial
 //   #define HOPPER_VARLEN 0          // optional (default 0); 1: packed variable-length batches (a problem property)
@@ -61,7 +62,7 @@
 #error "HOPPER_PINGPONG is not defined: the space parameter PINGPONG must be #defined (0 or 1)"
 #endif
 #ifndef HOPPER_SCHED
-#error "HOPPER_SCHED is not defined: the space parameter SCHED must be #defined (0, 1 or 2)"
+#error "HOPPER_SCHED is not defined: the space parameter SCHED must be #defined (0, 1, 2 or 3)"
 #endif
 #if defined(HOPPER_BLOCK_M) && HOPPER_BLOCK_M != 64 * HOPPER_CONSUMER_WGS
 #error "HOPPER_BLOCK_M must equal 64*HOPPER_CONSUMER_WGS (each consumer warpgroup owns 64 query rows)"

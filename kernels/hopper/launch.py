@@ -103,7 +103,7 @@ def map_box(which, block_m, block_n, o_box_rows, D, cluster):
 
 def launch_grid(sched, seqlen_q, block_m, splits, heads, batch, sms, ctas_per_sm, cluster):
     """The grid: one CTA per (query tile x split, head, batch) for SCHED 0; for the persistent
-    schedulers (SCHED 1 and 2) as many CTAs as the SMs hold (``ctas_per_sm`` each, the
+    schedulers (SCHED 1, 2 and 3) as many CTAs as the SMs hold (``ctas_per_sm`` each, the
     kernel's CTAS_PER_SM), at most one per tile, at least one. With CLUSTER > 1 a tile is a
     run of ``cluster`` query blocks and x counts whole clusters: SCHED 0 the query blocks
     rounded up to a multiple of it, SCHED 1 ``cluster`` CTAs per tile, as many as the SMs hold."""
@@ -147,5 +147,47 @@ def split_scratch(splits, batch, heads, seqlen_q, block_m, head_dim):
     }
 
 
+#: SCHED 3: the most parts a split tile of the last wave is cut into (traits.cuh kTailParts).
+TAIL_PARTS = 8
+#: SCHED 3: the most SMs a Hopper GPU has (H100 SXM, H200: 132); the scratch holds a partial slot
+#: per CTA of a grid this size, and a plan on a larger grid cuts no more parts than that.
+TAIL_MAX_SMS = 132
+
+
+def tail_slots(tiles, ctas_per_sm):
+    """SCHED 3: the partial slots a launch's scratch holds: one per CTA of the largest grid
+    (:data:`TAIL_MAX_SMS` x CTAS_PER_SM), at most one per tile (a grid has no more CTAs)."""
+    return min(tiles, TAIL_MAX_SMS * ctas_per_sm)
+
+
+def tail_scratch(tiles, ctas_per_sm, block_m, head_dim):
+    """SCHED 3's scratch (params.h; split.cuh lays it out for the plan's r split tiles and
+    r * parts <= slots parts): int32 counters, then fp32 LSE partials [slots, BLOCK_M], then
+    fp32 O partials [slots, BLOCK_M, D], each region 256-byte aligned. The counters (the first
+    ``counter_bytes``) must read 0 at the first launch; the kernel puts them back to 0."""
+    slots = tail_slots(tiles, ctas_per_sm)
+    counter_bytes = round256(slots * 4)
+    return {
+        "counter_bytes": counter_bytes,
+        "bytes": counter_bytes + round256(slots * block_m * 4) + slots * block_m * head_dim * 4,
+    }
+
+
+def tail_plan(tiles, grid, key_blocks, slots):
+    """SCHED 3, the last wave split: ``tiles`` whole tiles on ``grid`` CTAs leave r = tiles mod
+    grid tiles for a last round in which the other CTAs idle. Each of those r tiles (the last in
+    hand-out order, from ``first``) is cut into ``parts`` parts of its key blocks: as many as the
+    idle CTAs take (grid / r), at most :data:`TAIL_PARTS`, each part at least two key blocks and
+    every part a partial slot of the ``slots`` the scratch holds. ``parts`` 1 (``first`` =
+    ``tiles``): nothing is split (no ragged round, or one at least half full)."""
+    r = tiles % grid
+    parts = min(min(TAIL_PARTS, grid // r), min(key_blocks // 2, slots // r)) if r > 0 and tiles > grid else 1
+    return {
+        "first": tiles - r if parts >= 2 else tiles,
+        "parts": parts if parts >= 2 else 1,
+    }
+
+
 #: What gen_launch.py renders, in order (a rule may call those before it).
-RULES = (legal_stride, tma_fault, tma_view, map_box, launch_grid, packed_row_stride, round256, split_scratch)
+RULES = (legal_stride, tma_fault, tma_view, map_box, launch_grid, packed_row_stride, round256, split_scratch,
+         tail_slots, tail_scratch, tail_plan)

@@ -2,9 +2,10 @@
 //
 // Launch:
 //   grid  = SCHED 0: (ceil(seqlen_q / BLOCK_M), heads, batch)        BLOCK_M = 64 * CONSUMER_WGS
-//           SCHED 1, 2: (min(#SMs * CTAS_PER_SM, ceil(seqlen_q / BLOCK_M) * heads * batch), 1, 1)   (persistent;
-//           2 = dynamic: needs Params::tile_counter zero at launch; the kernel leaves it zero,
-//           so a buffer zeroed once serves every later launch on its stream)
+//           SCHED 1, 2, 3: (min(#SMs * CTAS_PER_SM, ceil(seqlen_q / BLOCK_M) * heads * batch), 1, 1)
+//           (persistent; 2, 3 = dynamic: need Params::tile_counter zero at launch; the kernel
+//           leaves it zero, so a buffer zeroed once serves every later launch on its stream;
+//           3 also Params::scratch and tail_slots)
 //           CLUSTER = 2 (SCHED 0, 1): x counts pairs of query blocks, times 2: SCHED 0
 //           2*ceil(m_blocks / 2); SCHED 1 2*min(#SMs / 2, ceil(m_blocks / 2) * heads * batch)
 //   block = (THREADS, 1, 1)                                 THREADS = 128 * (CONSUMER_WGS + 1)
@@ -31,7 +32,7 @@
 #include <stdint.h>
 #include <cuda.h>  // CUtensorMap (alignas(128), 128 bytes); no driver call is made from device code
 
-#define HOPPER_ABI_VERSION 6
+#define HOPPER_ABI_VERSION 7
 
 namespace hopper {
 
@@ -70,8 +71,17 @@ struct alignas(128) Params {
     // partials [B, H, SPLITS, Sq] (padded to 256 B), fp32 O partials [B, H, SPLITS, Sq, D].
     // The combining CTA writes O through o_ptr with element strides o_batch_stride,
     // o_head_stride, o_row_stride (the dense [B, H, Sq, D] view), and the LSE.
+    //
+    // SCHED 3 (the last wave split, tile_scheduler.cuh): the host's plan (launch.py
+    // tail_plan): tiles tail_first .. tiles-1 (r of them) are cut into tail_parts parts each
+    // (tail_parts 1: none is). `scratch` then holds int32 counters [r] (padded to 256 B), fp32
+    // LSE partials [r * tail_parts, BLOCK_M] (padded to 256 B) and fp32 O partials
+    // [r * tail_parts, BLOCK_M, D] (launch.py tail_scratch bounds them for any grid), the
+    // counters zeroed once by the host (the kernel leaves them zero); the combine writes O
+    // through o_ptr and the o_*_stride (whole tiles use tm_o).
     void* scratch;
     int64_t o_batch_stride;
+    int32_t tail_first, tail_parts;
 };
 
 static_assert(sizeof(CUtensorMap) == 128, "CUtensorMap must be 128 bytes");
@@ -95,7 +105,7 @@ static_assert(alignof(Params) == 128, "Params must be 128-byte aligned (CUtensor
 #define HOPPER_META_OVERLAP 12
 #define HOPPER_META_PINGPONG 13
 #define HOPPER_META_O_BOX_ROWS 14 /* rows of the O map's box (64) */
-#define HOPPER_META_SCHED 15 /* 0: grid (ceil(Sq/BLOCK_M), H, B); 1, 2: grid (min(#SMs x CTAS_PER_SM, tiles), 1, 1); 2: zeroed tile_counter */
+#define HOPPER_META_SCHED 15 /* 0: grid (ceil(Sq/BLOCK_M), H, B); 1-3: grid (min(#SMs x CTAS_PER_SM, tiles), 1, 1); 2, 3: zeroed tile_counter; 3: tail scratch */
 #define HOPPER_META_RESCALE_LOG2 16
 #define HOPPER_META_EXP_EMU 17
 #define HOPPER_META_VARLEN 18 /* 1: packed variable-length batches (Params::cu_seqlens_q/k) */

@@ -22,7 +22,7 @@ from evotuner.kernels.hopper import launch
 from evotuner.runtime import cuda  # torch-free; the driver is opened on first use
 
 #: HOPPER_ABI_VERSION (params.h): the kernel's own table version.
-HOPPER_ABI_VERSION = 6
+HOPPER_ABI_VERSION = 7
 #: ``hopper_meta`` entries in index order (HOPPER_META_* in params.h).
 HOPPER_META = ("abi", "threads", "smem_bytes", "block_m", "block_n", "head_dim", "is_causal", "dtype",
                "stages", "consumer_wgs", "reg_prod", "reg_cons", "overlap", "pingpong", "o_box_rows",
@@ -58,7 +58,8 @@ class Params(ctypes.Structure):
         ("o_ptr", c_void_p), ("o_row_stride", ctypes.c_int64), ("o_head_stride", ctypes.c_int64),
         ("total_q", c_int32),
         ("scratch", c_void_p), ("o_batch_stride", ctypes.c_int64),
-        ("_pad", ctypes.c_uint8 * 24),   # tail padding to alignas(128): 512 + 104 -> 640
+        ("tail_first", c_int32), ("tail_parts", c_int32),
+        ("_pad", ctypes.c_uint8 * 16),   # tail padding to alignas(128): 512 + 112 -> 640
     ]
 
 

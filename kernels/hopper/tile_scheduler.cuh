@@ -3,6 +3,8 @@
 // (persistent, tiles handed out by an atomic counter).
 #pragma once
 
+#include <type_traits>
+
 #include "hopper/params.h"
 #include "hopper/ptx.cuh"
 #include "hopper/traits.cuh"
@@ -16,7 +18,9 @@ struct TileInfo {
     // Key blocks n_top-1 down to n_top-n_blocks, in that order (n_blocks iterations; a
     // split-KV CTA takes its share of the tile's blocks, else n_top == n_blocks).
     int m0, n_blocks, n_top, n_unmasked;  // blocks n < n_unmasked need no mask
-    int split;                            // split-KV: this CTA's share (0 .. kSplits-1), else 0
+    int split;                            // split-KV: this CTA's share (0 .. parts-1), else 0
+    int parts;                            // shares of the tile's key blocks (1: a whole tile)
+    int slot;                             // SCHED 3: the split tile's number among the tail's
     int head, batch;
     int seqlen_q, seqlen_k;        // this tile's sequence
     int q_row, k_row, tb;          // its first Q/O and K/V row in the maps, the maps' batch coordinate
@@ -27,9 +31,24 @@ struct TileInfo {
 // per (cluster's run of kCluster query blocks, head, batch), which every CTA of the cluster
 // works on in lockstep (its own query block of the run).
 template <class T>
-__device__ __forceinline__ int num_tiles(const Params& p) {
+__device__ __forceinline__ int whole_tiles(const Params& p) {
     const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
     return ((num_m + T::kCluster - 1) / T::kCluster) * p.heads * p.batch;
+}
+
+// SCHED 3, the last wave split (Stream-K style, at tile granularity). `tiles` whole tiles on
+// a grid of G CTAs leave a last round of r = tiles mod G tiles while G - r CTAs idle; each of
+// those r tiles (the last r in hand-out order, from Params::tail_first) is cut into
+// Params::tail_parts parts of its key blocks instead, r * parts <= G of them, so the last round
+// takes about 1/parts of a tile. The host plans it (launch.py tail_plan: at least two key blocks
+// a part, at most kTailParts parts, a last round at least half full splits nothing), so the
+// producer's 24 registers hold no plan: its numbers are read from the parameter bank.
+//
+// What the persistent schedulers hand out: whole tiles, and with SCHED 3 the split tail's parts.
+template <class T>
+__device__ __forceinline__ int num_tiles(const Params& p) {
+    if constexpr (T::kTailSplit) return p.tail_first + (whole_tiles<T>(p) - p.tail_first) * p.tail_parts;
+    return whole_tiles<T>(p);
 }
 // A persistent CTA's first tile and the stride of its static walk (a cluster's CTAs share both).
 template <class T>
@@ -44,6 +63,18 @@ __device__ __forceinline__ int tile_stride() { return int(gridDim.x) / T::kClust
 template <class T>
 __device__ __forceinline__ TileInfo tile_info(const Params& p, int tile) {
     TileInfo t;
+    t.split = T::kSplit ? int(blockIdx.x) % T::kSplits : 0;
+    t.parts = T::kSplits;
+    t.slot = 0;
+    if constexpr (T::kTailSplit) {   // unit `tile` -> its tile, and its part of a split one
+        if (tile >= p.tail_first) {
+            const int v = tile - p.tail_first;
+            t.slot = v / p.tail_parts;
+            t.split = v - t.slot * p.tail_parts;
+            t.parts = p.tail_parts;
+            tile = p.tail_first + t.slot;
+        }
+    }
     const int num_m = (p.seqlen_q + T::kBlockM - 1) / T::kBlockM;
     int m_block;
     if constexpr (T::kPersistent && T::kIsCausal) {
@@ -73,7 +104,6 @@ __device__ __forceinline__ TileInfo tile_info(const Params& p, int tile) {
         t.head = blockIdx.y;
         t.batch = blockIdx.z;
     }
-    t.split = T::kSplit ? int(blockIdx.x) % T::kSplits : 0;
     t.seqlen_q = p.seqlen_q;
     t.seqlen_k = p.seqlen_k;
     t.q_row = t.k_row = 0;
@@ -98,11 +128,14 @@ __device__ __forceinline__ TileInfo tile_info(const Params& p, int tile) {
         unmasked = min(unmasked, (t.m0 + 1) / T::kBlockN);              // every key <= the tile's first row
     }
     t.n_unmasked = unmasked;
-    if constexpr (T::kSplit) {
+    if constexpr (T::kSplit || T::kTailSplit) {
         // Split s takes blocks [s*nb/S, (s+1)*nb/S): shares differ by at most one block,
         // and a split past the tile's blocks gets none (it still reports an empty partial).
-        const int lo = static_cast<int>(static_cast<long long>(t.split) * nb / T::kSplits);
-        const int hi = static_cast<int>(static_cast<long long>(t.split + 1) * nb / T::kSplits);
+        // (SCHED 3: S = t.parts, 1 for a whole tile: all its blocks.)
+        // (SCHED 3: 32-bit, parts <= kTailParts; the producer's 24 registers hold no 64-bit division.)
+        using Wide = typename std::conditional<T::kTailSplit, int, long long>::type;
+        const int lo = static_cast<int>(static_cast<Wide>(t.split) * nb / t.parts);
+        const int hi = static_cast<int>(static_cast<Wide>(t.split + 1) * nb / t.parts);
         t.n_top = hi;
         t.n_blocks = hi - lo;
     } else {

@@ -50,9 +50,17 @@ struct Traits {
     //    overlap it.
     //    2: persistent with dynamic tile fetch (atomicAdd on Params::tile_counter,
     //    broadcast to the consumers through smem with the Q barrier).
+    //    3: 2, with the last wave split (non-causal dense): when the tiles leave a ragged last
+    //    round of r < gridDim.x tiles, each of those r tiles is cut into s parts along its key
+    //    blocks (s = min(kTailParts, gridDim.x / r, key blocks / 2, Params::tail_slots / r)),
+    //    so the last round's work is spread over r*s CTAs instead of r; each part writes an fp32
+    //    partial to Params::scratch and the last of a tile's parts combines them (split.cuh).
+    //    The other CTAs would idle through that round: a Stream-K-style tail, tile_scheduler.cuh.
     static constexpr int kSched = SCHED_;
     static constexpr bool kPersistent = SCHED_ >= 1;
-    static constexpr bool kDynamic = SCHED_ == 2;
+    static constexpr bool kDynamic = SCHED_ >= 2;
+    static constexpr bool kTailSplit = SCHED_ == 3;
+    static constexpr int kTailParts = 8;   // most parts a tail tile is cut into (the combine's chain)
     // 0: rescale O whenever a row max grows; k > 0: lazy, keep a stale max until
     // some row of the warp grows by more than k (log2 units; P <= 2^k).
     static constexpr int kRescaleLog2 = RESCALE_LOG2_;
@@ -131,7 +139,8 @@ struct Traits {
     static constexpr int kOffBar = kOffO + kOBytes;
     // (q_full, q_empty) per Q buffer, k_full[], k_empty[], v_full[], v_empty[]
     static constexpr int kNumBars = 2 * kQBufs + 4 * kStages;
-    static constexpr int kBarBytes = ((kNumBars * 8 + 8 /* tile slots, 4 B per Q buffer */ + 127) / 128) * 128;
+    static constexpr int kBarBytes =
+        ((kNumBars * 8 + 16 /* tile slots, 4 B per Q buffer; the split's two combine flags */ + 127) / 128) * 128;
     static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBar + kBarBytes;
 
     static_assert(sizeof(Element) == 2, "Element must be __half or __nv_bfloat16");
@@ -155,7 +164,11 @@ struct Traits {
     static_assert(!kSplit || kSched == 0, "SPLITS > 1 needs SCHED=0 (one CTA per (tile, split))");
     static_assert(!kSplit || !kVarlen, "SPLITS > 1 is not built for packed variable-length batches");
     static_assert(PACK_GQA_ == 0 || PACK_GQA_ == 1, "PACK_GQA must be 0 or 1");
-    static_assert(kSched >= 0 && kSched <= 2, "SCHED must be 0 (one CTA per tile), 1 (persistent) or 2 (dynamic)");
+    static_assert(kSched >= 0 && kSched <= 3,
+                  "SCHED must be 0 (one CTA per tile), 1 (persistent), 2 (dynamic) or 3 (dynamic, last wave split)");
+    static_assert(!kTailSplit || (!kIsCausal && !kVarlen && !kSplit && !kClustered && !kTileOverlap),
+                  "SCHED=3 (the last wave split) needs a non-causal dense problem without SPLITS, CLUSTER or "
+                  "TILE_OVERLAP");
     static_assert(kSmemBytes <= 232448,
                   "shared memory ((1+SCHED)*BLOCK_M*D_PAD*2 + 2*STAGES*BLOCK_N*D_PAD*2 + barriers + 1 KiB, D_PAD = HEAD_DIM "
                   "rounded up to 64) exceeds 227 KiB");

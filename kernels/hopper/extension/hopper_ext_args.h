@@ -14,7 +14,7 @@ struct HopperExtPlan {
     int32_t packed;            // 1: grouped query heads packed, one K/V head's as one head
     int32_t heads;             // the launch's heads and query rows per head (packed: K/V heads, group*Sq)
     int32_t seqlen_q;
-    int64_t scratch_bytes;     // per-call memory the launch takes (split-KV scratch, SCHED 2's counter; 0: none)
+    int64_t scratch_bytes;     // per-call memory the launch takes (split-KV scratch, SCHED 2/3 counter, SCHED 3 scratch; 0: none)
 };
 
 struct HopperExtArgs {
@@ -31,7 +31,7 @@ struct HopperExtArgs {
     int32_t heads_kv;             // heads of k and v: heads, or a divisor of it (GQA/MQA)
     int32_t dtype;                // 0 fp16, 1 bf16
     float scale_log2;             // softmax scale * log2(e)
-    // Per-call device memory for SCHED 2's tile counter and split-KV's scratch: the launcher asks
+    // Per-call device memory for SCHED 2's tile counter, split-KV's and SCHED 3's scratch: the launcher asks
     // for `bytes`, allocated in the launch stream's order and kept alive by the binding until the
     // launch is queued, and clears the counters in it on that stream; nullptr when the allocation
     // failed (the binding holds why).

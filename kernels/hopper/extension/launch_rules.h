@@ -57,7 +57,7 @@ struct HopperLaunchGrid {
     int64_t z;
 };
 // The grid: one CTA per (query tile x split, head, batch) for SCHED 0; for the persistent
-// schedulers (SCHED 1 and 2) as many CTAs as the SMs hold (``ctas_per_sm`` each, the
+// schedulers (SCHED 1, 2 and 3) as many CTAs as the SMs hold (``ctas_per_sm`` each, the
 // kernel's CTAS_PER_SM), at most one per tile, at least one. With CLUSTER > 1 a tile is a
 // run of ``cluster`` query blocks and x counts whole clusters: SCHED 0 the query blocks
 // rounded up to a multiple of it, SCHED 1 ``cluster`` CTAs per tile, as many as the SMs hold.
@@ -94,6 +94,42 @@ inline HopperSplitScratch hopper_split_scratch(int64_t splits, int64_t batch, in
     const int64_t bh = (batch * heads);
     const int64_t counter_bytes = hopper_round256(((bh * (((seqlen_q + block_m) - INT64_C(1)) / block_m)) * INT64_C(4)));
     return HopperSplitScratch{counter_bytes, ((counter_bytes + hopper_round256((((bh * splits) * seqlen_q) * INT64_C(4)))) + ((((bh * splits) * seqlen_q) * head_dim) * INT64_C(4)))};
+}
+
+// SCHED 3: the partial slots a launch's scratch holds: one per CTA of the largest grid
+// (:data:`TAIL_MAX_SMS` x CTAS_PER_SM), at most one per tile (a grid has no more CTAs).
+inline int64_t hopper_tail_slots(int64_t tiles, int64_t ctas_per_sm) {
+    return std::min<int64_t>(tiles, (INT64_C(132) * ctas_per_sm));
+}
+
+struct HopperTailScratch {
+    int64_t counter_bytes;
+    int64_t bytes;
+};
+// SCHED 3's scratch (params.h; split.cuh lays it out for the plan's r split tiles and
+// r * parts <= slots parts): int32 counters, then fp32 LSE partials [slots, BLOCK_M], then
+// fp32 O partials [slots, BLOCK_M, D], each region 256-byte aligned. The counters (the first
+// ``counter_bytes``) must read 0 at the first launch; the kernel puts them back to 0.
+inline HopperTailScratch hopper_tail_scratch(int64_t tiles, int64_t ctas_per_sm, int64_t block_m, int64_t head_dim) {
+    const int64_t slots = hopper_tail_slots(tiles, ctas_per_sm);
+    const int64_t counter_bytes = hopper_round256((slots * INT64_C(4)));
+    return HopperTailScratch{counter_bytes, ((counter_bytes + hopper_round256(((slots * block_m) * INT64_C(4)))) + (((slots * block_m) * head_dim) * INT64_C(4)))};
+}
+
+struct HopperTailPlan {
+    int64_t first;
+    int64_t parts;
+};
+// SCHED 3, the last wave split: ``tiles`` whole tiles on ``grid`` CTAs leave r = tiles mod
+// grid tiles for a last round in which the other CTAs idle. Each of those r tiles (the last in
+// hand-out order, from ``first``) is cut into ``parts`` parts of its key blocks: as many as the
+// idle CTAs take (grid / r), at most :data:`TAIL_PARTS`, each part at least two key blocks and
+// every part a partial slot of the ``slots`` the scratch holds. ``parts`` 1 (``first`` =
+// ``tiles``): nothing is split (no ragged round, or one at least half full).
+inline HopperTailPlan hopper_tail_plan(int64_t tiles, int64_t grid, int64_t key_blocks, int64_t slots) {
+    const int64_t r = (tiles % grid);
+    const int64_t parts = (((r > INT64_C(0)) && (tiles > grid)) ? std::min<int64_t>(std::min<int64_t>(INT64_C(8), (grid / r)), std::min<int64_t>((key_blocks / INT64_C(2)), (slots / r))) : INT64_C(1));
+    return HopperTailPlan{((parts >= INT64_C(2)) ? (tiles - r) : tiles), ((parts >= INT64_C(2)) ? parts : INT64_C(1))};
 }
 
 constexpr int kHopperTmaRank = 5;
