@@ -18,18 +18,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from evotuner.config import KernelConfig  # noqa: E402
-from evotuner.family import get_family  # noqa: E402
 from evotuner.kernels.hopper import launch as L  # noqa: E402
 from evotuner.kernels.hopper.params import Params  # noqa: E402
 from evotuner.problem import Problem, Shape  # noqa: E402
 from evotuner.runtime import attention as A  # noqa: E402
 from evotuner.runtime import check as C  # noqa: E402
-from evotuner.space import load_space  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-HOPPER = get_family("hopper")
-SPACE = load_space(HOPPER.default_space())
 
 #: (BLOCK_N, CONSUMER_WGS, REG_PROD, REG_CONS, PINGPONG)
 ONE, TWO, THREE = (128, 1, 24, 256, 0), (128, 2, 24, 240, 1), (80, 3, 24, 160, 1)
@@ -84,8 +79,7 @@ def test_the_last_wave_split_is_right(case) -> None:
     tile, pack, dtype, (b, h, hkv, sq, sk, d) = case
     dev = torch.cuda.current_device()
     problem = _problem(case)
-    cfg = _config(tile, 3, pack)
-    assert SPACE.violated(cfg, problem) is None, cfg
+    cfg = _config(tile, 3, pack)   # (SCHED=3 is not in the searched space: built here by its config)
     module = A.kernel_module(cfg, problem, dev, family="hopper")
     plain = A.kernel_module(_config(tile, 2, pack), problem, dev, family="hopper")
     what = f"SCHED=3 {cfg} {problem.shape} {dtype}"
