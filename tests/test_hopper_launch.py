@@ -141,7 +141,7 @@ def test_the_tail_plan_splits_only_a_short_last_round_within_its_slots():
         if plan["parts"] > 1:
             assert r == tiles % grid and r * plan["parts"] <= min(grid, slots) and kb // plan["parts"] >= 2
             bm, D = 192, 128
-            need = -(-r * 4 // 256) * 256 + -(-r * plan["parts"] * bm * 4 // 256) * 256 + r * plan["parts"] * bm * D * 4
+            need = -(-r * 8 * (bm // 16) // 256) * 256 + -(-r * plan["parts"] * bm * 4 // 256) * 256 + r * plan["parts"] * bm * D * 4
             assert need <= launch.tail_scratch(tiles, 2 if slots > 132 else 1, bm, D)["bytes"]
         else:
             assert r == 0

@@ -28,7 +28,6 @@ struct Consumer {
     uint32_t q_base;  // this WG's 64-row slab inside panel 0 of Q (TILE_OVERLAP: the current tile's buffer)
     uint32_t o_base;  // this WG's 64-row slab inside panel 0 of the O staging tile
     int kv;           // K/V ring iteration of this tile's first block
-    uint32_t flag_word;   // split-KV / SCHED 3: the combine flag word finish_split uses next (split.cuh)
 
     float o[T::kORegs];
     uint32_t qr[T::kQRegs];   // Q_IN_REGS: this warpgroup's Q as wgmma A fragments (load_q)
@@ -41,7 +40,6 @@ struct Consumer {
         q_base = sm.q + g * 64 * 128;
         o_base = (T::kPersistent ? sm.o : sm.q) + g * 64 * 128;
         kv = 0;
-        flag_word = 0;
     }
 
     // Q_IN_REGS: this warpgroup's 64 rows of Q (the tile at q_base, landed) into qr, the A
@@ -335,16 +333,18 @@ struct Consumer {
     __device__ __forceinline__ void run_tiles_overlapped(int num_tiles);
     __device__ __forceinline__ int fetch_tile(int local, int num_tiles) const;
 
-    // O / l -> this WG's staging slab -> TMA store; LSE (epilogue.cuh). Split-KV and SCHED 3's
-    // split tiles: the fp32 partial O and LSE to the scratch (split.cuh).
+    // O / l -> this WG's staging slab -> TMA store; LSE (epilogue.cuh). Split-KV: the fp32
+    // partial O and LSE to the scratch (split.cuh); SCHED 3's split tiles: tail_part_end.
     __device__ __forceinline__ void epilogue();
     __device__ __forceinline__ void epilogue_stage();
     __device__ __forceinline__ void epilogue_commit();
     __device__ __forceinline__ void store_partial();
-    // Split-KV and SCHED 3's split tiles, after run_tile by every consumer thread of the CTA:
-    // count this CTA's share done; the tile's last one combines the partials into O and the
-    // LSE (split.cuh).
+    // Split-KV, after run_tile by every consumer thread of the CTA: count this CTA's share
+    // done; the tile's last one combines the partials into O and the LSE (split.cuh).
     __device__ __forceinline__ void finish_split();
+    // SCHED 3, a part of a split tile: this warp's rows' partial, or (the last part to arrive)
+    // the combine of every part into O and the LSE (tail_split.cuh).
+    __device__ __forceinline__ void tail_part_end();
 };
 
 }  // namespace hopper
@@ -352,4 +352,5 @@ struct Consumer {
 #include "hopper/softmax.cuh"
 #include "hopper/epilogue.cuh"
 #include "hopper/split.cuh"
+#include "hopper/tail_split.cuh"
 #include "hopper/tile_overlap.cuh"

@@ -16,7 +16,7 @@ __device__ __forceinline__ void Consumer<T>::epilogue() {
     }
     if constexpr (T::kTailSplit) {   // SCHED 3: a part of a split tile of the last wave
         if (__shfl_sync(0xffffffffu, t.parts, 0) > 1) {
-            store_partial();
+            tail_part_end();
             return;
         }
     }

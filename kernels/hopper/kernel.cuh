@@ -97,9 +97,6 @@ __device__ __forceinline__ void fwd(const Params& p, const int32_t* meta) {
                 if (T::kDynamic || !T::kPersistent) c.t = tile_info<T>(p, tile);
                 c.run_tile();
                 if constexpr (T::kSplit) c.finish_split();   // split-KV: the tile's last share combines
-                if constexpr (T::kTailSplit) {
-                    if (__shfl_sync(0xffffffffu, c.t.parts, 0) > 1) c.finish_split();   // SCHED 3: a split tile's last part combines
-                }
                 if constexpr (!T::kPersistent) break;
                 if constexpr (!T::kDynamic) tile += tile_stride<T>();
             }

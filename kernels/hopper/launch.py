@@ -162,11 +162,12 @@ def tail_slots(tiles, ctas_per_sm):
 
 def tail_scratch(tiles, ctas_per_sm, block_m, head_dim):
     """SCHED 3's scratch (params.h; split.cuh lays it out for the plan's r split tiles and
-    r * parts <= slots parts): int32 counters, then fp32 LSE partials [slots, BLOCK_M], then
-    fp32 O partials [slots, BLOCK_M, D], each region 256-byte aligned. The counters (the first
-    ``counter_bytes``) must read 0 at the first launch; the kernel puts them back to 0."""
+    r * parts <= slots parts): int32 counters, two per split tile and consumer warp (BLOCK_M / 16
+    warps), then fp32 LSE partials [slots, BLOCK_M], then fp32 O partials [slots, BLOCK_M, D],
+    each region 256-byte aligned. The counters (the first ``counter_bytes``) must read 0 at the
+    first launch; the kernel puts them back to 0."""
     slots = tail_slots(tiles, ctas_per_sm)
-    counter_bytes = round256(slots * 4)
+    counter_bytes = round256(slots * 8 * (block_m // 16))
     return {
         "counter_bytes": counter_bytes,
         "bytes": counter_bytes + round256(slots * block_m * 4) + slots * block_m * head_dim * 4,

@@ -74,11 +74,11 @@ struct alignas(128) Params {
     //
     // SCHED 3 (the last wave split, tile_scheduler.cuh): the host's plan (launch.py
     // tail_plan): tiles tail_first .. tiles-1 (r of them) are cut into tail_parts parts each
-    // (tail_parts 1: none is). `scratch` then holds int32 counters [r] (padded to 256 B), fp32
-    // LSE partials [r * tail_parts, BLOCK_M] (padded to 256 B) and fp32 O partials
-    // [r * tail_parts, BLOCK_M, D] (launch.py tail_scratch bounds them for any grid), the
-    // counters zeroed once by the host (the kernel leaves them zero); the combine writes O
-    // through o_ptr and the o_*_stride (whole tiles use tm_o).
+    // (tail_parts 1: none is). `scratch` then holds int32 counters [r, BLOCK_M / 16 warps, 2]
+    // (padded to 256 B), fp32 LSE partials [r * tail_parts, BLOCK_M] (padded to 256 B) and fp32 O
+    // partials [r * tail_parts, BLOCK_M, D] (launch.py tail_scratch bounds them for any grid), the
+    // counters zeroed once by the host (the kernel leaves them zero); each split tile's last part
+    // writes its O through o_ptr and the o_*_stride (whole tiles use tm_o; tail_split.cuh).
     void* scratch;
     int64_t o_batch_stride;
     int32_t tail_first, tail_parts;

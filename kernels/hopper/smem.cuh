@@ -20,10 +20,8 @@ struct Smem {
     __device__ __forceinline__ uint32_t v_empty(int s) const { return bar + 8 * (kQ + 3 * T::kStages + s); }
     // SCHED 2, 3: the tile of Q buffer b
     __device__ __forceinline__ uint32_t tile_slot(int b = 0) const { return bar + 8 * T::kNumBars + 4 * b; }
-    // split-KV and SCHED 3's split tiles: whether this CTA's part was a tile's last (it combines);
-    // two words, a persistent CTA's calls taking them in turn. Words of their own: SCHED 3's
-    // producer publishes the next tile in tile_slot meanwhile.
-    __device__ __forceinline__ uint32_t split_flag(uint32_t w) const { return bar + 8 * T::kNumBars + 8 + 4 * w; }
+    // split-KV: whether this CTA's share was the tile's last (it combines).
+    __device__ __forceinline__ uint32_t split_flag() const { return bar + 8 * T::kNumBars + 8; }
     __device__ __forceinline__ uint32_t k_tile(int s) const { return k + s * T::kKVBytes; }
     __device__ __forceinline__ uint32_t v_tile(int s) const { return v + s * T::kKVBytes; }
 };

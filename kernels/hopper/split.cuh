@@ -1,12 +1,14 @@
-// Hopper family: split-KV (Traits::kSplits > 1) and SCHED 3's split last wave. The key
-// blocks of a tile are shared out among `parts` CTAs (tile_scheduler.cuh); each one's
+// Hopper family: split-KV (Traits::kSplits > 1). The key blocks of a tile are shared out
+// among kSplits CTAs (tile_scheduler.cuh); each one's
 // consumers write the fp32 partial O (normalised by its own row sums) and its LSE (log2
 // units) to Params::scratch; the last CTA of the tile to finish, told by an atomic counter
 // per tile, combines them:
 //   lse = log2(sum_s 2^lse_s),  O = sum_s 2^(lse_s - lse) O_s
 // and writes O (the output's dtype, through o_ptr and its strides) and the natural-log
 // LSE. It then puts the counter back to zero, so the scratch needs zeroing only once,
-// when the host allocates it. Members of Consumer (consumer.cuh includes this file).
+// when the host allocates it. SCHED 3's split tiles write the same partials (store_partial,
+// partials_of) but settle them warp by warp (tail_split.cuh). Members of Consumer (consumer.cuh
+// includes this file).
 #pragma once
 
 namespace hopper {
@@ -16,8 +18,9 @@ __device__ __forceinline__ int64_t round256(int64_t bytes) { return (bytes + 255
 // Where a tile's partials live: part s's LSE of row `row` (the tile's rows, as TileInfo counts
 // them) at lse[s * stride + row], its O row at o + (s * stride + row) * D; its counter.
 // Split-KV (params.h): counters [B*H*m_blocks] int32, LSE partials [B, H, S, Sq], O partials
-// [B, H, S, Sq, D]. SCHED 3: counters [r], LSE partials [r * parts, BLOCK_M], O partials
-// [r * parts, BLOCK_M, D] (r split tiles), split tile `slot`'s part s in slot slot*parts + s.
+// [B, H, S, Sq, D]. SCHED 3: counters [r, consumer warps, 2], LSE partials [r * parts, BLOCK_M],
+// O partials [r * parts, BLOCK_M, D] (r split tiles), split tile `slot`'s part s in slot
+// slot*parts + s (`counter`: the tile's first).
 // Each region starts 256-B aligned.
 struct Partials {
     int32_t* counter;
@@ -34,10 +37,11 @@ __device__ __forceinline__ Partials partials_of(const Params& p, const TileInfo&
     int64_t first;      // the index of part 0's row 0 in the LSE region
     int64_t counters;   // the counter region's and the LSE region's entries
     int64_t lse_rows;
-    if constexpr (T::kTailSplit) {
-        counters = whole_tiles<T>(p) - p.tail_first;
-        lse_rows = counters * p.tail_parts * T::kBlockM;
-        w.counter = reinterpret_cast<int32_t*>(base) + t.slot;
+    if constexpr (T::kTailSplit) {   // two counters per split tile and consumer warp (tail_split.cuh)
+        const int64_t r = whole_tiles<T>(p) - p.tail_first;
+        counters = r * 8 * T::kWGs;
+        lse_rows = r * p.tail_parts * T::kBlockM;
+        w.counter = reinterpret_cast<int32_t*>(base) + static_cast<int64_t>(t.slot) * 8 * T::kWGs;
         w.stride = T::kBlockM;
         first = static_cast<int64_t>(t.slot) * t.parts * T::kBlockM - t.m0;
     } else {
@@ -89,23 +93,17 @@ __device__ __forceinline__ void Consumer<T>::finish_split() {
     const int ctid = g * 128 + warp * 32 + lane;
     const Partials pw = partials_of<T>(p, t);
     const int64_t bh = static_cast<int64_t>(t.batch) * p.heads + t.head;
-    // Parts: split-KV's kSplits, SCHED 3's runtime count (at most kTailParts).
-    constexpr int kMaxParts = T::kTailSplit ? T::kTailParts : T::kSplits;
-    // (Warp-uniform in the compiler's eyes, from lane 0: a divergent return here would cost the
-    // persistent loop's next tile its convergence proofs.)
-    const int parts = T::kTailSplit ? __shfl_sync(0xffffffffu, t.parts, 0) : T::kSplits;
+    constexpr int kMaxParts = T::kSplits;
+    constexpr int parts = T::kSplits;
     __threadfence();   // this thread's partial is visible device-wide before the count
     named_sync(kBarrier, kConsumers);
     if (ctid == 0) {
         const int done = atomicAdd(pw.counter, 1);
-        st_shared_u32(sm.split_flag(flag_word), done == parts - 1 ? 1u : 0u);
+        st_shared_u32(sm.split_flag(), done == parts - 1 ? 1u : 0u);
     }
     named_sync(kBarrier, kConsumers);
-    // A persistent CTA's calls take the two flag words in turn: the word this call reads is not
-    // the one its next call writes (that write waits for the next call's first barrier anyway).
-    const uint32_t last = ld_shared_u32(sm.split_flag(flag_word));
-    flag_word ^= 1u;
-    if (__shfl_sync(0xffffffffu, last, 0) == 0) return;
+    // (Read warp-uniform, from lane 0: the compiler then keeps its convergence proofs past the return.)
+    if (__shfl_sync(0xffffffffu, ld_shared_u32(sm.split_flag()), 0) == 0) return;
     __threadfence();   // the other shares' partials (read below through L2: __ldcg)
 
     constexpr int kCols = D / 32;    // columns per lane: 4 (D=128), 3 (D=96) or 2 (D=64)
@@ -113,9 +111,7 @@ __device__ __forceinline__ void Consumer<T>::finish_split() {
     // kChunk splits at a time, every load of a chunk in flight before the first is used (the
     // combine is a chain of L2 round trips otherwise: one per split and row).
     constexpr int kPerLane = (kMaxParts + 31) / 32;
-    // (SCHED 3: 4 at a time; 8 in flight spill the 160-register consumers of a persistent loop.)
-    constexpr int kChunkMax = T::kTailSplit ? 4 : 8;
-    constexpr int kChunk = kMaxParts < kChunkMax ? kMaxParts : kChunkMax;
+    constexpr int kChunk = kMaxParts < 8 ? kMaxParts : 8;
     const int lane_col = lane * kCols;
     const int row_end = min(t.m0 + T::kBlockM, t.seqlen_q);
     const int64_t split_stride = pw.stride * D;   // O partial of split s + 1

@@ -52,15 +52,16 @@ struct Traits {
     //    broadcast to the consumers through smem with the Q barrier).
     //    3: 2, with the last wave split (non-causal dense): when the tiles leave a ragged last
     //    round of r < gridDim.x tiles, each of those r tiles is cut into s parts along its key
-    //    blocks (s = min(kTailParts, gridDim.x / r, key blocks / 2, Params::tail_slots / r)),
-    //    so the last round's work is spread over r*s CTAs instead of r; each part writes an fp32
-    //    partial to Params::scratch and the last of a tile's parts combines them (split.cuh).
+    //    blocks (s = min(kTailParts, gridDim.x / r, key blocks / 2, scratch slots / r): the host plans
+    //    it, launch.py tail_plan, and passes Params::tail_first and tail_parts),
+    //    so the last round's work is spread over r*s CTAs instead of r; each warp of a part writes
+    //    an fp32 partial to Params::scratch, or, the last to arrive, combines them (tail_split.cuh).
     //    The other CTAs would idle through that round: a Stream-K-style tail, tile_scheduler.cuh.
     static constexpr int kSched = SCHED_;
     static constexpr bool kPersistent = SCHED_ >= 1;
     static constexpr bool kDynamic = SCHED_ >= 2;
     static constexpr bool kTailSplit = SCHED_ == 3;
-    static constexpr int kTailParts = 8;   // most parts a tail tile is cut into (the combine's chain)
+    static constexpr int kTailParts = 8;   // most parts a tail tile is cut into (launch.py TAIL_PARTS)
     // 0: rescale O whenever a row max grows; k > 0: lazy, keep a stale max until
     // some row of the warp grows by more than k (log2 units; P <= 2^k).
     static constexpr int kRescaleLog2 = RESCALE_LOG2_;
@@ -140,7 +141,7 @@ struct Traits {
     // (q_full, q_empty) per Q buffer, k_full[], k_empty[], v_full[], v_empty[]
     static constexpr int kNumBars = 2 * kQBufs + 4 * kStages;
     static constexpr int kBarBytes =
-        ((kNumBars * 8 + 16 /* tile slots, 4 B per Q buffer; the split's two combine flags */ + 127) / 128) * 128;
+        ((kNumBars * 8 + 12 /* tile slots, 4 B per Q buffer; split-KV's combine flag */ + 127) / 128) * 128;
     static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBar + kBarBytes;
 
     static_assert(sizeof(Element) == 2, "Element must be __half or __nv_bfloat16");

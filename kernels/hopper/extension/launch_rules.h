@@ -107,12 +107,13 @@ struct HopperTailScratch {
     int64_t bytes;
 };
 // SCHED 3's scratch (params.h; split.cuh lays it out for the plan's r split tiles and
-// r * parts <= slots parts): int32 counters, then fp32 LSE partials [slots, BLOCK_M], then
-// fp32 O partials [slots, BLOCK_M, D], each region 256-byte aligned. The counters (the first
-// ``counter_bytes``) must read 0 at the first launch; the kernel puts them back to 0.
+// r * parts <= slots parts): int32 counters, two per split tile and consumer warp (BLOCK_M / 16
+// warps), then fp32 LSE partials [slots, BLOCK_M], then fp32 O partials [slots, BLOCK_M, D],
+// each region 256-byte aligned. The counters (the first ``counter_bytes``) must read 0 at the
+// first launch; the kernel puts them back to 0.
 inline HopperTailScratch hopper_tail_scratch(int64_t tiles, int64_t ctas_per_sm, int64_t block_m, int64_t head_dim) {
     const int64_t slots = hopper_tail_slots(tiles, ctas_per_sm);
-    const int64_t counter_bytes = hopper_round256((slots * INT64_C(4)));
+    const int64_t counter_bytes = hopper_round256(((slots * INT64_C(8)) * (block_m / INT64_C(16))));
     return HopperTailScratch{counter_bytes, ((counter_bytes + hopper_round256(((slots * block_m) * INT64_C(4)))) + (((slots * block_m) * head_dim) * INT64_C(4)))};
 }
 
