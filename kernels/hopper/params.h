@@ -5,7 +5,7 @@
 //           SCHED 1, 2, 3: (min(#SMs * CTAS_PER_SM, ceil(seqlen_q / BLOCK_M) * heads * batch), 1, 1)
 //           (persistent; 2, 3 = dynamic: need Params::tile_counter zero at launch; the kernel
 //           leaves it zero, so a buffer zeroed once serves every later launch on its stream;
-//           3 also Params::scratch and tail_slots)
+//           3 also Params::scratch, tail_first and tail_parts)
 //           CLUSTER = 2 (SCHED 0, 1): x counts pairs of query blocks, times 2: SCHED 0
 //           2*ceil(m_blocks / 2); SCHED 1 2*min(#SMs / 2, ceil(m_blocks / 2) * heads * batch)
 //   block = (THREADS, 1, 1)                                 THREADS = 128 * (CONSUMER_WGS + 1)

@@ -1,6 +1,6 @@
 // Hopper family: the tile scheduler. Tile index -> (query block, head, batch) and the key
-// blocks it needs, for SCHED 0 (one CTA per tile), 1 (persistent, static) and 2
-// (persistent, tiles handed out by an atomic counter).
+// blocks it needs, for SCHED 0 (one CTA per tile), 1 (persistent, static), 2 (persistent,
+// tiles handed out by an atomic counter) and 3 (2, with the last wave's tiles in parts).
 #pragma once
 
 #include <type_traits>
