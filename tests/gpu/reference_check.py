@@ -47,3 +47,18 @@ def assert_graph_replays_like_eager(call, q, k, v, causal, layout="bhsd", warmup
         assert_like_reference(out, q, k, v, causal, layout=layout, lse=lse)
     eager, eager_lse = call()
     assert torch.equal(out, eager) and torch.equal(lse, eager_lse)
+
+
+def launch_side_by_side(modules, q, k, v, scale, lse_shape):
+    """Each KernelModule of ``modules`` launched on the same q, k, v into its own output and LSE,
+    both poisoned with NaN first (a row a kernel leaves unwritten stays NaN); returns
+    [(out, lse), ...] in the modules' order, synchronized. For tests that two builds of one
+    arithmetic give the same bits."""
+    outs = []
+    for mod in modules:
+        out = torch.full_like(q, float("nan"))
+        lse = torch.full(lse_shape, float("nan"), device=q.device, dtype=torch.float32)
+        mod.launch(q, k, v, out, lse, scale)
+        outs.append((out, lse))
+    torch.cuda.synchronize()
+    return outs

@@ -19,6 +19,7 @@ from evotuner.config import KernelConfig  # noqa: E402
 from evotuner.problem import Problem, Shape  # noqa: E402
 from evotuner.runtime import attention as A  # noqa: E402
 from evotuner.runtime import check as C  # noqa: E402
+from reference_check import launch_side_by_side  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -79,13 +80,7 @@ def test_q_in_registers_is_right_and_matches_q_from_shared_memory(case) -> None:
             assert res.ok, f"{what} launch {rep + 1}: {res.reason} (max error {res.max_error:.3g})"
             assert res.lse_error is not None and res.lse_error <= res.lse_tolerance, what
         q, k, v = C.make_inputs(problem.shape, dtype, device="cuda", seed=1400 + si)
-        outs = []
-        for mod in (module, plain):
-            o = torch.full_like(q, float("nan"))
-            lse = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
-            mod.launch(q, k, v, o, lse, 1.0 / math.sqrt(d))
-            outs.append((o, lse))
-        torch.cuda.synchronize()
+        outs = launch_side_by_side((module, plain), q, k, v, 1.0 / math.sqrt(d), (b, h, sq))
         assert torch.equal(outs[0][0], outs[1][0]), f"{what}: O differs from Q_IN_REGS=0's"
         assert torch.equal(outs[0][1], outs[1][1]), f"{what}: LSE differs from Q_IN_REGS=0's"
 

@@ -23,6 +23,7 @@ from evotuner.kernels.hopper.params import Params  # noqa: E402
 from evotuner.problem import Problem, Shape  # noqa: E402
 from evotuner.runtime import attention as A  # noqa: E402
 from evotuner.runtime import check as C  # noqa: E402
+from reference_check import launch_side_by_side  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -102,13 +103,7 @@ def test_the_last_wave_split_is_right(case) -> None:
         assert res.ok, f"{what} launch {rep + 1}: {res.reason} (max error {res.max_error:.3g})"
         assert res.lse_error is not None and res.lse_error <= res.lse_tolerance, f"{what} launch {rep + 1}: LSE"
 
-    outs = []
-    for mod in (module, plain):
-        out = torch.full_like(q, float("nan"))
-        lse_out = torch.full((b, h, sq), float("nan"), device="cuda", dtype=torch.float32)
-        mod.launch(q, k, v, out, lse_out, 1.0 / math.sqrt(d))
-        outs.append((out, lse_out))
-    torch.cuda.synchronize()
+    outs = launch_side_by_side((module, plain), q, k, v, 1.0 / math.sqrt(d), (b, h, sq))
     whole = _whole_rows(params, module.meta, b, h, hkv, sq, pack)
     assert torch.equal(outs[0][0][whole], outs[1][0][whole]), f"{what}: a whole tile's O differs from SCHED=2's"
     assert torch.equal(outs[0][1][whole], outs[1][1][whole]), f"{what}: a whole tile's LSE differs from SCHED=2's"
