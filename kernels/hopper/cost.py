@@ -240,33 +240,37 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
         return tuple(out)
 
     static = config["SCHED"] == 1
-    if config["SCHED"] == 3 and not problem.lengths_q and not problem.causal:
-        # the last wave split: whole tiles to the first CTA free, then the split tiles' parts,
-        # each its share of the key blocks, its fp32 partial and (the last one's) combine
-        heads = s.batch * s.heads
-        per_m = tiles(s.seqlen_q, s.seqlen_k)
-        durations = np.tile(np.asarray(per_m), heads)
-        grid = max(1, min(sms * ctas, len(durations)))
-        plan = launch.tail_plan(len(durations), grid, -(-s.seqlen_k // n),
-                                launch.tail_slots(len(durations), ctas))
-        if plan["parts"] > 1:
-            rows = [min(block_m, s.seqlen_q - m * block_m) for m in range(len(per_m))] * heads
-            part = [_tile(config, d, rows[i], -(-s.seqlen_k // n), persistent, plan["parts"], ctas)
-                    for i in range(plan["first"], len(durations))]
-            durations = np.concatenate([durations[:plan["first"]], np.repeat(part, plan["parts"])])
-        clocks = _schedule(durations, grid, False)
-        kv_bytes = 2 * s.batch * s.seqlen_k * s.heads_kv * d * 2
-        return max(clocks, kv_bytes / HBM_BYTES_PER_CLK) / (clock_ghz * 1e3)
     if problem.lengths_q:
         clocks = _packed_makespan(tuple(tiles(q, k) for q, k in problem.sequences()), s.heads * splits,
                                   problem.causal, sms * ctas, static)
         kv_rows = sum(problem.lengths_k)
+    elif config["SCHED"] == 3 and not problem.causal:   # the last wave split (non-causal dense)
+        per_m = tiles(s.seqlen_q, s.seqlen_k)
+        rows = tuple(min(block_m, s.seqlen_q - m * block_m) for m in range(len(per_m)))
+        clocks = _tail_split_makespan(config, d, per_m, rows, s.batch * s.heads, -(-s.seqlen_k // n), sms * ctas)
+        kv_rows = s.batch * s.seqlen_k
     else:
         clocks = _makespan(tiles(s.seqlen_q, s.seqlen_k), s.batch * s.heads * splits, problem.causal, sms * ctas,
                            static)
         kv_rows = s.batch * s.seqlen_k
     kv_bytes = 2 * kv_rows * s.heads_kv * d * 2     # K and V, read from HBM once at best
     return max(clocks, kv_bytes / HBM_BYTES_PER_CLK) / (clock_ghz * 1e3)
+
+
+def _tail_split_makespan(config: Mapping[str, int], d: int, per_m: tuple[float, ...], rows: tuple[int, ...],
+                         heads: int, blocks: int, slots: int) -> float:
+    """SCHED 3's makespan: one head's tiles (``per_m``, their ``rows``) for each of ``heads``
+    heads, handed out to the first CTA free; launch.py's plan cuts the last round's tiles into
+    parts, each a split-KV share of the ``blocks`` key blocks with its partial and combine."""
+    ctas = int(config.get("CTAS_PER_SM", 1))
+    durations = np.tile(np.asarray(per_m), heads)
+    grid = max(1, min(slots, len(durations)))
+    plan = launch.tail_plan(len(durations), grid, blocks, launch.tail_slots(len(durations), ctas))
+    if plan["parts"] > 1:
+        part = [_tile(config, d, rows[i % len(rows)], blocks, True, plan["parts"], ctas)
+                for i in range(plan["first"], len(durations))]
+        durations = np.concatenate([durations[:plan["first"]], np.repeat(part, plan["parts"])])
+    return _schedule(durations, grid, False)
 
 
 def _tile(config: Mapping[str, int], d: int, rows: int, blocks: int, persistent: bool, splits: int,

@@ -18,10 +18,8 @@ struct Smem {
     __device__ __forceinline__ uint32_t k_empty(int s) const { return bar + 8 * (kQ + T::kStages + s); }
     __device__ __forceinline__ uint32_t v_full(int s) const { return bar + 8 * (kQ + 2 * T::kStages + s); }
     __device__ __forceinline__ uint32_t v_empty(int s) const { return bar + 8 * (kQ + 3 * T::kStages + s); }
-    // SCHED 2, 3: the tile of Q buffer b
+    // SCHED 2, 3: the tile of Q buffer b (split-KV, SCHED 0: slot 0 holds the combine flag)
     __device__ __forceinline__ uint32_t tile_slot(int b = 0) const { return bar + 8 * T::kNumBars + 4 * b; }
-    // split-KV: whether this CTA's share was the tile's last (it combines).
-    __device__ __forceinline__ uint32_t split_flag() const { return bar + 8 * T::kNumBars + 8; }
     __device__ __forceinline__ uint32_t k_tile(int s) const { return k + s * T::kKVBytes; }
     __device__ __forceinline__ uint32_t v_tile(int s) const { return v + s * T::kKVBytes; }
 };

@@ -1,14 +1,13 @@
 // Hopper family: split-KV (Traits::kSplits > 1). The key blocks of a tile are shared out
-// among kSplits CTAs (tile_scheduler.cuh); each one's
-// consumers write the fp32 partial O (normalised by its own row sums) and its LSE (log2
-// units) to Params::scratch; the last CTA of the tile to finish, told by an atomic counter
-// per tile, combines them:
+// among kSplits CTAs (tile_scheduler.cuh); each one's consumers write the fp32 partial
+// O (normalised by its own row sums) and its LSE (log2 units) to Params::scratch; the
+// last CTA of the tile to finish, told by an atomic counter per tile, combines them:
 //   lse = log2(sum_s 2^lse_s),  O = sum_s 2^(lse_s - lse) O_s
 // and writes O (the output's dtype, through o_ptr and its strides) and the natural-log
 // LSE. It then puts the counter back to zero, so the scratch needs zeroing only once,
 // when the host allocates it. SCHED 3's split tiles write the same partials (store_partial,
-// partials_of) but settle them warp by warp (tail_split.cuh). Members of Consumer (consumer.cuh
-// includes this file).
+// partials_of) but settle them warp by warp (tail_split.cuh). Members of Consumer
+// (consumer.cuh includes this file).
 #pragma once
 
 namespace hopper {
@@ -93,61 +92,34 @@ __device__ __forceinline__ void Consumer<T>::finish_split() {
     const int ctid = g * 128 + warp * 32 + lane;
     const Partials pw = partials_of<T>(p, t);
     const int64_t bh = static_cast<int64_t>(t.batch) * p.heads + t.head;
-    constexpr int kMaxParts = T::kSplits;
-    constexpr int parts = T::kSplits;
     __threadfence();   // this thread's partial is visible device-wide before the count
     named_sync(kBarrier, kConsumers);
     if (ctid == 0) {
         const int done = atomicAdd(pw.counter, 1);
-        st_shared_u32(sm.split_flag(), done == parts - 1 ? 1u : 0u);
+        st_shared_u32(sm.tile_slot(), done == T::kSplits - 1 ? 1u : 0u);
     }
     named_sync(kBarrier, kConsumers);
-    // (Read warp-uniform, from lane 0: the compiler then keeps its convergence proofs past the return.)
-    if (__shfl_sync(0xffffffffu, ld_shared_u32(sm.split_flag()), 0) == 0) return;
+    if (ld_shared_u32(sm.tile_slot()) == 0) return;
     __threadfence();   // the other shares' partials (read below through L2: __ldcg)
 
     constexpr int kCols = D / 32;    // columns per lane: 4 (D=128), 3 (D=96) or 2 (D=64)
     // Lane l holds the LSE partials of splits l, l + 32, ...; the O partials are loaded
     // kChunk splits at a time, every load of a chunk in flight before the first is used (the
     // combine is a chain of L2 round trips otherwise: one per split and row).
-    constexpr int kPerLane = (kMaxParts + 31) / 32;
-    constexpr int kChunk = kMaxParts < 8 ? kMaxParts : 8;
+    constexpr int kPerLane = (T::kSplits + 31) / 32;
+    constexpr int kChunk = T::kSplits < 8 ? T::kSplits : 8;
     const int lane_col = lane * kCols;
     const int row_end = min(t.m0 + T::kBlockM, t.seqlen_q);
     const int64_t split_stride = pw.stride * D;   // O partial of split s + 1
     auto* out = static_cast<typename T::Element*>(p.o_ptr);
-    const int first_row = t.m0 + __shfl_sync(0xffffffffu, ctid / 32, 0);
-    // One chunk's O partials (splits s0 .. s0 + kChunk - 1 of this lane's columns) into x.
-    auto load_chunk = [&](const float* src, int s0, float (&x)[kChunk][kCols]) {
-#pragma unroll
-        for (int u = 0; u < kChunk; ++u) {
-            if (s0 + u >= parts) break;
-            const float* at = src + (s0 + u) * split_stride;
-            if constexpr (kCols == 4) {
-                const float4 q = __ldcg(reinterpret_cast<const float4*>(at));
-                x[u][0] = q.x; x[u][1] = q.y; x[u][2] = q.z; x[u][3] = q.w;
-            } else if constexpr (kCols == 2) {
-                const float2 q = __ldcg(reinterpret_cast<const float2*>(at));
-                x[u][0] = q.x; x[u][1] = q.y;
-            } else {   // D=96: 3 columns per lane, 4-byte aligned only
-#pragma unroll
-                for (int j = 0; j < kCols; ++j) x[u][j] = __ldcg(at + j);
-            }
-        }
-    };
-    for (int row = first_row; row < row_end; row += kConsumers / 32) {
-        // The first chunk's O partials are loaded beside the LSE partials: one L2 round trip a
-        // row where the parts fit one chunk (their weights need the LSEs, their loads do not).
-        const float* src = pw.o + static_cast<int64_t>(row) * D + lane_col;
-        float x[kChunk][kCols];
-        load_chunk(src, 0, x);
-        const float* lse_row = pw.lse + row;   // split s at + s*stride
+    for (int row = t.m0 + ctid / 32; row < row_end; row += kConsumers / 32) {
+        const float* lse_row = pw.lse + row;   // split s at + s*Sq
         float v[kPerLane];
         float mx = -INFINITY;
 #pragma unroll
         for (int j = 0; j < kPerLane; ++j) {
             const int s = 32 * j + lane;
-            v[j] = s < parts ? __ldcg(lse_row + s * pw.stride) : -INFINITY;
+            v[j] = s < T::kSplits ? __ldcg(lse_row + s * pw.stride) : -INFINITY;
             mx = fmaxf(mx, v[j]);
         }
 #pragma unroll
@@ -166,15 +138,30 @@ __device__ __forceinline__ void Consumer<T>::finish_split() {
         float acc[kCols];
 #pragma unroll
         for (int j = 0; j < kCols; ++j) acc[j] = 0.f;
+        const float* src = pw.o + static_cast<int64_t>(row) * D + lane_col;
 #pragma unroll
-        for (int s0 = 0; s0 < kMaxParts; s0 += kChunk) {
-            if (s0 >= parts) break;
-            if (s0 > 0) load_chunk(src, s0, x);
+        for (int s0 = 0; s0 < T::kSplits; s0 += kChunk) {
+            float x[kChunk][kCols];
+#pragma unroll
+            for (int u = 0; u < kChunk; ++u) {
+                if (s0 + u >= T::kSplits) break;
+                const float* at = src + (s0 + u) * split_stride;
+                if constexpr (kCols == 4) {
+                    const float4 q = __ldcg(reinterpret_cast<const float4*>(at));
+                    x[u][0] = q.x; x[u][1] = q.y; x[u][2] = q.z; x[u][3] = q.w;
+                } else if constexpr (kCols == 2) {
+                    const float2 q = __ldcg(reinterpret_cast<const float2*>(at));
+                    x[u][0] = q.x; x[u][1] = q.y;
+                } else {   // D=96: 3 columns per lane, 4-byte aligned only
+#pragma unroll
+                    for (int j = 0; j < kCols; ++j) x[u][j] = __ldcg(at + j);
+                }
+            }
 #pragma unroll
             for (int u = 0; u < kChunk; ++u) {
                 const int s = s0 + u;
-                if (s >= parts) break;
-                const float ws = __shfl_sync(0xffffffffu, kPerLane == 1 ? w[0] : w[s / 32], s % 32);
+                if (s >= T::kSplits) break;
+                const float ws = __shfl_sync(0xffffffffu, w[s / 32], s % 32);
                 // an empty share's partial is never read into the sum (it may hold anything)
 #pragma unroll
                 for (int j = 0; j < kCols; ++j) acc[j] = ws != 0.f ? fmaf(ws, x[u][j], acc[j]) : acc[j];

@@ -140,8 +140,7 @@ struct Traits {
     static constexpr int kOffBar = kOffO + kOBytes;
     // (q_full, q_empty) per Q buffer, k_full[], k_empty[], v_full[], v_empty[]
     static constexpr int kNumBars = 2 * kQBufs + 4 * kStages;
-    static constexpr int kBarBytes =
-        ((kNumBars * 8 + 12 /* tile slots, 4 B per Q buffer; split-KV's combine flag */ + 127) / 128) * 128;
+    static constexpr int kBarBytes = ((kNumBars * 8 + 8 /* tile slots, 4 B per Q buffer */ + 127) / 128) * 128;
     static constexpr int kSmemBytes = 1024 /* alignment slack */ + kOffBar + kBarBytes;
 
     static_assert(sizeof(Element) == 2, "Element must be __half or __nv_bfloat16");
