@@ -61,7 +61,7 @@ def _binder(roles):
 
 
 def _fields(binder):
-    return tuple((f.offset, f.width, f.shift, f.keep & M64, f.keep >> 64) for f in binder.fields)
+    return tuple((f.offset, f.width, f.shift, f.keep & M64, f.keep >> 64, f.slot) for f in binder.fields)
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def test_bind_equals_argbinder_byte_for_byte(native):
 def test_fields_that_do_not_fit_are_refused_by_bind_and_register(native):
     binder, driver = _binder(ROLES[:4]), FakeDriver(320)
     n = len(binder.template)
-    for bad in ((n - 4, 8, 0, 0, 0), (0, 12, 0, 0, 0), (0, 8, 21, 0, 0)):   # past the end, odd width, shift
+    for bad in ((n - 4, 8, 0, 0, 0, 0), (0, 12, 0, 0, 0, 0), (0, 8, 21, 0, 0, 0)):   # past the end, odd width, shift
         fields = [bad, *_fields(binder)[1:]]
         with pytest.raises(ValueError, match="bind: a field does not fit"):
             native.bind(binder.template, fields, [16] * 4)
@@ -135,6 +135,40 @@ def test_fields_that_do_not_fit_are_refused_by_bind_and_register(native):
         spec = (spec[0], fields, *spec[2:])
         with pytest.raises(ValueError, match="register: a field does not fit"):
             native.register(*_qkv(), *FLAGS[:4], False, None, spec, 0, 0, 0)
+
+
+def test_fields_naming_no_pointer_or_leaving_one_out_are_refused(native):
+    binder, driver = _binder(ROLES[:4]), FakeDriver(320)
+    fields = _fields(binder)
+    for bad, what in (([*fields[:3], (*fields[3][:5], 4)], "a field names pointer 4 of 4"),   # slot past the pointers
+                      (fields[:3], "pointer 3 has no field")):                       # o left out
+        with pytest.raises(ValueError, match=f"bind: {what}"):
+            native.bind(binder.template, bad, [16] * 4)
+        spec = _spec(binder, driver, _qkv()[0])
+        with pytest.raises(ValueError, match=f"register: {what}"):
+            native.register(*_qkv(), *FLAGS[:4], False, None, (spec[0], bad, *spec[2:]), 0, 0, 0)
+
+
+def test_a_pointer_in_two_places_is_bound_in_both(native):
+    """The hopper kernel's SCHED 3 holds O twice (its tensor map's address and o_ptr): the binder
+    finds both places, and Python and C++ bind them alike."""
+    roles = ROLES[:4]
+    plain = _make(roles)
+
+    def make(ptrs):   # o again as a raw pointer at byte 304
+        buf = bytearray(plain(ptrs))
+        buf[304:312] = ptrs["o"].to_bytes(8, "little")
+        return bytes(buf)
+
+    binder = ArgBinder.derive(make, {r: (i + 1) << 32 for i, r in enumerate(roles)})
+    assert binder is not None and binder.roles == roles
+    assert [f.role for f in binder.fields].count("o") == 2 and len(binder.fields) == 5
+    rng = random.Random(5)
+    for _ in range(50):
+        ptrs = {r: rng.randrange(1, 1 << 44) << 4 for r in roles}
+        want = make(ptrs)
+        assert binder.bind(ptrs) == want
+        assert native.bind(binder.template, _fields(binder), [ptrs[r] for r in roles]) == want
 
 
 def test_a_whole_call_runs_through_the_table(native):

@@ -70,3 +70,26 @@ def test_the_cost_model_sees_the_short_last_round_split_and_whole_waves_unchange
     whole = Problem(Shape(1, 24, 5280, 5280, 128, 6), "fp16", False)     # 660 packed tiles: 5 waves
     assert estimate_us({**W3, "SCHED": 3}, ragged) < 0.95 * estimate_us({**W3, "SCHED": 2}, ragged)
     assert estimate_us({**W3, "SCHED": 3}, whole) == pytest.approx(estimate_us({**W3, "SCHED": 2}, whole))
+
+
+def test_the_hot_path_binder_rebinds_o_in_its_map_and_as_o_ptr(monkeypatch):
+    """SCHED 3's Params hold O twice (the map whole tiles store through, o_ptr the split tiles'
+    combine writes through): the binder finds both, so the call stays on the fast path. The
+    (fake) maps here encode the pointer as a raw field."""
+    from evotuner.runtime.binder import ArgBinder
+    import struct
+    monkeypatch.setattr(HF, "encode_tensor_map", lambda ptr, *a, **k: struct.pack("<QQ", 0xAB, ptr) + bytes(112))
+
+    def make(ptrs):
+        a = _args(1, 688, 150, 4096, scratch=ptrs["scratch"])
+        a = AttentionArgs(**{**a.__dict__, **{n: _view(*getattr(a, n).shape, ptrs[n]) for n in "qkvo"},
+                             "workspace": ptrs["workspace"]})
+        return HOPPER.launch(META, a, DeviceInfo(index=0, sm_count=132)).args[0]
+
+    base = {"q": 0x7F0000000000, "k": 0x7F1000000000, "v": 0x7F2000000000, "o": 0x7F3000000000,
+            "workspace": 0x7F5000000000, "scratch": 0x7F6000000000}
+    binder = ArgBinder.derive(make, base)
+    assert binder is not None and binder.roles == tuple(base)
+    assert [f.role for f in binder.fields].count("o") == 2
+    moved = {r: p + 0x100 * (i + 1) for i, (r, p) in enumerate(base.items())}
+    assert binder.bind(moved) == make(moved)

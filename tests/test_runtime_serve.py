@@ -73,12 +73,20 @@ def test_binder_finds_a_shifted_field_that_straddles_words():
 
 @pytest.mark.parametrize("encoding", [
     lambda p: struct.pack("<Q", p["q"] ^ (p["q"] >> 7)),                 # bits mixed: not one field
-    lambda p: struct.pack("<QQ", p["q"], p["q"]),                        # the pointer twice
     lambda p: struct.pack("<Q", 7),                                      # the pointer nowhere
     lambda p: struct.pack("<Q", p["q"]) + bytes(8 * ((p["q"] >> 4) & 1)),  # the size depends on it
 ])
 def test_binder_refuses_an_encoding_it_cannot_reproduce(encoding):
     assert ArgBinder.derive(encoding, {"q": BASE["q"]}) is None
+
+
+def test_binder_rebinds_a_pointer_held_in_two_places():
+    """A pointer in two fields (the hopper kernel's SCHED 3 holds O in its map and as o_ptr):
+    both are found, and every rebinding writes both."""
+    both = lambda p: struct.pack("<QQ", p["q"], p["q"])   # noqa: E731
+    binder = ArgBinder.derive(both, {"q": BASE["q"]})
+    assert binder is not None and binder.roles == ("q",) and [f.offset for f in binder.fields] == [0, 8]
+    assert binder.bind({"q": 0x5555_5555_5550}) == both({"q": 0x5555_5555_5550})
 
 
 def test_binder_refuses_unaligned_or_out_of_range_pointers():

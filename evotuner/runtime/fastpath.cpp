@@ -33,9 +33,8 @@ namespace {
 // ---------------------------------------------------------------- binding
 
 void bind_into(uint8_t* buf, const std::vector<Field>& fields, const uint64_t* ptrs) {
-    for (size_t i = 0; i < fields.size(); ++i) {
-        const Field& f = fields[i];
-        const unsigned __int128 value = f.keep | (static_cast<unsigned __int128>(ptrs[i] >> kLowBit) << f.shift);
+    for (const Field& f : fields) {
+        const unsigned __int128 value = f.keep | (static_cast<unsigned __int128>(ptrs[f.slot] >> kLowBit) << f.shift);
         const uint64_t lo = static_cast<uint64_t>(value), hi = static_cast<uint64_t>(value >> 64);
         std::memcpy(buf + f.offset, &lo, 8);  // little-endian, as the device reads it
         if (f.width == 16) std::memcpy(buf + f.offset + 8, &hi, 8);
@@ -109,7 +108,7 @@ PyObject* run(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
         if (plan->scratch) ptrs[n++] = scratch;
         for (size_t i = 0; i < n; ++i)
             if (ptrs[i] == 0 || (ptrs[i] & 15) || ptrs[i] >= kPointerLimit) Py_RETURN_NONE;
-        if (n != plan->fields.size()) Py_RETURN_NONE;
+        if (n != plan->slots) Py_RETURN_NONE;
         alignas(64) uint8_t buf[kMaxArgBytes];
         std::memcpy(buf, plan->args.data(), plan->args.size());
         bind_into(buf, plan->fields, ptrs);
@@ -165,16 +164,18 @@ bool read_shape(PyObject* o, std::vector<int64_t>* shape) {
     return true;
 }
 
-// The binder's fields ((offset, width, shift, keep_lo, keep_hi) each) into *out, each checked
-// to fit `arg_bytes` argument bytes and to hold a pointer's 44 significant bits; false with a
-// Python error set (`what` names the caller) otherwise.
-bool read_fields(PyObject* fields, size_t arg_bytes, const char* what, std::vector<Field>* out) {
+// The binder's fields ((offset, width, shift, keep_lo, keep_hi, slot) each) into *out, each
+// checked to fit `arg_bytes` argument bytes, to hold a pointer's 44 significant bits and to
+// name one of `slots` pointers, every pointer with a field; false with a Python error set
+// (`what` names the caller) otherwise.
+bool read_fields(PyObject* fields, size_t arg_bytes, size_t slots, const char* what, std::vector<Field>* out) {
     PyObject* seq = PySequence_Fast(fields, "fields: expected a sequence");
     if (seq == nullptr) return false;
     for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
-        unsigned offset, width, shift;
+        unsigned offset, width, shift, slot;
         unsigned long long lo, hi;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IIIKK", &offset, &width, &shift, &lo, &hi)) {
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "IIIKKI", &offset, &width, &shift, &lo, &hi,
+                              &slot)) {
             Py_DECREF(seq);
             return false;
         }
@@ -183,9 +184,22 @@ bool read_fields(PyObject* fields, size_t arg_bytes, const char* what, std::vect
             PyErr_Format(PyExc_ValueError, "%s: a field does not fit the argument bytes", what);
             return false;
         }
-        out->push_back({offset, width, shift, (static_cast<unsigned __int128>(hi) << 64) | lo});
+        if (slot >= slots) {
+            Py_DECREF(seq);
+            PyErr_Format(PyExc_ValueError, "%s: a field names pointer %u of %zu", what, slot, slots);
+            return false;
+        }
+        out->push_back({offset, width, shift, (static_cast<unsigned __int128>(hi) << 64) | lo, slot});
     }
     Py_DECREF(seq);
+    for (size_t k = 0; k < slots; ++k) {
+        bool held = false;
+        for (const Field& f : *out) held = held || f.slot == k;
+        if (!held) {
+            PyErr_Format(PyExc_ValueError, "%s: pointer %zu has no field", what, k);
+            return false;
+        }
+    }
     return true;
 }
 
@@ -209,9 +223,9 @@ std::shared_ptr<Plan> read_plan(PyObject* spec) {
         return nullptr;
     if (!read_shape(out_shape, &plan->out_shape)) return nullptr;
     if (plan->lse && !read_shape(lse_shape, &plan->lse_shape)) return nullptr;
-    if (!read_fields(fields, plan->args.size(), "register", &plan->fields)) return nullptr;
-    const size_t want = 4 + plan->lse + plan->workspace + plan->scratch;
-    if (plan->args.size() > kMaxArgBytes || plan->fields.size() != want || plan->launch == nullptr) {
+    plan->slots = 4 + plan->lse + plan->workspace + plan->scratch;
+    if (!read_fields(fields, plan->args.size(), plan->slots, "register", &plan->fields)) return nullptr;
+    if (plan->args.size() > kMaxArgBytes || plan->launch == nullptr) {
         PyErr_SetString(PyExc_ValueError, "register: the plan's fields do not fit its argument bytes");
         return nullptr;
     }
@@ -341,12 +355,10 @@ PyObject* key(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return out;
 }
 
-// bind(template, fields, pointers) -> bytes: the binder's rule, for the tests.
+// bind(template, fields, pointers) -> bytes: the binder's rule, for the tests (one pointer per slot).
 PyObject* bind(PyObject*, PyObject* args) {
     PyObject *tmpl, *fields, *pointers;
     if (!PyArg_ParseTuple(args, "SOO", &tmpl, &fields, &pointers)) return nullptr;
-    std::vector<Field> parsed;
-    if (!read_fields(fields, static_cast<size_t>(PyBytes_GET_SIZE(tmpl)), "bind", &parsed)) return nullptr;
     std::vector<uint64_t> ptrs;
     PyObject* seq = PySequence_Fast(pointers, "pointers: expected a sequence");
     if (seq == nullptr) return nullptr;
@@ -358,10 +370,9 @@ PyObject* bind(PyObject*, PyObject* args) {
         }
     }
     Py_DECREF(seq);
-    if (ptrs.size() != parsed.size()) {
-        PyErr_SetString(PyExc_ValueError, "bind: one pointer per field");
+    std::vector<Field> parsed;   // every field names one of the pointers, each pointer has one
+    if (!read_fields(fields, static_cast<size_t>(PyBytes_GET_SIZE(tmpl)), ptrs.size(), "bind", &parsed))
         return nullptr;
-    }
     std::vector<uint8_t> buf(PyBytes_AS_STRING(tmpl), PyBytes_AS_STRING(tmpl) + PyBytes_GET_SIZE(tmpl));
     bind_into(buf.data(), parsed, ptrs.data());
     return PyBytes_FromStringAndSize(reinterpret_cast<const char*>(buf.data()), static_cast<Py_ssize_t>(buf.size()));

@@ -307,7 +307,7 @@ def plan_spec(plan: Any) -> tuple | None:
             or ("workspace" in roles) != bool(plan.workspace) or ("scratch" in roles) != bool(plan.scratch):
         return None
     lib = cuda.driver()
-    fields = tuple((f.offset, f.width, f.shift, f.keep & _M64, f.keep >> 64) for f in binder.fields)
+    fields = tuple((f.offset, f.width, f.shift, f.keep & _M64, f.keep >> 64, f.slot) for f in binder.fields)
     return (bytes(binder.template), fields, plan.lse_shape is not None, bool(plan.workspace), bool(plan.scratch),
             tuple(plan.geometry), int(plan.function.value or 0), _address(lib.cuLaunchKernelEx), tuple(plan.out_shape),
             tuple(plan.lse_shape) if plan.lse_shape is not None else None, plan, plan.choice)

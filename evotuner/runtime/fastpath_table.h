@@ -76,12 +76,14 @@ class Ref {
 struct Field {
     uint32_t offset, width, shift;
     unsigned __int128 keep;
+    uint32_t slot;                  // the pointer it holds: q, k, v, o, [lse], [workspace], [scratch]
 };
 
 // What depends only on the key (never changes once registered).
 struct Plan {
     std::vector<uint8_t> args;      // the template argument bytes
-    std::vector<Field> fields;      // q, k, v, o, [lse], [workspace], [scratch]
+    std::vector<Field> fields;      // each pointer's places (one or more: the binder's)
+    size_t slots = 0;               // pointers: q, k, v, o, [lse], [workspace], [scratch]
     bool lse = false, workspace = false, scratch = false;
     unsigned geometry[7] = {};      // grid xyz, block xyz, dynamic shared bytes
     void* function = nullptr;
