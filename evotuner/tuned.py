@@ -17,7 +17,8 @@ same GPU model (or of none named), family, head dim, dtype and causal flag, the 
 the problem's size bucket (the power-of-two bucket of its query rows B*H*Sq and of its
 key length Sk, both :func:`evotuner.query_rows.bucket`), else (not for a shipped table)
 the nearest tuned size within :data:`NEAREST_DOUBLINGS` doublings, else nothing (the
-caller then runs the recommended config). Header rows are served by the header's own
+caller then runs the recommended config; where several families have a row,
+:func:`evotuner.runtime.choice.choose` ranks them by :attr:`TunedRow.rate`). Header rows are served by the header's own
 ``select()`` rule (:meth:`TunedTable.pick`; the C++ renders the same
 :mod:`evotuner.query_rows`): the query-rows bucket holding B*H*Sq, else the nearest, then
 the smallest seqlen bucket holding Sk, else the largest. A header exported before rows had
@@ -74,11 +75,26 @@ class TunedRow:
     varlen: bool = False
     #: a header row's query-rows bucket (the header keeps the bucket only); None for the others
     query_rows_bucket: int | None = None
+    #: the tuned problem's TFLOP/s at ``median_us`` (a study's problem, a header row's comment);
+    #: None: :attr:`rate` estimates it from the row's size
+    tflops: float | None = None
 
     def __post_init__(self) -> None:
         if (self.query_rows is None) == (self.query_rows_bucket is None):
             raise ValueError("a TunedRow has query_rows (a study's or shipped row) or query_rows_bucket "
                              "(a header row), exactly one")
+
+    @property
+    def rate(self) -> float | None:
+        """TFLOP/s of the tuned config at its tuned problem: :attr:`tflops`, else 4*rows*Sk*D over
+        the median (causal half), else None. What ranks two families' rows for one problem: their
+        tuned sizes may differ within a bucket, their rates stay comparable."""
+        if self.tflops is not None:
+            return self.tflops
+        if self.median_us is None or self.query_rows is None or self.median_us <= 0:
+            return None
+        flops = 4.0 * self.query_rows * self.seqlen_k * self.head_dim / (2 if self.causal else 1)
+        return flops / (self.median_us * 1e-6) / 1e12
 
     @property
     def size(self) -> str:
@@ -92,6 +108,9 @@ class TunedRow:
 class TunedPick:
     row: TunedRow
     why: str
+    #: the row is of the problem's own size bucket (a header row: its query-rows bucket, holding
+    #: Sk), not the nearest size: it outranks a nearer-by-rate row of another family
+    in_bucket: bool = False
 
 
 def _doublings(a: int, b: int) -> float:
@@ -134,7 +153,7 @@ class TunedTable:
         fit = [r for r in sized if bucket(r.query_rows) == bucket(qr) and bucket(r.seqlen_k) == bucket(sk)]
         if fit:
             row = min(fit, key=lambda r: (distance(r), r.median_us or math.inf))
-            return TunedPick(row, f"tuned: {row.source}{on}, same size bucket ({row.size})")
+            return TunedPick(row, f"tuned: {row.source}{on}, same size bucket ({row.size})", in_bucket=True)
         headers = [r for r in same if r.query_rows is None]
         if headers:
             return _header_select(headers, qr, sk, on)
@@ -173,7 +192,8 @@ def _header_select(rows: list[TunedRow], query_rows: int, sk: int, on: str) -> T
     holding = [r for r in rows if r.seqlen_k >= sk]
     if holding:
         row = min(holding, key=lambda r: r.seqlen_k)
-        return TunedPick(row, f"tuned: {row.source}{on}, {which} ({row.size}), bucket Sk <= {row.seqlen_k}")
+        return TunedPick(row, f"tuned: {row.source}{on}, {which} ({row.size}), bucket Sk <= {row.seqlen_k}",
+                         in_bucket=nearest == 0)
     row = max(rows, key=lambda r: r.seqlen_k)
     return TunedPick(row, f"tuned: {row.source}{on}, {which} ({row.size}), the largest bucket "
                           f"(Sk <= {row.seqlen_k})")
@@ -245,7 +265,8 @@ def load_studies(url: str) -> TunedTable:
             rows.append(TunedRow(
                 family=summary.kernel_family, device=str(device.get("name") or ""), head_dim=p.shape.head_dim,
                 dtype=p.dtype, causal=p.causal, seqlen_k=p.shape.seqlen_k, query_rows=_padded_rows(p), config=config,
-                median_us=best.value, source=f"study {info.name!r} trial {best.number}", varlen=p.varlen))
+                median_us=best.value, source=f"study {info.name!r} trial {best.number}", varlen=p.varlen,
+                tflops=p.tflops(best.value) if best.value else None))
         where = store.display_url
     finally:
         store.close()
@@ -271,7 +292,7 @@ def study_bests(url: str) -> dict[tuple[Problem, str], list[tuple[str, KernelCon
     return out
 
 
-_ROW_COMMENT = re.compile(r"^\s*// \[(\d+)\] study (.*), trial (\d+): ([0-9.]+) us")
+_ROW_COMMENT = re.compile(r"^\s*// \[(\d+)\] study (.*), trial (\d+): ([0-9.]+) us(?:, ([0-9.]+) TFLOPS)?")
 _DEVICE_COMMENT = re.compile(r"; device (.*?)\s*$")
 
 
@@ -298,16 +319,18 @@ def load_header(path: Path) -> TunedTable:
         for i, values in enumerate(info.values):
             v = dict(values)
             params = {n: x for n, x in values if n not in ROW_PROBLEM_MACROS}
+            device, tflops = _header_provenance(text, info.export_prefix, i)
             rows.append(TunedRow(
-                family=name, device=_header_device(text, info.export_prefix, i), head_dim=v["HEAD_DIM"],
+                family=name, device=device, head_dim=v["HEAD_DIM"],
                 dtype=DTYPE_NAMES.get(v["DTYPE"], "?"), causal=bool(v["IS_CAUSAL"]), seqlen_k=v["MAX_SEQLEN"],
                 query_rows=None, config=KernelConfig.of(params), median_us=None,
-                source=f"{name} row {i}", query_rows_bucket=v["QUERY_ROWS_BUCKET"]))
+                source=f"{name} row {i}", query_rows_bucket=v["QUERY_ROWS_BUCKET"], tflops=tflops))
     return TunedTable(tuple(rows), str(path))
 
 
-def _header_device(text: str, prefix: str, index: int) -> str:
-    """The ``device`` a row's provenance comment names ("" when it says unknown)."""
+def _header_provenance(text: str, prefix: str, index: int) -> tuple[str, float | None]:
+    """The ``device`` a row's provenance comment names ("" when it says unknown) and the TFLOPS
+    it records (None when it has none)."""
     section = text.split(f"#define {prefix}_COUNT", 1)[-1]
     lines = section.splitlines()
     for k, line in enumerate(lines):
@@ -315,8 +338,9 @@ def _header_device(text: str, prefix: str, index: int) -> str:
         if m and int(m.group(1)) == index and k + 1 < len(lines):
             d = _DEVICE_COMMENT.search(lines[k + 1])
             name = d.group(1) if d else ""
-            return "" if name == "unknown" else name
-    return ""
+            tflops = float(m.group(5)) if m.group(5) else None
+            return ("" if name == "unknown" else name), tflops
+    return "", None
 
 
 def load_shipped(path: Path) -> TunedTable:

@@ -196,6 +196,34 @@ def test_choose_serves_the_table_then_falls_back_to_the_recommended_config_with_
     assert A.choose(problem, family="flashcore", device=H100, tables=(table,)).family == "flashcore"
 
 
+def test_a_table_with_both_families_serves_the_faster_row_not_the_first_family(packaged_families):
+    """One database holding a FlashCore and a hopper study of one problem serves the row with the
+    higher TFLOP/s at its tuned problem, whatever the families' order; a row of the problem's
+    size bucket beats another family's nearest size; with no figure, the family order."""
+    problem = Problem(Shape.parse("B=16,H=16,S=2048,D=64"))
+    hop = "BLOCK_N=80,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,OVERLAP=1,PINGPONG=1,SCHED=1,RESCALE_LOG2=0,EXP_EMU=0"
+    fc = ",".join(f"{k}={v}" for k, v in defaults.default_config(64, "fp16", False, family="flashcore").as_dict().items())
+    for fc_us, hop_us, want in ((300.0, 200.0, "hopper"), (200.0, 300.0, "flashcore")):
+        table = tuned.TunedTable((_row("flashcore", config=fc, us=fc_us, source="study 'fc' trial 1"),
+                                  _row(config=hop, us=hop_us, source="study 'hop' trial 2")), "db")
+        served = A.choose(problem, device=H100, tables=(table,))
+        other = "flashcore" if want == "hopper" else "hopper"
+        assert served.family == want and f"over the {other} family's tuned row" in served.why, served.why
+        assert "TFLOPS" in served.why
+    # a row of another size bucket loses to the other family's row of this one, even if faster
+    table = tuned.TunedTable((_row("flashcore", config=fc, us=300.0),
+                              _row(config=hop, rows=16 * 16 * 512, sk=1024, us=1.0)), "db")
+    served = A.choose(problem, device=H100, tables=(table,))
+    assert served.family == "flashcore" and "a nearest size" in served.why
+    # rows with no figure: the family order, said so
+    table = tuned.TunedTable((_row("flashcore", config=fc, us=None), _row(config=hop, us=None)), "db")
+    served = A.choose(problem, device=H100, tables=(table,))
+    assert served.family == "flashcore" and "family order" in served.why
+    # a study's rate is its problem's, causal counted half
+    assert _row(us=100.0).rate == pytest.approx(4 * 16 * 16 * 2048 * 2048 * 64 / 100e-6 / 1e12)
+    assert _row(us=100.0, causal=True).rate == pytest.approx(_row(us=100.0).rate / 2)
+
+
 @pytest.fixture(scope="module")
 def replayed_db(tmp_path_factory):
     """A database with a replayed 8-trial guided study of the D=64 hopper sweep."""
@@ -259,6 +287,30 @@ def test_an_exported_header_is_served_by_its_own_select_rule(replayed_db, tmp_pa
     assert pick is not None and "Sk <= 2048" in pick.why
     pick = table.pick(Problem(Shape.parse("B=1,H=1,S=9000,D=64")), H100)
     assert pick is not None and "largest bucket" in pick.why
+
+
+def test_a_database_and_its_header_with_both_families_serve_the_faster_family(tmp_path, capsys, packaged_families):
+    """A hopper and a FlashCore study of one problem in one database (replayed synthetic sweeps
+    of one made-up device): the database and the header exported from it serve the row with
+    the higher TFLOPS (the header's comment keeps it), not the first family."""
+    from evotuner import cli
+
+    db = f"sqlite:///{tmp_path / 'both.db'}"
+    replay = DATA / "replay"
+    for argv in (["--study", "hop", "--space", str(DATA / "spaces" / "hopper_small.toml"), "--replay",
+                  str(replay / "hopper_synthetic_d64.csv")],
+                 ["--study", "fc", "--replay", str(replay / "synthetic_d64.csv")]):
+        assert cli.main(["search", *argv, "--shape", "B=16,H=16,S=2048,D=64", "--trials", "4", "--storage", db]) == 0
+    header = tmp_path / "both.h"
+    assert cli.main(["export", "--study", "hop", "--study", "fc", "--storage", db, "--output", str(header)]) == 0
+    capsys.readouterr()
+    problem = Problem(Shape.parse("B=16,H=16,S=2048,D=64"))
+    for table in (tuned.load(db), tuned.load(header)):
+        rates = {r.family: r.rate for r in table.rows if r.family in ("flashcore", "hopper")}   # not test toys
+        assert len(rates) == 2 and all(rates.values()), rates
+        served = A.choose(problem, device=table.rows[0].device, tables=(table,))
+        assert served.family == max(rates, key=rates.get), (rates, served.why)
+        assert "over the" in served.why and "TFLOPS" in served.why
 
 
 @pytest.mark.parametrize("source, fragment", [("", "empty source"), ("/nonexistent/t.db", "no such file")])

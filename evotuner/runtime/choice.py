@@ -1,14 +1,16 @@
 """Which kernel ``evotuner.flash_attention`` runs for a problem: :func:`choose` (with a
 ``config``, the family its parameter names belong to, or ``family``; else the tuned table's
-row for the problem on this GPU model; else, of the families that support the problem and
-recommend a config for it, the one whose recommended config is fastest by its own measured
-figure), :func:`resolve_config` (a partial config over the recommended one), and the tuned
-tables served (:func:`use_tuned`, ``$EVOTUNER_TUNED``, then the shipped ones: see
-:mod:`evotuner.tuned`). Torch-free; the runtime's plans live in
+row for the problem on this GPU model, and where the table has rows of several families, the
+one of the problem's size bucket, then the fastest by its TFLOP/s; else, of the families that
+support the problem and recommend a config for it, the one whose recommended config is
+fastest by its own measured figure), :func:`resolve_config` (a partial config over the
+recommended one), and the tuned tables served (:func:`use_tuned`, ``$EVOTUNER_TUNED``, then
+the shipped ones: see :mod:`evotuner.tuned`). Torch-free; the runtime's plans live in
 :mod:`evotuner.runtime.attention`, whose ``use_tuned`` also forgets them."""
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,7 @@ from evotuner.errors import EvotunerError, ShapeError, SpaceError
 from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
 from evotuner.problem import Problem
 from evotuner.tuned import ENV_VAR as TUNED_ENV_VAR
-from evotuner.tuned import TunedTable, shipped_tables
+from evotuner.tuned import TunedPick, TunedTable, shipped_tables
 from evotuner.tuned import from_environment as tuned_from_environment
 from evotuner.tuned import load as load_tuned
 
@@ -62,15 +64,37 @@ def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | No
     active = served_tables() if tables is None else tuple(tables)
     if device is not None:
         for table in active:
-            for fam in usable:
-                pick = table.pick(problem, device, fam.name)
-                if pick is not None:
-                    return Choice(fam.name, pick.row.config, pick.why)
+            picks = [(fam.name, p) for fam in usable if (p := table.pick(problem, device, fam.name)) is not None]
+            if picks:
+                return _fastest_pick(picks)
     base = _recommended(problem, family, exclude)
     user = [t for t in active if not t.shipped]
     if device is not None and user:
         return Choice(base.family, base.config, f"{base.why}; {user[0].nearest_note(problem, device, family)}")
     return base
+
+
+def _fastest_pick(picks: list[tuple[str, TunedPick]]) -> Choice:
+    """Of one table's rows for the problem, one per family: a row of the problem's own size
+    bucket over a nearest size, then the highest TFLOP/s at its tuned problem (a row with no
+    figure last), then the family order."""
+    def key(item: tuple[str, TunedPick]) -> tuple[bool, float]:
+        rate = item[1].row.rate
+        return (not item[1].in_bucket, -rate if rate is not None else math.inf)
+
+    name, pick = min(picks, key=key)
+    mine, why = pick.row.rate, pick.why
+    for other, theirs in picks:
+        if other == name:
+            continue
+        if theirs.in_bucket != pick.in_bucket:
+            reason = "a nearest size, not this size bucket"
+        elif mine is not None and theirs.row.rate is not None:
+            reason = f"{theirs.row.rate:.0f} against {mine:.0f} TFLOPS"
+        else:
+            reason = "no TFLOPS figure to rank them: the family order"
+        why += f"; over the {other} family's tuned row ({reason})"
+    return Choice(name, pick.row.config, why)
 
 
 def _recommended(problem: Problem, family: str | None, exclude: Mapping[str, str] | None) -> Choice:
