@@ -50,9 +50,11 @@ def no_gpu(command: str = "search") -> NoGpuError:
 NO_GPU = no_gpu("search")
 
 
-def open_store(url: str | None, *, must_exist: bool = False, read_only: bool = False) -> StudyStore:
+def open_store(url: str | None, *, must_exist: bool = False, read_only: bool = False,
+               named_by: str = "--storage / $EVOTUNER_STORAGE") -> StudyStore:
     """The study database; ``must_exist``: refuse (creating nothing) when a SQLite file is missing;
-    ``read_only``: open it without writing (show, export, report)."""
+    ``read_only``: open it without writing (show, export, report); ``named_by``: what named the
+    database, for the remedies (the CLI's option, or the served tuned table's source)."""
     path = sqlite_path(resolve_url(url))
     try:
         missing = path is not None and not path.exists()
@@ -62,12 +64,12 @@ def open_store(url: str | None, *, must_exist: bool = False, read_only: bool = F
     if must_exist and missing:
         raise StorageError(
             f"no study database at {path}",
-            "run `evotuner search` first, or point --storage / $EVOTUNER_STORAGE at the database",
+            f"run `evotuner search` first, or point {named_by} at the database",
         )
     if must_exist and path is not None and path.is_file() and path.stat().st_size == 0:
         # an empty file holds no study: say so before opening it writes evotuner's tables into it
         raise StorageError(f"database {path} is empty: it holds no study",
-                           "run `evotuner search` first, or point --storage / $EVOTUNER_STORAGE at the study database")
+                           f"run `evotuner search` first, or point {named_by} at the study database")
     return StudyStore(url, read_only=read_only)
 
 

@@ -45,6 +45,8 @@ from evotuner.problem import Problem
 
 #: The environment variable naming the tuned table ``flash_attention`` serves by default.
 ENV_VAR = "EVOTUNER_TUNED"
+#: What names the table served, for remedies.
+TUNED_SOURCES = f"evotuner.use_tuned() / ${ENV_VAR}"
 #: How far (in doublings of query rows plus doublings of key length) a tuned size may lie
 #: from the problem and still be served; farther, the recommended config runs.
 NEAREST_DOUBLINGS = 4.0
@@ -252,7 +254,7 @@ def load_studies(url: str) -> TunedTable:
     from evotuner import session   # storage is only reached through the session module
 
     rows: list[TunedRow] = []
-    store = session.open_store(url, must_exist=True, read_only=True)
+    store = session.open_store(url, must_exist=True, read_only=True, named_by=TUNED_SOURCES)
     try:
         for info in store.list_studies():
             summary = store.summary(info.name)
@@ -280,7 +282,7 @@ def study_bests(url: str) -> dict[tuple[Problem, str], list[tuple[str, KernelCon
     from evotuner import session   # storage is only reached through the session module
 
     out: dict[tuple[Problem, str], list[tuple[str, KernelConfig]]] = {}
-    store = session.open_store(url, must_exist=True, read_only=True)
+    store = session.open_store(url, must_exist=True, read_only=True, named_by="--tuned")
     try:
         for info in store.list_studies():
             summary = store.summary(info.name)

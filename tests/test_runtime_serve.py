@@ -319,12 +319,21 @@ def test_a_tuned_source_that_cannot_be_read_is_one_clear_error(source, fragment)
         tuned.load(source)
 
 
-def test_a_bad_environment_table_names_the_variable(monkeypatch):
+def test_a_bad_environment_table_names_the_variable(monkeypatch, tmp_path):
     monkeypatch.setenv(tuned.ENV_VAR, "/nonexistent/studies.db")
     try:
         A.use_tuned(None)
         with pytest.raises(tuned.TunedError, match=r"\$EVOTUNER_TUNED: tuned table"):
             A.served_tables()
+        # a database URL with no database, or an empty file: the remedy points at the variable, not --storage
+        (tmp_path / "empty.db").write_bytes(b"")
+        for source in (f"sqlite:///{tmp_path / 'none.db'}", str(tmp_path / "empty.db")):
+            monkeypatch.setenv(tuned.ENV_VAR, source)
+            A.use_tuned(None)
+            with pytest.raises(EvotunerError) as info:
+                A.served_tables()
+            assert info.value.message.startswith("$EVOTUNER_TUNED: "), info.value.message
+            assert "$EVOTUNER_TUNED" in info.value.remedy and "--storage" not in info.value.remedy, info.value.remedy
     finally:
         monkeypatch.delenv(tuned.ENV_VAR)
         A.use_tuned(None)
