@@ -144,6 +144,8 @@ pybind11::dict plan(const torch::Tensor& q, const torch::Tensor& k, const torch:
     out["heads"] = pl.heads;
     out["seqlen_q"] = pl.seqlen_q;
     out["scratch_bytes"] = pl.scratch_bytes;
+    out["tail_first"] = pl.tail_first;
+    out["tail_parts"] = pl.tail_parts;
     return out;
 }
 
@@ -156,7 +158,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("plan", &plan,
           "how attention(q, k, v, causal, scale) launches, checked as it checks its inputs, nothing queued: "
           "row, kernel, launches, grid, block, smem_bytes, sched, splits, packed (grouped query heads as one head "
-          "per K/V head), heads and seqlen_q of the launch, scratch_bytes (its per-call memory)",
+          "per K/V head), heads and seqlen_q of the launch, scratch_bytes (its per-call memory), tail_first and tail_parts "
+          "(SCHED 3's last wave split on this grid: the first tile cut, into how many parts; 1: none)",
           pybind11::arg("q"), pybind11::arg("k"), pybind11::arg("v"), pybind11::arg("causal") = false,
           pybind11::arg("scale") = pybind11::none());
 }

@@ -15,6 +15,8 @@ struct HopperExtPlan {
     int32_t heads;             // the launch's heads and query rows per head (packed: K/V heads, group*Sq)
     int32_t seqlen_q;
     int64_t scratch_bytes;     // per-call memory the launch takes (split-KV scratch, SCHED 2/3 counter, SCHED 3 scratch; 0: none)
+    int32_t tail_first;        // SCHED 3's plan on this grid (launch_rules.h hopper_tail_plan): the first split tile
+    int32_t tail_parts;        // and the parts each tile from there is cut in (1: nothing split; always 1 below SCHED 3)
 };
 
 struct HopperExtArgs {
