@@ -18,10 +18,10 @@ the problem's size bucket (the power-of-two bucket of its query rows B*H*Sq and 
 key length Sk, both :func:`evotuner.query_rows.bucket`), else (not for a shipped table)
 the nearest tuned size within :data:`NEAREST_DOUBLINGS` doublings, else nothing (the
 caller then runs the recommended config; where several families have a row,
-:func:`evotuner.runtime.choice.choose` ranks them by :attr:`TunedRow.rate`). Header rows are served by the header's own
-``select()`` rule (:meth:`TunedTable.pick`; the C++ renders the same
-:mod:`evotuner.query_rows`): the query-rows bucket holding B*H*Sq, else the nearest, then
-the smallest seqlen bucket holding Sk, else the largest. A header exported before rows had
+:func:`evotuner.runtime.choice.choose` ranks them by :attr:`TunedRow.rate`). Header rows
+are served by the header's own ``select()`` rule (:meth:`TunedTable.pick`; the C++
+renders the same :mod:`evotuner.query_rows`): the query-rows bucket holding B*H*Sq, else
+the nearest, then the smallest seqlen bucket holding Sk, else the largest. A header exported before rows had
 a query-rows bucket is refused (:func:`evotuner.header.read_header`: re-export it). The
 answer carries the row and a one-line reason.
 
