@@ -667,6 +667,7 @@ def check_cases(cases):
         q = torch.randn(B, H, Sq, D, device="cuda", dtype=dt)
         k, v = (torch.randn(B, H, Sk, D, device="cuda", dtype=dt) for _ in range(2))
         side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())   # the inputs are written on the default stream
         with torch.cuda.stream(side):
             o = f.attention(q, k, v, causal, 0.1)
         side.synchronize()

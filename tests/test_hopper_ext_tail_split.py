@@ -70,6 +70,7 @@ for B, H, HKV, Sq, Sk, want in CASES:
     side = torch.cuda.Stream()
     for _ in range(3):   # fresh inputs each call
         q, k, v = inputs(B, H, HKV, Sq, Sk)
+        side.wait_stream(torch.cuda.current_stream())   # the inputs are written on the default stream
         with torch.cuda.stream(side):
             o = f.attention(q, k, v, False, 0.1)
         side.synchronize()
