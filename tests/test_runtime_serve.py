@@ -215,6 +215,12 @@ def test_a_table_with_both_families_serves_the_faster_row_not_the_first_family(p
                               _row(config=hop, rows=16 * 16 * 512, sk=1024, us=1.0)), "db")
     served = A.choose(problem, device=H100, tables=(table,))
     assert served.family == "flashcore" and "a nearest size" in served.why
+    # the families' shipped tables (one file each) are ranked as one; a user's table still comes first
+    shipped = tuple(tuned.TunedTable((row,), f"the shipped table of {row.family}", shipped=True)
+                    for row in (_row("flashcore", config=fc, us=300.0), _row(config=hop, us=200.0)))
+    assert A.choose(problem, device=H100, tables=shipped).family == "hopper"
+    user = tuned.TunedTable((_row("flashcore", config=fc, us=900.0),), "db")
+    assert A.choose(problem, device=H100, tables=(user, *shipped)).family == "flashcore"
     # rows with no figure: the family order, said so
     table = tuned.TunedTable((_row("flashcore", config=fc, us=None), _row(config=hop, us=None)), "db")
     served = A.choose(problem, device=H100, tables=(table,))

@@ -63,8 +63,11 @@ def choose(problem: Problem, config: Mapping[str, int] | KernelConfig | str | No
               and not (exclude or {}).get(f.name) and not f.unsupported(problem)]
     active = served_tables() if tables is None else tuple(tables)
     if device is not None:
-        for table in active:
-            picks = [(fam.name, p) for fam in usable if (p := table.pick(problem, device, fam.name)) is not None]
+        # each user table in turn, then the families' shipped tables as one (each family ships its own)
+        groups = [(t,) for t in active if not t.shipped] + [tuple(t for t in active if t.shipped)]
+        for group in groups:
+            picks = [(fam.name, p) for table in group for fam in usable
+                     if (p := table.pick(problem, device, fam.name)) is not None]
             if picks:
                 return _fastest_pick(picks)
     base = _recommended(problem, family, exclude)
