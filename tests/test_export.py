@@ -652,25 +652,42 @@ def test_real_study_errors(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["studies.db"]
 
 
-#: The start of both GPU probes of a built extension (MODULE: its name): check_cases runs every
-#: (B, H, Sq, Sk, D, dtype, causal, row) on a side stream against fp32 SDPA; check_unserved
-#: expects the error for a head dim no row serves.
+#: The start of the GPU probes of a built extension (MODULE: its name): on_side_stream calls
+#: attention() on a side stream that waits for the inputs; check_cases runs every (B, H, Sq, Sk, D,
+#: dtype, causal, row) that way against fp32 SDPA; replays_checked captures one call in a CUDA
+#: graph and replays it on fresh inputs, checking each output; check_unserved expects the error
+#: for a head dim no row serves.
 _GPU_PROBE = r"""
 import sys, torch
 sys.path.insert(0, sys.argv[1]); import MODULE as f
 F = torch.nn.functional
 torch.manual_seed(0)
 
+def on_side_stream(q, k, v, causal, scale):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())   # the inputs are written on the default stream
+    with torch.cuda.stream(side):
+        o = f.attention(q, k, v, causal, scale)
+    side.synchronize()
+    return o
+
+def replays_checked(q, k, v, check):
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        o = f.attention(q, k, v, False, 0.1)
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn_like(t))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(o)
+
 def check_cases(cases):
     for B, H, Sq, Sk, D, dt, causal, row in cases:
         assert f.select(D, "bf16" if dt == torch.bfloat16 else "fp16", causal, Sk, B * H * Sq) == row
         q = torch.randn(B, H, Sq, D, device="cuda", dtype=dt)
         k, v = (torch.randn(B, H, Sk, D, device="cuda", dtype=dt) for _ in range(2))
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())   # the inputs are written on the default stream
-        with torch.cuda.stream(side):
-            o = f.attention(q, k, v, causal, 0.1)
-        side.synchronize()
+        o = on_side_stream(q, k, v, causal, 0.1)
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal, scale=0.1)
         err = (o.float() - ref).abs().max().item()
         assert err < (2e-2 if dt == torch.bfloat16 else 2e-3), (B, H, Sq, Sk, D, causal, err)
@@ -767,17 +784,11 @@ for B, H, HKV, Sq, Sk, bshd in ((1, 8, 2, 1, 8000, False), (2, 4, 4, 37, 2100, F
     assert p["packed"] == (HKV < H and (not bshd or Sq == 1)), (B, H, HKV, Sq, bshd, p)
 q, k, v = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((2, 8, 1, 128), (2, 2, 6000, 128),
                                                                              (2, 2, 6000, 128)))
-graph = torch.cuda.CUDAGraph()
-with torch.cuda.graph(graph):
-    o = f.attention(q, k, v, False, 0.1)
-for _ in range(3):
-    for t in (q, k, v):
-        t.copy_(torch.randn_like(t))
-    graph.replay()
-    torch.cuda.synchronize()
+def split_in_a_graph(o):
     ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.1, enable_gqa=True)
     err = (o.float() - ref).abs().max().item()
     assert err < 2e-2, ("split in a graph", err)
+replays_checked(q, k, v, split_in_a_graph)
 x = torch.randn(1, 3, 513, 64, device="cuda", dtype=torch.float16)   # row 1: SCHED 2, a 4-byte tile counter per call
 p = f.plan(x, x, x, True, None)
 assert (p["row"], p["sched"], p["splits"], p["scratch_bytes"]) == (1, 2, 1, 4), p

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from test_export import REPO, FakeStore, _build_extension_module, summary, trial
+from test_export import _GPU_PROBE, REPO, FakeStore, _build_extension_module, summary, trial
 from evotuner.export import export_header
 
 #: The three-warpgroup packed tiles of docs/measurements/tail_split (w3_sched3.toml), SCHED 3.
@@ -38,12 +38,8 @@ def test_a_tail_split_row_builds_into_the_extension(tmp_path: Path) -> None:
     assert "#define HOPPER_SCHED HOPPER_TUNED_0_SCHED" in (tmp_path / "ext" / "src" / "row_0.cu").read_text()
 
 
-_PROBE = r"""
-import sys, torch
-sys.path.insert(0, sys.argv[1]); import hopper_ext as f
+_PROBE = _GPU_PROBE.replace("MODULE", "hopper_ext") + r"""
 from evotuner.kernels.hopper import launch as L
-F = torch.nn.functional
-torch.manual_seed(0)
 
 def inputs(B, H, HKV, Sq, Sk):
     q = torch.randn(B, H, Sq, 128, device="cuda", dtype=torch.float16)
@@ -67,25 +63,12 @@ for B, H, HKV, Sq, Sk, want in CASES:
     if p["grid"][0] == 132:
         assert p["tail_parts"] == want, (B, H, HKV, Sq, Sk, p)
     split += p["tail_parts"] > 1
-    side = torch.cuda.Stream()
     for _ in range(3):   # fresh inputs each call
         q, k, v = inputs(B, H, HKV, Sq, Sk)
-        side.wait_stream(torch.cuda.current_stream())   # the inputs are written on the default stream
-        with torch.cuda.stream(side):
-            o = f.attention(q, k, v, False, 0.1)
-        side.synchronize()
-        check(q, k, v, o, (B, H, HKV, Sq, Sk))
+        check(q, k, v, on_side_stream(q, k, v, False, 0.1), (B, H, HKV, Sq, Sk))
 assert split >= 2, split
 q, k, v = inputs(1, 32, 8, 4096, 4096)
-graph = torch.cuda.CUDAGraph()
-with torch.cuda.graph(graph):
-    o = f.attention(q, k, v, False, 0.1)
-for _ in range(3):
-    for t in (q, k, v):
-        t.copy_(torch.randn_like(t))
-    graph.replay()
-    torch.cuda.synchronize()
-    check(q, k, v, o, "graph")
+replays_checked(q, k, v, lambda o: check(q, k, v, o, "graph"))
 print("OK")
 """
 
