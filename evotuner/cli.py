@@ -65,7 +65,7 @@ from evotuner.cli_render import (
 )
 from evotuner.cli_options import DEFAULT_STORAGE, STORAGE_ENV  # noqa: F401 -- part of cli's public names
 from evotuner.cli_options import (
-    app, StudyOpt, StudiesOpt, StorageOpt, ShapeOpt, ResumeShapeOpt, LengthsOpt, LengthsKOpt, VarlenOpt,
+    app, study_args, StudyOpt, StudiesOpt, StorageOpt, ShapeOpt, ResumeShapeOpt, LengthsOpt, LengthsKOpt, VarlenOpt,
     DtypeOpt, CausalOpt, TrialsOpt, ResumeTrialsOpt, SamplerOpt, SeedOpt,
     FamilyOpt, JobsOpt, SpaceOpt, ResumeSpaceOpt, CompileSpaceOpt, ReplayOpt, ReportDirOpt, JsonOpt, TopOpt,
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
@@ -155,7 +155,7 @@ def search(
         if not exists:
             session.start_study(store, study, problem, search_space, sampler, seed, builder, on_wait=wait)
         _run(store, study, problem, search_space, sampler, seed, trials, builder, measure,
-             stale_after=stale_after, mixed_gpus=mixed_gpus, transfer=transfer, racing=racing)
+             stale_after=stale_after, mixed_gpus=mixed_gpus, transfer=transfer, racing=racing, storage=storage)
 
 
 @app.command()
@@ -187,7 +187,7 @@ def resume(
         target = trials if trials is not None else store.count_finished(study) + RESUME_STEP
         builder, measure = stages.stages(resumed.problem, resumed.space, jobs, stack, started)
         _run(store, study, resumed.problem, resumed.space, resumed.sampler, resumed.seed, target, builder, measure,
-             stale_after=stale_after, mixed_gpus=mixed_gpus, racing=racing)
+             stale_after=stale_after, mixed_gpus=mixed_gpus, racing=racing, storage=storage)
 
 
 @app.command()
@@ -353,19 +353,19 @@ def bench(
 
 
 def _run(store, study, problem, space, sampler_name, seed, trials, builder, measure, *,
-         stale_after=None, mixed_gpus=False, transfer=False, racing=session.DEFAULT_RULE) -> None:
-    view = SearchView(study, problem)
+         stale_after=None, mixed_gpus=False, transfer=False, racing=session.DEFAULT_RULE, storage=None) -> None:
+    view = SearchView(study, problem, storage)
     try:
         with view.live():
             result = session.run_study(store, study, problem, space, sampler_name, seed, trials, builder, measure,
                                        on_event=view.on_event, stale_after=stale_after,
                                        mixed_gpus=mixed_gpus, transfer=transfer, racing=racing)
     except KeyboardInterrupt:   # typer would turn it into a silent exit 130: say what was kept
-        raise _interrupted(store, study, trials) from None
+        raise _interrupted(store, study, trials, storage) from None
     view.close(result, store.summary(study), space)
 
 
-def _interrupted(store: Any, study: str, trials: int) -> InterruptedByUser:
+def _interrupted(store: Any, study: str, trials: int, storage: str | None) -> InterruptedByUser:
     kept = f"study {study!r} keeps every trial that finished"
     # The interrupt may have landed inside one of this store's transactions: count through a
     # fresh connection to the same database when the store itself cannot answer.
@@ -378,7 +378,7 @@ def _interrupted(store: Any, study: str, trials: int) -> InterruptedByUser:
     what = stopping.stopped_by("interrupted")
     return InterruptedByUser(
         f"{what}: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
-        f"continue with `evotuner resume --study {study} --trials {trials}`",
+        f"continue with `evotuner resume {study_args(study, storage)} --trials {trials}`",
     )
 
 
@@ -483,7 +483,7 @@ def _main(argv: list[str] | None, debug: bool) -> int:
         if type(exc).__name__ == "NoArgsIsHelpError":   # plain `evotuner`: the help is the answer
             consoles.out.print(message, markup=False, highlight=False)
             return 0
-        _error_line(f"{one_line(message)} (see `evotuner --help`)")
+        _error_line(f"{one_line(message)} (see `{getattr(exc.ctx, 'command_path', '') or 'evotuner'} --help`)")
         return int(getattr(exc, "exit_code", 2) or 2)
     except typer.Abort:
         _error_line(stopping.stopped_by("aborted"))

@@ -253,6 +253,25 @@ def one_line(text: str | None) -> str:
     return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
 
 
+def study_args(study: str, storage: str | None) -> str:
+    """``--study NAME``, with ``--storage URL`` when the command was given a database other than
+    the default, as a command printed for the user to paste names them (a password shown as
+    ``***``)."""
+    import shlex
+
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    args = f"--study {shlex.quote(study)}"
+    if storage is None or storage == DEFAULT_STORAGE:
+        return args
+    try:
+        shown = make_url(storage).render_as_string(hide_password=True) if "://" in storage else storage
+    except ArgumentError:
+        shown = storage
+    return f"{args} --storage {shlex.quote(shown)}"
+
+
 def open_store(storage: str | None, *, must_exist: bool = False, read_only: bool = False) -> Any:
     return session.open_store(storage, must_exist=must_exist, read_only=read_only)
 

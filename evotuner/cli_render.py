@@ -17,7 +17,7 @@ from rich.text import Text
 from evotuner import cli_diagnostics, columns
 from evotuner import events as ev
 from evotuner.bench import BASELINE_NAMES
-from evotuner.cli_options import consoles, one_line
+from evotuner.cli_options import consoles, one_line, study_args
 from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.numbers import json_safe
@@ -31,8 +31,9 @@ from evotuner.vocabulary import STOPPED_ATTR, config_of
 class SearchView:
     """Renders loop events: a progress bar, best so far, counts, builds in flight."""
 
-    def __init__(self, study: str, problem: Problem) -> None:
+    def __init__(self, study: str, problem: Problem, storage: str | None = None) -> None:
         self.study = study
+        self.storage = storage       # the command's --storage, for the commands it prints
         self.problem = problem
         self.progress = Progress(
             SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -148,7 +149,7 @@ class SearchView:
         if result.new_trials and timed > 1:
             # the best is a selection: the fastest of many timings, each of which moves between runs
             self._log(f"the best's µs is the fastest of {timed} timings, and one config's timing moves up to ~10% "
-                      f"between runs: `evotuner bench --study {self.study}` re-times the best 5 beside SDPA in one run")
+                      f"between runs: `evotuner bench {study_args(self.study, self.storage)}` re-times the best 5 beside SDPA in one run")
 
 
 # -- rendering helpers ---------------------------------------------------------------------

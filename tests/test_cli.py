@@ -51,7 +51,10 @@ def test_search_resume_show_export(capsys, tmp_path):
     assert "best" in out and "vs SDPA" in out
     # the best is a selection among noisy timings: the way to confirm it is named
     assert "the best's µs is the fastest of 2 timings" in " ".join(out.split()), out
-    assert "`evotuner bench --study s` re-times the best 5 beside SDPA" in " ".join(out.split()), out
+    # the command it names reaches this database (the search was given --storage); a long path
+    # may be broken after a '/' at the terminal's width
+    assert "`evotunerbench--studys--storagesqlite:///" + str(db).replace(" ", "") + "`re-timesthebest5besideSDPA" \
+        in "".join(out.split()), out
 
     code, out, err = search(capsys, db)
     assert code == 0, err
@@ -99,6 +102,19 @@ def test_storage_from_the_environment(capsys, tmp_path, monkeypatch):
     assert db.is_file() and not (tmp_path / "evotuner.db").exists()
 
 
+def test_commands_printed_for_pasting_name_the_database_they_need():
+    """A printed `evotuner ...` command carries the --storage its run was given (shell-quoted,
+    a password hidden), and none for the default database."""
+    from evotuner.cli_options import study_args
+
+    assert study_args("s", None) == "--study s"
+    assert study_args("s", cli.DEFAULT_STORAGE) == "--study s"
+    assert study_args("s", "sqlite:///studies.db") == "--study s --storage sqlite:///studies.db"
+    assert study_args("my study", "sqlite:///a b.db") == "--study 'my study' --storage 'sqlite:///a b.db'"
+    shown = study_args("s", "postgresql://tuner:secret@db.example:5432/evo")
+    assert "secret" not in shown and shown.endswith("--storage 'postgresql://tuner:***@db.example:5432/evo'")
+
+
 def test_compile_json(capsys):
     code, out, err = run(capsys, "compile", "--config", CONFIG, "--shape", "D=32", "--space", TINY, "--json")
     assert code == 0, err
@@ -144,7 +160,7 @@ def test_the_console_script_reports_usage_errors_in_one_line(tmp_path):
     proc = subprocess.run([*argv, "search", "--study", "s"], capture_output=True, text=True, timeout=120,
                           cwd=tmp_path, env={**os.environ, "EVOTUNER_DEBUG": ""})
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == ["error: Missing option '--shape'. (see `evotuner --help`)"]
+    assert proc.stderr.strip().splitlines() == ["error: Missing option '--shape'. (see `evotuner search --help`)"]
     assert not (tmp_path / "evotuner.db").exists()
 
 
