@@ -88,9 +88,19 @@ StudyOpt = Annotated[str, typer.Option("--study", callback=_study_name,
                                        help="Study name (one study = one problem + one space).")]
 StudiesOpt = Annotated[list[str], typer.Option("--study", callback=_study_name,
                                                help="Study to export; repeat for several.")]
+
+
+def _storage_given(ctx: typer.Context, param: Any, value: str | None) -> str | None:
+    """--storage as given: an empty one (``--storage "$DB"`` with DB unset) is a usage error, never
+    the default database in the current folder (an empty $EVOTUNER_STORAGE is unset to click)."""
+    if value is not None and not value.strip():
+        raise typer.BadParameter("the database URL is empty")
+    return value
+
+
 StorageOpt = Annotated[
     Optional[str],
-    typer.Option("--storage", envvar=STORAGE_ENV, show_envvar=True,
+    typer.Option("--storage", envvar=STORAGE_ENV, show_envvar=True, callback=_storage_given,
                  help=f"SQLAlchemy URL of the study database [default: {DEFAULT_STORAGE}]."),
 ]
 ShapeOpt = Annotated[str, typer.Option("--shape", help="Problem shape B=..,H=..,S=..,D=.. (SQ/SK may replace S; "

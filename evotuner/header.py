@@ -74,6 +74,10 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
                           + (f"; it has a {' and a '.join(others)} section)" if others else ")"),
                           f"pass --family {others[0]}" if others else "give the header written by `evotuner export`")
     n = int(count.group(1))
+    for m in re.finditer(rf"^#define\s+{t}_(\d+)_([A-Z][A-Z0-9_]*)\b[ \t]*(.*?)\s*$", text, re.M):
+        if not re.fullmatch(r"-?\d+", m.group(3)):      # a row value row_macro would skip, unseen
+            raise ExportError(f"header {path}: {T}_{m.group(1)}_{m.group(2)} is {m.group(3)!r}, not an integer",
+                              "re-export the header; do not edit it by hand")
     rows: list[list[str]] = [[] for _ in range(n)]
     values: list[list[tuple[str, int]]] = [[] for _ in range(n)]
     for m in row_macro.finditer(text):
@@ -98,6 +102,8 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
                               "re-export the header; do not edit it by hand")
     for i, row in enumerate(values):
         _check_values(path, T, i, row, rows[0])
+    if rows:
+        _check_parameters(path, fam, rows[0])
     return HeaderInfo(arch=arch.group(1), rows=tuple(tuple(r) for r in rows), family=fam.name,
                       values=tuple(tuple(v) for v in values), export_prefix=T)
 
@@ -126,6 +132,23 @@ def _check_values(path: Path, T: str, i: int, row: tuple[tuple[str, int], ...] |
                 ", ".join(map(str, allowed))
             raise ExportError(f"header {path}: {T}_{i}_{name} is {value}, not one of {shown}",
                               "re-export the header; do not edit it by hand")
+
+
+def _check_parameters(path: Path, fam: KernelFamily, names: list[str]) -> None:
+    """Refuse rows whose kernel parameters are not the family's: one it does not have (another
+    family's section renamed, a typo), or one it needs left out (every row has row 0's names)."""
+    from evotuner.defaults import family_parameters
+
+    T, known = fam.export_macro_prefix, family_parameters(fam.name)
+    given = [n for n in names if n not in ROW_PROBLEM_MACROS]
+    unknown = [n for n in given if n not in known]
+    missing = sorted(known - set(fam.optional_params) - set(given))
+    if unknown or missing:
+        what = (f"{', '.join(f'{T}_0_{n}' for n in unknown)}: not a {fam.name} kernel parameter" if unknown else
+                f"no {', '.join(f'{T}_0_{n}' for n in missing)}: the {fam.name} kernel needs "
+                f"{'it' if len(missing) == 1 else 'them'}")
+        raise ExportError(f"header {path}: {what} (its parameters: {', '.join(sorted(known))})",
+                          "re-export the header; do not edit it by hand")
 
 
 def row_instantiation(header: str, index: int, names: Iterable[str], family: KernelFamily | str, *,

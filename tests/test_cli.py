@@ -102,6 +102,17 @@ def test_storage_from_the_environment(capsys, tmp_path, monkeypatch):
     assert db.is_file() and not (tmp_path / "evotuner.db").exists()
 
 
+def test_an_empty_storage_url_is_a_usage_error_not_the_default_database(capsys, tmp_path, monkeypatch):
+    """`--storage "$DB"` with DB unset must not create evotuner.db here; an empty
+    $EVOTUNER_STORAGE reads as unset (the default)."""
+    code, out, err = search(capsys, "", "--storage", "")      # the later --storage wins
+    assert code == 2 and "--storage" in err and "empty" in err, err
+    assert not (tmp_path / "evotuner.db").exists() and not list(tmp_path.iterdir())
+    monkeypatch.setenv(cli.STORAGE_ENV, "")
+    code, out, err = run(capsys, "show", "--study", "s")
+    assert code == 1 and f"no study database at {tmp_path / 'evotuner.db'}" in err, err
+
+
 def test_commands_printed_for_pasting_name_the_database_they_need():
     """A printed `evotuner ...` command carries the --storage its run was given (shell-quoted,
     a password hidden), and none for the default database."""

@@ -234,6 +234,29 @@ def test_a_header_section_edited_by_hand_is_refused_in_one_line(tmp_path: Path, 
         _build_extension_module().build(header, tmp_path / "ext", nvcc="/nonexistent/nvcc")
 
 
+@pytest.mark.parametrize("edit,repl,why", [
+    (r"(FLASHCORE_TUNED_0_BLOCK_N\s+)\d+", r"\1abc", "FLASHCORE_TUNED_0_BLOCK_N is 'abc', not an integer"),
+    (r"(FLASHCORE_TUNED_3_STAGES)\s+\d+", r"\1", "FLASHCORE_TUNED_3_STAGES is '', not an integer"),
+    (r"FLASHCORE_TUNED_(\d+)_NUM_WARPS", r"FLASHCORE_TUNED_\1_CONSUMER_WGS",
+     "FLASHCORE_TUNED_0_CONSUMER_WGS: not a flashcore kernel parameter"),
+    (r"#define FLASHCORE_TUNED_\d+_MIN_BLOCKS.*\n", "", "no FLASHCORE_TUNED_0_MIN_BLOCKS: the flashcore kernel needs it"),
+])
+def test_a_row_edited_out_of_the_family_s_parameters_is_refused(tmp_path: Path, edit: str, repl: str, why: str) -> None:
+    """A value that is not an integer (once skipped unseen, the row served without it), another
+    family's parameter, or one the kernel needs taken out of every row: refused by every reader, not
+    served as a config the family cannot build."""
+    header = _select_header(tmp_path)
+    text = header.read_text()
+    edited = re.sub(edit, repl, text)
+    assert edited != text
+    header.write_text(edited)
+    with pytest.raises(ExportError) as exc:
+        read_header(header)
+    assert why in str(exc.value) and "\n" not in str(exc.value), exc.value
+    with pytest.raises(tuned.TunedError, match=re.escape(why)):
+        tuned.load(header)
+
+
 def test_build_extension_leaves_no_folder_when_refused_and_never_writes_through_a_link(tmp_path: Path) -> None:
     """A build refused for its nvcc creates no --output folder; a reused --output folder whose
     include/<config header> or src/row_<i>.cu is a link to a file elsewhere is refused in one line,

@@ -90,6 +90,22 @@ def test_cpu_tensors_fail_the_device_check_last() -> None:
         A.flash_attention(t(3, 17, 5, 128), t(3, 33, 5, 128), t(3, 33, 5, 128), layout="bshd")
 
 
+def test_cpu_tensors_on_a_machine_without_a_gpu_are_not_told_to_call_cuda(monkeypatch) -> None:
+    """Where torch sees no GPU, `.cuda()` would fail too: the remedy says what is missing."""
+    import re
+
+    from evotuner import flash_attention_varlen
+
+    for available, remedy in ((False, "torch.cuda.is_available() is False"), (True, "move it with q.cuda()")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+        with pytest.raises(ShapeError, match=re.escape(remedy)):
+            A.flash_attention(t(1, 2, 8, 64), t(1, 2, 8, 64), t(1, 2, 8, 64))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    packed, cu = torch.zeros(8, 2, 64, dtype=torch.float16), torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ShapeError, match=r"q: on cpu.*is_available\(\) is False"):
+        flash_attention_varlen(packed, packed, packed, cu, cu, 8, 8)
+
+
 def test_causal_must_be_a_bool() -> None:
     with pytest.raises(ShapeError, match="causal: expected a bool"):
         A.flash_attention(t(1, 1, 8, 64), t(1, 1, 8, 64), t(1, 1, 8, 64), causal=1)
@@ -288,3 +304,31 @@ def test_quantiles_interpolate() -> None:
     assert _quantile(values, 0.5) == pytest.approx(5.5)
     assert _quantile(values, 0.2) == pytest.approx(2.8)
     assert _quantile([3.0], 0.8) == 3.0
+
+
+@pytest.mark.parametrize("args, kwargs, why", [
+    ((5,), {}, "source 5 is a int"),
+    ((b"sqlite:///x.db",), {}, "is a bytes"),
+    ((None,), {"shipped": "no"}, "shipped='no' is not True or False"),
+])
+def test_use_tuned_refuses_a_source_or_flag_of_the_wrong_type(args, kwargs, why) -> None:
+    """use_tuned(5) once read as a file named '5'; shipped='no' as true."""
+    from evotuner import use_tuned
+    from evotuner.tuned import TunedError
+
+    with pytest.raises(TunedError, match=why):
+        use_tuned(*args, **kwargs)
+
+
+def test_an_unknown_fastpath_setting_is_said_not_silently_taken(monkeypatch, caplog) -> None:
+    from evotuner.runtime import fastpath
+
+    for value, how in (("0", "off"), ("OFF", "off"), ("sync", "sync"), ("", "background"), ("1", "background")):
+        monkeypatch.setenv(fastpath.ENV_VAR, value)
+        with caplog.at_level("WARNING", logger=fastpath.__name__):
+            caplog.clear()
+            assert fastpath.mode() == how and not caplog.records
+    monkeypatch.setenv(fastpath.ENV_VAR, "maybe")
+    with caplog.at_level("WARNING", logger=fastpath.__name__):
+        assert fastpath.mode() == "background"
+    assert "'maybe' is not one of 0/off, sync, 1/on" in caplog.text

@@ -22,7 +22,7 @@ from evotuner.errors import EvotunerError, ShapeError, SpaceError
 from evotuner.family import DEFAULT_FAMILY, KernelFamily, families, get_family
 from evotuner.problem import Problem
 from evotuner.tuned import ENV_VAR as TUNED_ENV_VAR
-from evotuner.tuned import TunedPick, TunedTable, shipped_tables
+from evotuner.tuned import TunedError, TunedPick, TunedTable, shipped_tables
 from evotuner.tuned import from_environment as tuned_from_environment
 from evotuner.tuned import load as load_tuned
 
@@ -180,6 +180,12 @@ def use_tuned(source: str | Path | None = None, *, shipped: bool = True) -> Tune
     ``$EVOTUNER_TUNED`` when set, and the shipped tables. Returns the table read (None for
     the default)."""
     global _tables
+    if source is not None and not isinstance(source, (str, Path)):
+        raise TunedError(f"use_tuned: source {source!r} is a {type(source).__name__}",
+                         "give a study database URL, a SQLite file's path or an exported header's path (str or Path)")
+    if not isinstance(shipped, bool):
+        raise TunedError(f"use_tuned: shipped={shipped!r} is not True or False",
+                         "pass shipped=True to fall back on the shipped tables, False to serve only the source")
     table = load_tuned(source) if source is not None else None
     defaults = _shipped() if shipped else ()
     with _tables_lock:

@@ -88,6 +88,9 @@ def mode() -> str:
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if value in ("0", "off", "false", "no"):
         return "off"
+    if value not in ("", "1", "on", "true", "yes", "background", "sync"):
+        log.warning("$%s=%r is not one of 0/off, sync, 1/on: the fast path starts as if unset (in the "
+                       "background)", ENV_VAR, os.environ.get(ENV_VAR))
     return "sync" if value == "sync" else "background"
 
 

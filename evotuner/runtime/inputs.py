@@ -28,6 +28,15 @@ def _check_tensor(name: str, t: Any) -> None:
                          "pass [B, H, S, D] (layout='bhsd') or [B, S, H, D] (layout='bshd')")
 
 
+def no_gpu_remedy(name: str) -> str:
+    """What to do with a tensor that is not on a GPU: move it there, or, where this torch sees
+    no GPU at all (a CPU build, no driver), that ``.cuda()`` would not help."""
+    if torch.cuda.is_available():
+        return f"move it with {name}.cuda()"
+    return ("this torch sees no CUDA GPU (torch.cuda.is_available() is False): run on a machine with an "
+            "NVIDIA Hopper GPU and a CUDA build of torch")
+
+
 def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str = "bhsd",
              scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, str]:
     """Check the arguments (no CUDA call until the device check, which comes last).
@@ -93,7 +102,7 @@ def validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, layout: str =
     # Device last: everything above is testable with CPU tensors.
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.device.type != "cuda":
-            raise ShapeError(f"{name}: must be on a CUDA device, got {t.device}", f"move it with {name}.cuda()")
+            raise ShapeError(f"{name}: must be on a CUDA device, got {t.device}", no_gpu_remedy(name))
     if not (q.device == k.device == v.device):
         raise ShapeError(f"q, k, v: on different devices ({q.device}, {k.device}, {v.device})",
                          "put all three on the same GPU")

@@ -23,6 +23,7 @@ from evotuner.errors import ShapeError
 from evotuner.family import get_family
 from evotuner.problem import Problem, Shape
 from evotuner.runtime.attention import Choice, choose, chosen_module, device_name, forward_only_error
+from evotuner.runtime.inputs import no_gpu_remedy
 from evotuner.tuned import TunedTable
 
 FAMILY = "hopper"
@@ -103,7 +104,7 @@ def _validate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_q: torch.Ten
         if t.dtype not in _DTYPES:
             raise ShapeError(f"{name}: dtype {t.dtype} is not supported", "use torch.float16 or torch.bfloat16")
         if t.device.type != "cuda":
-            raise ShapeError(f"{name}: on {t.device}; the kernel runs on a CUDA device", f"move it: {name}.cuda()")
+            raise ShapeError(f"{name}: on {t.device}; the kernel runs on a CUDA device", no_gpu_remedy(name))
         if t.stride(2) != 1:
             raise ShapeError(f"{name}: last dim (D) stride is {t.stride(2)}, must be 1", f"pass {name}.contiguous()")
     if not (q.dtype == k.dtype == v.dtype) or not (q.device == k.device == v.device):
