@@ -18,7 +18,7 @@ from evotuner.errors import EvotunerError, ExportError
 from evotuner.family import KernelFamily, get_family
 from evotuner.problem import Problem
 from evotuner.query_rows import bucket as query_rows_bucket
-from evotuner.space import SearchSpace, parse_space
+from evotuner.space import SearchSpace, stored_space
 from evotuner.storage.diagnostics import CheckRecord
 from evotuner.storage.records import StudyRecord, StudySummary
 from evotuner.textsafe import for_c_comment
@@ -45,6 +45,7 @@ class ExportSource(Protocol):
     def summary(self, study_name: str) -> StudySummary: ...          # StorageError when missing
     def study_info(self, name: str) -> StudyRecord: ...              # its space's text
     def latest_checks(self, study: str) -> Mapping[str, Mapping[str, CheckRecord]]: ...  # `evotuner check`
+    def value_damage(self, study_name: str, number: int) -> EvotunerError | None: ...  # a bad median's cell
     def database_files(self) -> tuple[Path, ...]: ...                # never replaced by the header
 
 
@@ -114,6 +115,17 @@ def _int_value(study: str, where: str, value: object, lo: int, hi: int) -> int:
     return value
 
 
+def _bad_median(store: ExportSource, study: str, number: int, value: object) -> ExportError:
+    """A COMPLETE trial without a positive finite median: the damaged cell of the database
+    when the store names one (what ``use_tuned`` says), else the value the summary holds."""
+    remedy = (f"the database was damaged or edited by hand: restore it from a copy, or export the other "
+              f"studies without {study!r}")
+    found = store.value_damage(study, number)
+    if found is not None:
+        return _fail(study, f"trial {number}: {found.message}", remedy)
+    return _fail(study, f"trial {number}: median µs {value!r} is not a positive finite number", remedy)
+
+
 def comment_text(value: object) -> str:
     """A single-line comment-safe rendering of a provenance value."""
     if value is None or value == "":
@@ -147,8 +159,7 @@ def best_row(store: ExportSource, study: str) -> ExportRow:
             continue
         value = trial.value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise _fail(study, f"trial {trial.number}: median µs {value!r} is not a positive finite number",
-                        "the study database holds a value evotuner did not write; re-run the trial")
+            raise _bad_median(store, study, trial.number, value)
         if best is None or (value, trial.number) < (best.value, best.number):
             best = trial
     if best is None:
@@ -201,7 +212,7 @@ def best_row(store: ExportSource, study: str) -> ExportRow:
 
 def _study_space(info: StudyRecord) -> SearchSpace:
     """The space the study was created with (its arch, kernel family and parameter order)."""
-    return parse_space(info.space_text, f"study '{info.name}' (space {info.space_name})")
+    return stored_space(info.space_text, info.name, info.space_name)
 
 
 def _study_family(study: str, space: SearchSpace) -> KernelFamily:

@@ -39,6 +39,9 @@ from evotuner.storage.urlmask import mask_url
 
 #: Environment variable that overrides the default database URL.
 ENV_VAR = "EVOTUNER_STORAGE"
+#: What named the database, as the remedies say it unless the opener says otherwise (the
+#: CLI's option and variable; ``evotuner.use_tuned`` names itself: :data:`evotuner.tuned.TUNED_SOURCES`).
+NAMED_BY = f"--storage / ${ENV_VAR}"
 #: Used when neither an explicit URL nor $EVOTUNER_STORAGE is given (file in the current directory).
 DEFAULT_URL = "sqlite:///evotuner.db"
 #: A server that does not answer within this many seconds is reported, not waited on.
@@ -148,7 +151,7 @@ def resolve(url: str | None) -> Resolved:
     for option in ("cache", "vfs", "modeof"):
         if option in query:
             raise StorageError(f"storage URL {mask_url(raw)!r}: the SQLite option {option!r} is not supported here",
-                               f"drop ?{option}= from --storage")
+                               f"drop ?{option}= from the storage URL")
     read_only = ("mode=ro" if mode == "ro" else
                  "immutable=1" if query.get("immutable", "0").lower() in _TRUE else None)
     path = Path(db).expanduser()
@@ -222,12 +225,13 @@ def _import_driver(url: URL) -> Any:
         ) from None
 
 
-def precheck_sqlite(path: Path, *, read_only: bool = False) -> bool:
+def precheck_sqlite(path: Path, *, read_only: bool = False, named_by: str = NAMED_BY) -> bool:
     """Check a SQLite path without touching it; return whether the file exists already.
-    ``read_only``: the file must exist and be a database; it need not be writable."""
+    ``read_only``: the file must exist and be a database; it need not be writable.
+    ``named_by``: what named the database (:data:`NAMED_BY`), for the remedies."""
     if path.exists():
         if not path.is_file():
-            raise StorageError(f"database {path} is not a file", "point --storage at a file, e.g. sqlite:///evotuner.db")
+            raise StorageError(f"database {path} is not a file", f"point {named_by} at a file, e.g. sqlite:///evotuner.db")
         try:
             with open(path, "rb") as f:
                 head = f.read(len(_SQLITE_MAGIC))
@@ -236,7 +240,7 @@ def precheck_sqlite(path: Path, *, read_only: bool = False) -> bool:
         if head and head != _SQLITE_MAGIC:
             raise StorageError(
                 f"database {path}: file is not a database (no SQLite header)",
-                "point --storage at the study database, or move this file away",
+                f"point {named_by} at the study database, or move this file away",
             )
         if read_only:
             return True
@@ -256,7 +260,7 @@ def precheck_sqlite(path: Path, *, read_only: bool = False) -> bool:
             if not ancestor.is_dir():
                 raise StorageError(
                     f"cannot create database {path}: {ancestor} is a file, not a directory",
-                    "choose another --storage path",
+                    f"point {named_by} at another path",
                 )
             break
     if not parent.exists():
@@ -264,13 +268,14 @@ def precheck_sqlite(path: Path, *, read_only: bool = False) -> bool:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise StorageError(
             f"cannot create database {path}: directory {parent} is read-only",
-            "choose a writable location with --storage or $EVOTUNER_STORAGE",
+            f"point {named_by} at a writable location",
         )
     return False
 
 
-def translate(exc: SQLAlchemyError, url: URL, doing: str) -> StorageError:
-    """A SQLAlchemy/driver failure as a one-line StorageError with a remedy."""
+def translate(exc: SQLAlchemyError, url: URL, doing: str, named_by: str = NAMED_BY) -> StorageError:
+    """A SQLAlchemy/driver failure as a one-line StorageError with a remedy (``named_by``: what
+    named the database)."""
     orig = getattr(exc, "orig", None) or exc
     detail = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
     low = detail.lower()
@@ -283,7 +288,7 @@ def translate(exc: SQLAlchemyError, url: URL, doing: str) -> StorageError:
         if "not a database" in low or "malformed" in low or "corrupt" in low:
             return StorageError(
                 f"database {path}: file is not a database or is corrupt ({detail})",
-                "restore it from a copy, or point --storage at another file",
+                f"restore it from a copy, or point {named_by} at another file",
             )
         if "locked" in low or "busy" in low:
             return StorageError(
@@ -304,18 +309,18 @@ def translate(exc: SQLAlchemyError, url: URL, doing: str) -> StorageError:
     return StorageError(f"database {where}: {detail} while {doing}", "check the database server and its logs")
 
 
-def validate(conn: Connection, url: URL) -> None:
+def validate(conn: Connection, url: URL, named_by: str = NAMED_BY) -> None:
     """Read-only checks on an open connection (raises StorageError / SQLAlchemyError)."""
     if url.get_backend_name() == "sqlite":
         rows = [r[0] for r in conn.execute(text("PRAGMA quick_check"))]
         if rows != ["ok"]:
             raise StorageError(
                 f"database {sqlite_path(url)} is corrupt: {rows[0] if rows else 'integrity check failed'}",
-                "restore it from a copy, or point --storage at another file",
+                f"restore it from a copy, or point {named_by} at another file",
             )
     tables = inspect(conn).get_table_names()
     if url.get_backend_name() == "sqlite":   # a server database may well be shared with other applications
-        refuse_foreign(tables, url)
+        refuse_foreign(tables, url, named_by)
     if schema.schema_version.name in tables:
         row = conn.execute(select(schema.schema_version.c.version, schema.schema_version.c.evotuner_version)).first()
         if row is not None and row[0] is not None and (isinstance(row[0], bool) or not isinstance(row[0], int)):
@@ -332,7 +337,7 @@ def validate(conn: Connection, url: URL) -> None:
             )
 
 
-def connect(url: URL, *, read_only: bool = False) -> Engine:
+def connect(url: URL, *, read_only: bool = False, named_by: str = NAMED_BY) -> Engine:
     """Create the engine and run :func:`validate`; writes nothing. ``read_only``: the
     engine cannot write either (SQLite opened ``mode=ro``, or ``immutable`` where the
     file or its folder is not writable; see :mod:`evotuner.storage.readonly`)."""
@@ -342,13 +347,13 @@ def connect(url: URL, *, read_only: bool = False) -> Engine:
         _immediate_transactions(engine)
     try:
         with engine.connect() as conn:
-            validate(conn, url)
+            validate(conn, url, named_by)
     except StorageError:
         engine.dispose()
         raise
     except SQLAlchemyError as exc:
         engine.dispose()
-        raise translate(exc, url, "connecting") from None
+        raise translate(exc, url, "connecting", named_by) from None
     return engine
 
 

@@ -67,6 +67,23 @@ def damaged(where: str, table: str, row: Any, column: str, value: Any, why: str)
                         f"({why})", REMEDY)
 
 
+def json_object(where: str, table: str, row: Any, column: str, value: Any) -> dict[str, Any]:
+    """A cell that holds a JSON object (a device fingerprint), decoded; the one-line error
+    naming the cell when it is not JSON, or JSON of another shape (a list, a number)."""
+    try:
+        data = json.loads(value)
+    except (TypeError, ValueError) as exc:
+        why = f"not JSON: {exc.msg}" if isinstance(exc, json.JSONDecodeError) else "not JSON text"
+        raise damaged(where, table, row, column, value, why) from None
+    if not isinstance(data, dict):
+        raise damaged(where, table, row, column, value, f"not a JSON object but {_json_kind(data)}")
+    return data
+
+
+def _json_kind(data: Any) -> str:
+    return {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(type(data), "a number")
+
+
 def optuna_tables() -> list[Table]:
     """Optuna's RDB tables (its own SQLAlchemy models)."""
     from optuna.storages._rdb import models
@@ -115,8 +132,33 @@ def check_row(table: Table, cells: dict[str, Any]) -> tuple[str, str] | None:
         value, kind = TYPED_VALUES[table.name]
         if cells[kind] == "FINITE" and cells[value] is None:
             return value, f"no number though {kind} is FINITE"
+        if cells[kind] == "FINITE" and not math.isfinite(cells[value]):
+            return value, f"not a finite number though {kind} is FINITE (Optuna keeps ±inf empty)"
         if cells[kind] not in (None, "FINITE") and cells[value] is not None:
             return value, f"a number though {kind} is {cells[kind]} (whose value is kept empty)"
+    if table.name == "trial_params":
+        return check_param(cells["distribution_json"], cells["param_value"])
+    return None
+
+
+def check_param(distribution_json: str, param_value: float) -> tuple[str, str] | None:
+    """(column, why) of an Optuna parameter row whose distribution is not one Optuna can
+    rebuild, or whose value lies outside it (a choice index past its choices), or None."""
+    from optuna.distributions import json_to_distribution
+
+    try:
+        distribution = json_to_distribution(distribution_json)
+    except (*DECODE_ERRORS, AttributeError) as exc:
+        shape = json.loads(distribution_json)   # JSON already (check_cell)
+        why = ("not a JSON object" if not isinstance(shape, dict) else
+               f"{type(exc).__name__}: {str(exc).splitlines()[0]}" if str(exc) else type(exc).__name__)
+        return "distribution_json", f"not an Optuna distribution: {why}"
+    try:
+        inside = distribution._contains(param_value)
+    except (*DECODE_ERRORS, AttributeError):
+        inside = False
+    if not inside:
+        return "param_value", f"outside its distribution {type(distribution).__name__}"
     return None
 
 

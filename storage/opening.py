@@ -44,14 +44,16 @@ _Opened = TypeVar("_Opened", bound="StoreOpening")
 class StoreOpening:
     """The opened database of a :class:`~evotuner.storage.store.StudyStore` (see its docstring)."""
 
-    def __init__(self, url: str | None = None, *, create: bool = True, read_only: bool = False) -> None:
+    def __init__(self, url: str | None = None, *, create: bool = True, read_only: bool = False,
+                 named_by: str = _connect.NAMED_BY) -> None:
         resolved = _connect.resolve(url)
         self._url = resolved.url
+        self._named_by = named_by     # what named the database (the CLI's option, use_tuned), for remedies
         if resolved.read_only_option is not None and not read_only:
             raise StorageError(
                 f"storage URL {_connect.display(self._url)} asks for a read-only database "
                 f"({resolved.read_only_option}), and this command writes to it",
-                f"drop ?{resolved.read_only_option} from --storage to write, or read it with show, export or report",
+                f"drop ?{resolved.read_only_option} from {named_by} to write, or read it with show, export or report",
             )
         self.read_only = read_only
         create = create and not read_only
@@ -60,9 +62,9 @@ class StoreOpening:
         if path is not None and not create and not path.exists():
             raise StorageError(
                 f"no study database at {path}",
-                "pass --storage (or set $EVOTUNER_STORAGE) to the database `evotuner search` wrote",
+                f"point {named_by} at the database `evotuner search` wrote",
             )
-        if path is not None and not _connect.precheck_sqlite(path, read_only=read_only):
+        if path is not None and not _connect.precheck_sqlite(path, read_only=read_only, named_by=named_by):
             # Built whole under a private name, then published: concurrent openers never see it
             # half made (storage/start.py). None: no hard links here, so it is made in place.
             if _start.publish_new(path, self._build_new) is None:
@@ -70,7 +72,7 @@ class StoreOpening:
         self._engine = None
         self._optuna: RDBStorage | None = None
         try:
-            self._engine = _connect.connect(self._url, read_only=read_only)
+            self._engine = _connect.connect(self._url, read_only=read_only, named_by=named_by)
             self._sessions = sessionmaker(bind=self._engine, expire_on_commit=False)
             _start.retry_race(self._initialise)   # concurrent creators: the loser loads
         except BaseException:
@@ -83,7 +85,8 @@ class StoreOpening:
     def _build_new(self, private: Path) -> None:
         """Create and initialise a new SQLite database at ``private`` (an empty file nobody
         else knows of) and close it; :func:`~evotuner.storage.start.publish_new` links it."""
-        type(self)(self._url.set(database=str(private)).render_as_string(hide_password=False)).close()
+        type(self)(self._url.set(database=str(private)).render_as_string(hide_password=False),
+                   named_by=self._named_by).close()
 
     def _initialise(self) -> None:
         """The writes of opening (after every check passed); read-only: none of them."""
@@ -105,7 +108,7 @@ class StoreOpening:
                 f"run `optuna storage upgrade --storage {self.display_url}` or install the matching optuna",
             ) from None
         except SQLAlchemyError as exc:
-            raise _connect.translate(exc, self._url, "creating tables") from None
+            raise _connect.translate(exc, self._url, "creating tables", self._named_by) from None
         with self.session() as s:
             found = s.execute(select(schema.schema_version.c.version)).scalar()
             if found is None:
@@ -133,7 +136,7 @@ class StoreOpening:
             raise StorageError(f"database {self.display_url}: {str(exc).splitlines()[0]}",
                                "install the optuna version that wrote it") from None
         except SQLAlchemyError as exc:
-            raise _connect.translate(exc, self._url, "reading the study") from None
+            raise _connect.translate(exc, self._url, "reading the study", self._named_by) from None
 
     def _refuse_studyless(self) -> None:
         """Read-only: a database without evotuner's study table (an empty file, an Optuna-only
@@ -142,10 +145,10 @@ class StoreOpening:
             with self._engine.connect() as conn:
                 tables = {t for t in inspect(conn).get_table_names() if not t.startswith("sqlite_")}
         except SQLAlchemyError as exc:
-            raise _connect.translate(exc, self._url, "reading the study") from None
+            raise _connect.translate(exc, self._url, "reading the study", self._named_by) from None
         if schema.studies.name in tables and "version_info" in tables:
             return
-        remedy = "run `evotuner search` first, or point --storage / $EVOTUNER_STORAGE at the study database"
+        remedy = f"run `evotuner search` first, or point {self._named_by} at the study database"
         if not tables:
             raise StorageError(f"database {self._where} is empty: it holds no study", remedy)
         raise StorageError(f"database {self._where} holds no evotuner study (it has no "
@@ -203,7 +206,7 @@ class StoreOpening:
         except SQLAlchemyError as exc:
             s.rollback()
             doing = "reading the study" if self.read_only else "writing the study"
-            raise _connect.translate(exc, self._url, doing) from exc
+            raise _connect.translate(exc, self._url, doing, self._named_by) from exc
         except BaseException:
             s.rollback()
             raise
@@ -216,11 +219,11 @@ class StoreOpening:
             with self._reading():
                 yield
         except SQLAlchemyError as exc:
-            raise _connect.translate(exc, self._url, doing) from None
+            raise _connect.translate(exc, self._url, doing, self._named_by) from None
         except StorageInternalError as exc:   # Optuna's wrapper of a failed commit (a full disk, ...)
             cause = exc.__cause__ or exc.__context__
             if isinstance(cause, SQLAlchemyError):
-                raise _connect.translate(cause, self._url, doing) from None
+                raise _connect.translate(cause, self._url, doing, self._named_by) from None
             raise StorageError(f"database {self.display_url}: {_first_line(exc)} while {doing}",
                                "check the database (and the disk it is on); nothing was lost") from None
 

@@ -53,8 +53,9 @@ def readonly_url(url: URL) -> URL:
     return make_url(f"{url.drivername}:///file:{quote(str(path), safe='/')}?{flag}&uri=true")
 
 
-def refuse_foreign(tables: Iterable[str], where: object) -> None:
-    """Raise StorageError when ``tables`` is neither empty, nor Optuna's, nor evotuner's."""
+def refuse_foreign(tables: Iterable[str], where: object, named_by: str = "--storage / $EVOTUNER_STORAGE") -> None:
+    """Raise StorageError when ``tables`` is neither empty, nor Optuna's, nor evotuner's
+    (``named_by``: what named the database, for the remedy)."""
     names = sorted(t for t in tables if not t.startswith("sqlite_"))
     if not names:
         return
@@ -69,6 +70,6 @@ def refuse_foreign(tables: Iterable[str], where: object) -> None:
     raise StorageError(
         f"database {where_text} belongs to another application ({len(names)} tables: {shown}) "
         "and holds no evotuner or Optuna study",
-        "point --storage at an evotuner database or a new file; evotuner adds its tables only "
+        f"point {named_by} at an evotuner database or a new file; evotuner adds its tables only "
         "to an empty or Optuna database",
     )

@@ -15,6 +15,7 @@ from evotuner.config import KernelConfig
 from evotuner.errors import StorageError
 from evotuner.numbers import finite_or_none
 from evotuner.problem import Problem
+from evotuner.storage import damage as _damage
 from evotuner.storage import schema
 from evotuner.storage.bridge import OptunaBridge
 from evotuner.storage.identity import device_identity, setup_identity
@@ -133,11 +134,11 @@ class Recording(OptunaBridge):
         changed: the study last saw another model or setup, not merely another card of it."""
         identity = device_identity(fingerprint)
         latest = s.execute(
-            select(schema.devices.c.fingerprint_json)
+            select(schema.devices.c.id, schema.devices.c.fingerprint_json)
             .where(schema.devices.c.study_id == study_id)
             .order_by(schema.devices.c.last_seen.desc(), schema.devices.c.id.desc())
             .limit(1)
-        ).scalar()
+        ).first()
         now = utcnow()
         blob = json.dumps(dict(fingerprint), sort_keys=True, default=str)
         existing = s.execute(
@@ -151,7 +152,9 @@ class Recording(OptunaBridge):
             ).inserted_primary_key[0]
         else:
             s.execute(update(schema.devices).where(schema.devices.c.id == existing).values(fingerprint_json=blob, last_seen=now))
-        changed = latest is not None and setup_identity(json.loads(latest)) != setup_identity(fingerprint)
+        changed = latest is not None and setup_identity(_damage.json_object(
+            self._where, schema.devices.name, latest.id, "fingerprint_json", latest.fingerprint_json)) \
+            != setup_identity(fingerprint)
         return int(existing), changed
 
     def _write(self, fn: Any) -> Any:

@@ -40,8 +40,10 @@ class StudyStore(Recording, Summaries):
     database. With ``read_only=True`` (``show``, ``export``, ``report``; implies
     ``create=False``) nothing is written and the database may be read-only for this
     user (:mod:`evotuner.storage.readonly`); the record methods then fail. A
-    database holding another application's tables is refused. Use as a context
-    manager or call :meth:`close`.
+    database holding another application's tables is refused. ``named_by`` is what
+    named the database, as every remedy says it (the CLI's ``--storage / $EVOTUNER_STORAGE``,
+    the default; ``evotuner.use_tuned() / $EVOTUNER_TUNED``). Use as a context manager or
+    call :meth:`close`.
 
     Composed by concern: opening and the one session (:mod:`~evotuner.storage.opening`),
     the Optuna bridge of studies and trials (:mod:`~evotuner.storage.bridge`), the records

@@ -3,11 +3,13 @@ best), its space text and its latest diagnostics."""
 
 from __future__ import annotations
 
-import json
+import math
 
-from sqlalchemy import select
+from sqlalchemy import select, text
 
+from evotuner.errors import StorageError
 from evotuner.numbers import finite_or_none
+from evotuner.storage import damage as _damage
 from evotuner.storage import diagnostics as _diagnostics
 from evotuner.storage import schema
 from evotuner.storage.bridge import OptunaBridge, trial_record
@@ -57,7 +59,8 @@ class Summaries(OptunaBridge):
         complete = [r for r in records if r.state == "COMPLETE" and r.value is not None]
         devices = tuple(
             {
-                "fingerprint": json.loads(d.fingerprint_json),
+                "fingerprint": _damage.json_object(self._where, schema.devices.name, d.id, "fingerprint_json",
+                                                   d.fingerprint_json),
                 "first_seen": d.first_seen.isoformat(),
                 "last_seen": d.last_seen.isoformat(),
             }
@@ -91,3 +94,29 @@ class Summaries(OptunaBridge):
         """The space file text the study was created with (to rebuild its SearchSpace)."""
         with self.session() as s:
             return self.study_row(s, study_name).space_text
+
+    def value_damage(self, study_name: str, number: int) -> StorageError | None:
+        """Why COMPLETE trial ``number`` of the study has no median to use, as the one-line
+        damage error naming the cell (:mod:`evotuner.storage.damage`): its ``trial_values``
+        value is not a number, not finite, or not positive (a median in µs is none of these),
+        or it has no value row; None when its value is a positive finite number."""
+        with self.session() as s:
+            study_id = self.study_row(s, study_name).optuna_study_id
+            found = s.execute(text(
+                "SELECT t.trial_id, v.trial_value_id, v.value, v.value_type FROM trials t LEFT JOIN trial_values v "
+                "ON v.trial_id = t.trial_id AND v.objective = 0 WHERE t.study_id = :study AND t.number = :number"),
+                {"study": study_id, "number": number}).first()
+        if found is None:
+            return None
+        trial_id, row, value, kind = found
+        if row is None:
+            return _damage.damaged(self._where, "trials", trial_id, "state", "COMPLETE",
+                                   "a COMPLETE trial without a row in trial_values")
+        if kind != "FINITE":
+            return _damage.damaged(self._where, "trial_values", row, "value_type", kind,
+                                   "an infinite value is no median")
+        why = ("no number though value_type is FINITE" if value is None else
+               "not a number" if isinstance(value, bool) or not isinstance(value, (int, float)) else
+               "not a finite number" if not math.isfinite(value) else
+               "not a positive number (a median in µs)" if value <= 0 else None)
+        return None if why is None else _damage.damaged(self._where, "trial_values", row, "value", value, why)

@@ -79,6 +79,9 @@ class FakeStore:
     def latest_checks(self, study: str) -> dict[str, dict[str, object]]:
         return {}
 
+    def value_damage(self, study_name: str, number: int) -> None:
+        return None
+
     def database_files(self) -> tuple[Path, ...]:
         return ()
 
