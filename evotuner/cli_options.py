@@ -13,9 +13,9 @@ import typer
 from rich.console import Console
 
 from evotuner import session
-from evotuner.errors import EvotunerError
+from evotuner.errors import EvotunerError, ShapeError
 from evotuner.numbers import real
-from evotuner.problem import DTYPES
+from evotuner.problem import DTYPES, Shape, parse_shape_values
 from evotuner.storage.connect import DEFAULT_URL, ENV_VAR
 
 #: The study database when neither --storage nor $EVOTUNER_STORAGE names one (filled in by
@@ -103,9 +103,33 @@ StorageOpt = Annotated[
     typer.Option("--storage", envvar=STORAGE_ENV, show_envvar=True, callback=_storage_given,
                  help=f"SQLAlchemy URL of the study database [default: {DEFAULT_STORAGE}]."),
 ]
-ShapeOpt = Annotated[str, typer.Option("--shape", help="Problem shape B=..,H=..,S=..,D=.. (SQ/SK may replace S; "
-                                                        "HKV=.. key/value heads for GQA/MQA); with --lengths only "
-                                                        "H=..,D=.. (and HKV).")]
+
+
+def _shape_given(require: tuple[str, ...] | None) -> Any:
+    """A typer callback: a malformed --shape (a key or value it cannot read, a size below 1, a head
+    dim no family takes, HKV not dividing H; with ``require``, a missing dimension) is a usage error
+    naming the key the user wrote. ``require`` None (search, where --lengths gives B and S): a
+    shape is checked whole once it names D; a missing dimension is the command's error."""
+
+    def check(ctx: typer.Context, param: Any, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            values = parse_shape_values(value)
+            if require is not None or "D" in values:
+                Shape.parse(value, require=require or ())
+        except ShapeError as exc:
+            what = exc.message.removeprefix("--shape: ").removeprefix("shape: ")
+            raise typer.BadParameter(f"{what} ({exc.remedy})" if exc.remedy else what) from None
+        return value
+
+    return check
+
+
+ShapeOpt = Annotated[str, typer.Option(
+    "--shape", callback=_shape_given(None),
+    help="Problem shape B=..,H=..,S=..,D=.. (SQ/SK may replace S; HKV=.. key/value heads for GQA/MQA); with "
+         "--lengths only H=..,D=.. (and HKV).")]
 LengthsOpt = Annotated[Optional[str], typer.Option(
     "--lengths", help="Tune for a packed variable-length batch (flash_attention_varlen) of these sequence lengths: "
                       "a list 128,4096,77 (0: an empty sequence), random:N:LO..HI[:seed=S] (N lengths drawn "
@@ -118,7 +142,8 @@ LengthsKOpt = Annotated[Optional[str], typer.Option(
 VarlenOpt = Annotated[bool, typer.Option(
     "--varlen", help="Build the packed variable-length kernel (flash_attention_varlen's, hopper family).")]
 ResumeShapeOpt = Annotated[
-    Optional[str], typer.Option("--shape", help="Must equal the study's shape (resume reads it from the study).")
+    Optional[str], typer.Option("--shape", callback=_shape_given(("B", "H", "S", "D")),
+                                help="Must equal the study's shape (resume reads it from the study).")
 ]
 DtypeOpt = Annotated[str, typer.Option("--dtype", help=f"Element type: {' or '.join(DTYPES)}.")]
 CausalOpt = Annotated[bool, typer.Option("--causal", help="Causal (top-left) masking, as SDPA's is_causal.")]
@@ -127,9 +152,22 @@ ResumeTrialsOpt = Annotated[
     Optional[int],
     typer.Option("--trials", min=1, help="Finished trials in total [default: the study's count + 32]."),
 ]
+
+
+def _sampler_given(ctx: typer.Context, param: Any, value: str | None) -> str | None:
+    """A typer callback: a sampler name evotuner does not know is a usage error naming --sampler
+    (gp where it is not installed is left to the search, which says what it needs)."""
+    from evotuner.propose import SAMPLERS
+
+    if value is not None and value not in (*SAMPLERS, "gp"):
+        raise typer.BadParameter(f"unknown sampler {value!r} (use one of {', '.join(SAMPLERS)})")
+    return value
+
+
 SamplerOpt = Annotated[
-    Optional[str], typer.Option("--sampler", help="Optuna sampler: tpe, guided, tpe-masked, nsga2, cmaes, random, grid (gp "
-                                "where available) [default: the kernel family's: tpe, guided for hopper].")
+    Optional[str], typer.Option("--sampler", callback=_sampler_given,
+                                help="Optuna sampler: tpe, guided, tpe-masked, nsga2, cmaes, random, grid (gp "
+                                     "where available) [default: the kernel family's: tpe, guided for hopper].")
 ]
 SeedOpt = Annotated[int, typer.Option("--seed", min=0, max=2**32 - 1,
                                       help="Sampler seed (0 to 2**32-1); the same seed reproduces a study.")]
@@ -176,9 +214,10 @@ TopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best 
 OutputOpt = Annotated[str, typer.Option("--output", "-o", callback=_path_given, help="The C++ header to write.")]
 ConfigOpt = Annotated[str, typer.Option("--config", help="Kernel config NAME=VALUE,... (every space parameter).")]
 CompileShapeOpt = Annotated[str, typer.Option(
-    "--shape", help="The head dim, D=64 (hopper: 64, 96, 128, 192, 256; FlashCore: 32, 64, 96, 128, 256): the "
-                    "only dimension compiled into the kernel; H=..,HKV=.. too for a config that packs grouped "
-                    "query heads (e.g. H=32,HKV=8,D=128).")]
+    "--shape", callback=_shape_given(("D",)),
+    help="The head dim, D=64 (hopper: 64, 96, 128, 192, 256; FlashCore: 32, 64, 96, 128, 256): the only "
+         "dimension compiled into the kernel; H=..,HKV=.. too for a config that packs grouped query heads "
+         "(e.g. H=32,HKV=8,D=128).")]
 #: ``compile``'s exit status when the config builds but the ptxas gate rejects it.
 GATE_REJECTED_EXIT = 3
 BenchTopOpt = Annotated[int, typer.Option("--top", min=1, help="How many of the best configs to re-measure.")]

@@ -75,7 +75,8 @@ class Shape:
                 if k not in values:
                     raise ShapeError(
                         f"--shape: missing dimension {key if key != 'S' else 'S (or SQ and SK)'}",
-                        "write all of B, H, S, D, e.g. B=16,H=16,S=2048,D=64",
+                        "e.g. --shape D=64" if tuple(require) == ("D",)
+                        else "write all of B, H, S, D, e.g. B=16,H=16,S=2048,D=64",
                     )
         return cls(
             batch=values.get("B", 1),
@@ -116,6 +117,15 @@ def parse_shape_values(text: str) -> dict[str, int]:
             values[key] = int(raw.strip())
         except ValueError:
             raise ShapeError(f"--shape: {key}={raw.strip()!r} is not an integer") from None
+    for key, value in values.items():         # named by the key the user wrote, before Shape's fields
+        if key == "D" and value not in HEAD_DIMS:
+            raise ShapeError(f"--shape: head dim D={value} is not supported",
+                             f"use one of {', '.join(map(str, HEAD_DIMS))}")
+        if value < 1:
+            raise ShapeError(f"--shape: {key} must be a positive integer, got {value}", f"give {key}=1 or more")
+        if value > INT32_MAX:                   # the kernels' shape arguments are int32_t
+            raise ShapeError(f"--shape: {key}={value} does not fit the kernels' 32-bit shape arguments",
+                             f"use at most {INT32_MAX}")
     if "S" in values and ({"SQ", "SK"} & values.keys()):
         raise ShapeError("--shape: S and SQ/SK are both given", "give either S (Sq = Sk) or SQ and SK")
     if "S" in values:

@@ -60,7 +60,7 @@ def open_store(url: str | None, *, must_exist: bool = False, read_only: bool = F
         missing = path is not None and not path.exists()
     except OSError as exc:   # a folder on the way cannot be searched
         raise StorageError(f"database {path} cannot be reached ({exc.strerror})",
-                           "check the permissions of the folders above it, or point --storage elsewhere") from None
+                           f"check the permissions of the folders above it, or point {named_by} elsewhere") from None
     if must_exist and missing:
         raise StorageError(
             f"no study database at {path}",
@@ -70,7 +70,7 @@ def open_store(url: str | None, *, must_exist: bool = False, read_only: bool = F
         # an empty file holds no study: say so before opening it writes evotuner's tables into it
         raise StorageError(f"database {path} is empty: it holds no study",
                            f"run `evotuner search` first, or point {named_by} at the study database")
-    return StudyStore(url, read_only=read_only)
+    return StudyStore(url, read_only=read_only, named_by=named_by)
 
 
 def creates_database(url: str | None) -> bool:
@@ -281,17 +281,29 @@ def _takes_packed(family: str, problem: Problem | None, option: str) -> None:
                             "tune a packed problem (--lengths) with the hopper family: drop the option or name hopper")
 
 
+def _refuses_problem(space: SearchSpace, problem: Problem) -> bool:
+    """True when a constraint of ``space`` naming only the problem and device (its head dims) fails at ``problem``."""
+    from evotuner.spacemodel import problem_env
+
+    env = {**problem_env(problem), **space.device.as_dict()}
+    try:                              # an expression it cannot evaluate here: let validation speak
+        return any(not c.expr.evaluate(env) for c in space.constraints if set(c.expr.names) <= set(env))
+    except SpaceError:
+        return False
+
+
 def space_for_config(config: KernelConfig, problem: Problem) -> SearchSpace:
-    """The packaged space of the family ``config`` names that takes it (its parameters and values;
-    a knob it leaves out at the family's default, :meth:`SearchSpace.complete`):
-    the family's space for ``problem`` when it does (hopper: hopper_split.toml for a small
-    problem), else another of the family's packaged spaces that does (a hopper.toml config
-    at a small problem), else the family's space with the fewest of the config's values it
-    does not list (whose validation then names a value that is really wrong), the space for
-    ``problem`` first among equals."""
+    """The packaged space of the family ``config`` names that takes it (:meth:`SearchSpace.validate`),
+    among those whose problem-only constraints (head dims) take ``problem`` (all when none does):
+    the space for ``problem`` (hopper: hopper_split.toml when small), else another; else the one
+    with the fewest of the config's values unlisted, the most values of those parameters listed,
+    then the family's default space, then the space for ``problem`` (validation then names a
+    value that is really wrong, in the space that documents its parameter)."""
     fam = config_family(config)
-    paths = list(dict.fromkeys((fam.space_for(problem), fam.default_space(), *packaged_spaces().values())))
+    first, default = fam.space_for(problem), fam.default_space()
+    paths = list(dict.fromkeys((first, default, *packaged_spaces().values())))
     spaces = [s for s in map(load_space, paths) if s.kernel == fam.name]
+    spaces = [s for s in spaces if not _refuses_problem(s, problem)] or spaces
     for candidate in spaces:
         try:
             candidate.validate(config)   # its parameters, a knob it leaves out at the family's default
@@ -299,11 +311,13 @@ def space_for_config(config: KernelConfig, problem: Problem) -> SearchSpace:
             continue
         return candidate
 
-    def misfits(space: SearchSpace) -> int:
+    def rank(space: SearchSpace) -> tuple[int, int, int]:
         allowed = {p.name: set(p.values) for p in space.params}
-        return sum(1 for name, value in config if value not in allowed.get(name, ()))
+        misfit = [name for name, value in config if value not in allowed.get(name, ())]
+        listed = sum(len(allowed.get(name, ())) for name in misfit)
+        return len(misfit), -listed, 0 if Path(space.path).resolve() == Path(default).resolve() else 1
 
-    return min(spaces, key=misfits) if spaces else load_space(paths[0])
+    return min(spaces, key=rank) if spaces else load_space(paths[0])
 
 
 def _space_path(space: str | Path) -> Path:
@@ -315,8 +329,8 @@ def _space_path(space: str | Path) -> Path:
     text = str(space)
     if text in named:
         return named[text]
-    if path.suffix or "/" in text or os.sep in text:
-        return path        # load_space says the file is not found
+    if path.suffix or "/" in text or os.sep in text or path.exists():
+        return path        # load_space says the file is not found, or is a folder
     raise EvotunerError(f"--space {text}: no such file and no packaged space of that name",
                         f"give a space file, or one of {', '.join(sorted(named))}")
 

@@ -354,6 +354,29 @@ def test_missing_nvcc_raises(tmp_path, monkeypatch):
         Builder("toy", kernels_root=DATA_KERNELS, cache_dir=tmp_path, nvcc=broken)
 
 
+def test_evotuner_nvcc_as_a_bare_command_name_is_looked_up_on_path(tmp_path, monkeypatch):
+    """EVOTUNER_NVCC=nvcc (nvcc on PATH) used to be refused as 'not a file'."""
+    exe = fake_nvcc(tmp_path, "exit 0")
+    monkeypatch.chdir(tmp_path)                       # no ./nvcc here: bin/nvcc is reached through PATH
+    monkeypatch.setenv("PATH", f"{exe.parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    monkeypatch.setenv("EVOTUNER_NVCC", "nvcc")
+    assert find_nvcc() == exe
+    monkeypatch.setenv("EVOTUNER_NVCC", "no-such-nvcc")
+    with pytest.raises(BuildError, match="EVOTUNER_NVCC points to no-such-nvcc, which is no file here and no "
+                                         "command on PATH"):
+        find_nvcc()
+
+
+def test_a_program_that_is_not_nvcc_is_refused_naming_the_setting(tmp_path, monkeypatch):
+    """EVOTUNER_NVCC=/bin/true answers --version (as coreutils' true does) but is no compiler."""
+    true = tmp_path / "true"
+    true.write_text("#!/bin/sh\necho 'true (GNU coreutils) 9.1'\nexit 0\n")
+    true.chmod(0o755)
+    with pytest.raises(BuildError, match="is not nvcc: its --version says 'true") as info:
+        Builder("toy", kernels_root=DATA_KERNELS, cache_dir=tmp_path, nvcc=true)
+    assert "EVOTUNER_NVCC" in info.value.remedy and "kernel" not in info.value.remedy
+
+
 def test_unknown_family(tmp_path):
     with pytest.raises(SpaceError, match="'nope' is not registered.*known families: .*toy"):
         Builder("nope", kernels_root=DATA_KERNELS, cache_dir=tmp_path)

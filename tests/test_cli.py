@@ -213,6 +213,29 @@ def test_bad_search_options(capsys, tmp_path, args, fragments):
     assert not db.exists()
 
 
+@pytest.mark.parametrize("argv, fragments", [
+    (("compile", "--config", "BLOCK_M=64", "--shape", "B=1,H=32,HKV=0,S=128,D=64"),
+     ("'--shape'", "HKV must be a positive integer, got 0", "give HKV=1 or more")),
+    (("compile", "--config", "BLOCK_M=64", "--shape", "B=0,H=1,S=1,D=64"), ("'--shape'", "give B=1 or more")),
+    (("compile", "--config", "BLOCK_M=64", "--shape", "H=4"), ("'--shape'", "missing dimension D", "D=64")),
+    (("search", "--study", "s", "--shape", "B=1,H=1,S=0,D=32"), ("'--shape'", "S must be a positive", "give S=1")),
+    (("search", "--study", "s", "--shape", "B=1,H=1,SQ=0,SK=8,D=32"), ("'--shape'", "SQ must be a positive")),
+    (("search", "--study", "s", "--shape", "B=1,H=1,S=8,D=0"), ("'--shape'", "D=0 is not supported")),
+    (("search", "--study", "s", "--shape", "B=1,H=2,Q=8,D=32"), ("'--shape'", "cannot read 'Q=8'")),
+    (("resume", "--study", "s", "--shape", "B=1,H=2,S=-3,D=32"), ("'--shape'", "S must be a positive")),
+    (("search", "--study", "s", "--shape", SHAPE, "--sampler", "bogus"), ("'--sampler'", "unknown sampler 'bogus'")),
+])
+def test_a_malformed_shape_or_sampler_is_a_usage_error_in_the_users_words(capsys, tmp_path, argv, fragments):
+    """--shape's errors name the keys written (HKV, B, S), not Shape's fields (heads_kv, batch,
+    seqlen_q), and a malformed --shape or --sampler exits 2, naming the option, as the docs say."""
+    db = tmp_path / "s.db"
+    code, out, err = run(capsys, *argv, "--storage", f"sqlite:///{db}") if argv[0] != "compile" else run(capsys, *argv)
+    assert_one_line_error(code, out, err, *fragments)
+    assert code == 2
+    assert not any(field in err for field in ("heads_kv", "batch", "seqlen", "head_dim"))
+    assert not db.exists()
+
+
 @pytest.mark.parametrize(
     "config, fragments",
     [

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from evotuner import cli, session
+from evotuner.config import KernelConfig
 from evotuner.errors import EvotunerError
 from evotuner.problem import Problem, Shape
 from cli_helpers import assert_one_line_error, run
@@ -24,6 +25,16 @@ def env(monkeypatch, tmp_path):
     monkeypatch.delenv(cli.STORAGE_ENV, raising=False)
     monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
+
+
+def test_a_space_folder_named_without_a_suffix_is_said_to_be_a_folder(capsys, tmp_path):
+    """--space DIR used to say 'no such file and no packaged space of that name'."""
+    (tmp_path / "spaces").mkdir()
+    code, out, err = run(capsys, "compile", "--config", "BLOCK_M=64", "--shape", "D=64", "--space", "spaces")
+    assert_one_line_error(code, out, err, "spaces: is a folder")
+    assert "no such file" not in err
+    (tmp_path / "hopper").mkdir()                    # a folder does not hide the packaged space of its name
+    assert session.pick_space("hopper")[0].name == "hopper"
 
 
 def test_without_a_space_search_picks_the_family_flash_attention_runs():
@@ -89,6 +100,39 @@ def test_compile_without_space_builds_the_family_its_config_names(capsys):
     assert_one_line_error(code, out, err, "breaks constraint pack_gqa", "KV_GROUP=1")
     code, out, err = run(capsys, "compile", "--config", "NUM_WARPS=4,CONSUMER_WGS=2", "--shape", "D=64")
     assert_one_line_error(code, out, err, "no kernel family takes all of", "CONSUMER_WGS", "NUM_WARPS")
+
+
+HOPPER_D64 = "BLOCK_N=128,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,OVERLAP=1,PINGPONG=1,RESCALE_LOG2=8"
+
+
+@pytest.mark.parametrize("config, shape, space, fragments", [
+    # a value outside every space: the space listing most of that parameter's values (0, 1, 2), not the
+    # problem's hopper_split.toml (0 only), though --shape D=64 alone is a small problem
+    (HOPPER_D64 + ",SCHED=3,EXP_EMU=0", "D=64", "hopper.toml", ("SCHED=3", "allowed values of SCHED: 0, 1, 2")),
+    (HOPPER_D64 + ",SCHED=9,EXP_EMU=0", "D=64", "hopper.toml", ("SCHED=9", "copy of hopper.toml")),
+    # hopper_d96.toml lists EXP_EMU=4 but refuses D=64 itself: not picked (no "D=96" in the error)
+    (HOPPER_D64 + ",SCHED=1,EXP_EMU=4", "D=64", "hopper.toml", ("EXP_EMU=4", "allowed values of EXP_EMU: 0")),
+    ("SCHED=3", "D=64", "hopper.toml", ("missing parameter BLOCK_N",)),
+    ("CLUSTER=2", "D=64", "hopper.toml", ("missing parameter BLOCK_N",)),
+    ("EXP_EMU=4", "D=64", "hopper.toml", ("missing parameter BLOCK_N",)),
+    ("SPLITS=4", "D=64", "hopper_split.toml", ("missing parameter BLOCK_N",)),
+    (HOPPER_D64 + ",SCHED=1,EXP_EMU=0,SPLITS=4", "D=64", "hopper_split.toml", ("SCHED=1", "allowed values of SCHED: 0;")),
+    (HOPPER_D64 + ",SCHED=3,EXP_EMU=0", "D=96", "hopper_d96.toml", ("SCHED=3",)),
+    ("SCHED=3", "D=256", "hopper_wide.toml", ("missing parameter BLOCK_N",)),
+])
+def test_compile_names_the_space_that_fits_the_problem_and_lists_most_values(capsys, config, shape, space, fragments):
+    code, out, err = run(capsys, "compile", "--config", config, "--shape", shape)
+    assert_one_line_error(code, out, err, f"search_spaces/{space}", *fragments)
+    assert "D=96" not in err or shape == "D=96"
+
+
+def test_compile_picks_the_space_a_valid_config_fits_at_its_head_dim():
+    for config, shape, name in [(HOPPER_D64 + ",SCHED=1,EXP_EMU=0", "D=64", "hopper"),
+                                (HOPPER_D64 + ",SCHED=0,EXP_EMU=0,SPLITS=4", "D=64", "hopper_split"),
+                                (HOPPER_D64 + ",SCHED=1,EXP_EMU=4", "D=96", "hopper_d96"),
+                                (HOPPER_D64 + ",SCHED=1,EXP_EMU=4", "D=256", "hopper_wide")]:
+        space = session.space_for_config(KernelConfig.parse(config), Problem(Shape.parse(shape, require=("D",))))
+        assert space.name == name, (config, shape, space.name)
 
 
 def test_the_space_option_names_every_packaged_space():

@@ -391,6 +391,8 @@ def test_a_compiler_that_exits_0_without_a_cubin_is_one_line(capsys, cli_env, mo
     code, out, err = run(capsys, "compile", "--config", TINY_CONFIG, "--shape", "D=32", "--space", TINY_SPACE)
     assert_one_line_error(code, out, err, "wrote no kernel.cubin", str(exe))
     assert "unexpected" not in err
+    # the remedy is the compiler setting's, not the kernel's
+    assert "point EVOTUNER_NVCC" in err and "fix the kernel" not in err
     # nothing was cached: a real nvcc later builds it
     assert not list((cli_env / "cache").rglob("build.json"))
 

@@ -161,7 +161,8 @@ HOPPER_SWEEP = REPO / "tests" / "data" / "replay" / "hopper_synthetic_d64.csv"
 
 @pytest.mark.parametrize("extra, says", [
     (["--replay", "nope.csv"], "sweep file not found"),
-    (["--replay", "."], "sweep file not found"),
+    (["--replay", "."], "is a folder, not a sweep file"),
+    (["--replay", "/dev/zero"], "is not a regular file"),
     (["--replay", "SWEEP", "--sampler", "TPE"], "unknown sampler 'TPE'"),
     (["--replay", "SWEEP", "--sampler", "guided"], "sampler 'guided'"),
     (["--replay", "SWEEP", "--space", "hopper"], "--replay"),

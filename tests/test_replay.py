@@ -154,6 +154,53 @@ def test_malformed_files_name_file_line_and_column(tmp_path: Path) -> None:
         read_sweep(path)
 
 
+@pytest.mark.parametrize("edit, says, remedy", [
+    (lambda lines: [], "empty sweep file", "re-record the sweep with scripts/sweep.py"),
+    (lambda lines: lines[:1] + [_cell(lines[0], lines[1], "median_us", "-5.0")],
+     r"s\.csv:2: column median_us: -5\.0 is out of range", "fix line 2 of s.csv"),
+    (lambda lines: lines[:1] + [_cell(lines[0], lines[1], "tflops", "nan")],
+     r"column tflops: 'nan' is not a finite number", "fix line 2 of s.csv"),
+    (lambda lines: lines[:1] + [_cell(lines[0], lines[1], "status", "weird")],
+     r"status: 'weird' is not one of", "fix line 2 of s.csv"),
+    (lambda lines: lines[:2] + [lines[1]], "appears twice", "fix line 3"),
+])
+def test_a_damaged_sweep_row_or_file_says_what_to_do(tmp_path: Path, edit, says, remedy) -> None:
+    """Every replay-file error carries a remedy (re-record it, or fix the line named)."""
+    path = _copy(tmp_path, "\n".join(edit(D64.read_text().splitlines())))
+    with pytest.raises(ReplayError, match=says) as info:
+        read_sweep(path)
+    assert info.value.remedy and remedy in info.value.remedy
+
+
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]", '{"problem": {"shape": 7}, "space_fingerprint": "", '
+                                  '"device": null, "baselines": {}}'])
+def test_a_damaged_sidecar_says_what_to_do(tmp_path: Path, text: str) -> None:
+    path = _copy(tmp_path, D64.read_text())
+    sidecar_path(path).write_text(text)
+    with pytest.raises(ReplayError, match="sidecar") as info:
+        read_sweep(path)
+    assert info.value.remedy and "scripts/sweep.py" in info.value.remedy
+
+
+def test_a_replay_path_that_is_no_file_says_what_it_is(tmp_path: Path) -> None:
+    with pytest.raises(ReplayError, match="is a folder, not a sweep file"):
+        read_sweep(tmp_path)
+    with pytest.raises(ReplayError, match="is not a regular file"):
+        read_sweep("/dev/zero")
+
+
+def _cell(header: str, line: str, column: str, value: str) -> str:
+    """CSV ``line`` with its ``column`` cell set to ``value``."""
+    import csv as csvlib
+    import io
+
+    cells = next(csvlib.reader([line]))
+    cells[next(csvlib.reader([header])).index(column)] = value
+    out = io.StringIO()
+    csvlib.writer(out, lineterminator="").writerow(cells)
+    return out.getvalue()
+
+
 def test_write_read_round_trip(tmp_path: Path) -> None:
     config = KernelConfig.of({"A": 1, "B": 2})
     log = "ptxas info    : x\n    0 bytes stack frame, a\\nb"

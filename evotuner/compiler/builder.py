@@ -174,9 +174,9 @@ class Builder:
                 shutil.rmtree(workdir, ignore_errors=True)
                 if outcome.timed_out:
                     error = f"nvcc timed out after {self.timeout_s:g} s"
-                elif no_cubin:
-                    error = (f"{self.toolchain.nvcc} exited with status 0 but wrote no kernel.cubin "
-                             "(is it nvcc, or a wrapper that drops -o?)")
+                elif no_cubin:      # the compiler's fault, not the config's: a BuildError, with its remedy
+                    raise BuildError(f"{self.toolchain.nvcc} exited with status 0 but wrote no kernel.cubin "
+                                     "(is it nvcc, or a wrapper that drops -o?)", toolchain_mod.NOT_NVCC_REMEDY)
                 else:
                     error = f"nvcc was killed by signal {-(outcome.returncode or 0)}"
                 return BuildResult(config, key, False, None, log, time.monotonic() - start, False, error)

@@ -1,10 +1,12 @@
 """The CUDA toolchain: find nvcc, read its version, run it with a timeout.
 
-Discovery order: the ``nvcc=`` argument, ``$EVOTUNER_NVCC``, ``nvcc`` on
-``PATH``, ``$CUDA_HOME/bin/nvcc`` (or ``$CUDA_PATH``), ``/usr/local/cuda/bin/nvcc``.
-A missing or unusable nvcc is the one build problem that raises
-(:class:`~evotuner.errors.BuildError`); everything a compile does, including a
-timeout, comes back as a :class:`CompileOutcome` value.
+Discovery order: the ``nvcc=`` argument, ``$EVOTUNER_NVCC`` (a path, or a bare
+command name looked up on ``PATH`` as a shell does), ``nvcc`` on ``PATH``,
+``$CUDA_HOME/bin/nvcc`` (or ``$CUDA_PATH``), ``/usr/local/cuda/bin/nvcc``.
+A missing or unusable nvcc (one that is not nvcc, or exits 0 without writing its
+cubin) is the one build problem that raises (:class:`~evotuner.errors.BuildError`);
+everything a compile does, including a timeout, comes back as a
+:class:`CompileOutcome` value.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ _REMEDY = (
     "install the CUDA toolkit 12.4+ or 13 (it provides nvcc), then put nvcc on PATH "
     "or set EVOTUNER_NVCC=/path/to/nvcc"
 )
+#: The remedy for a program that runs but is not a working nvcc (the setting that named it is at fault).
+NOT_NVCC_REMEDY = ("point EVOTUNER_NVCC (or the nvcc= argument) at the CUDA toolkit's nvcc, "
+                   "e.g. /usr/local/cuda/bin/nvcc, or unset EVOTUNER_NVCC to use nvcc on PATH")
 
 #: Where a toolkit lives when nothing points at it.
 FALLBACK_DIRS: tuple[str, ...] = ("/usr/local/cuda/bin",)
@@ -62,10 +67,10 @@ def find_nvcc(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 def _find_nvcc(explicit: str | os.PathLike[str] | None) -> Path:
     if explicit is not None:
-        return _check_executable(Path(explicit), "nvcc= argument")
+        return _check_executable(_command(os.fspath(explicit)), "nvcc= argument")
     env = os.environ.get("EVOTUNER_NVCC")
     if env:
-        return _check_executable(Path(env), "EVOTUNER_NVCC")
+        return _check_executable(_command(env), "EVOTUNER_NVCC")
     on_path = shutil.which("nvcc")
     if on_path:
         return Path(on_path)
@@ -79,9 +84,20 @@ def _find_nvcc(explicit: str | os.PathLike[str] | None) -> Path:
     )
 
 
+def _command(given: str) -> Path:
+    """``given`` as a path; a bare command name (no folder in it, ``nvcc``) found on PATH as a shell would."""
+    if os.sep not in given and (os.altsep is None or os.altsep not in given):
+        found = shutil.which(given)
+        if found:
+            return Path(found)
+    return Path(given)
+
+
 def _check_executable(path: Path, source: str) -> Path:
     if not path.is_file():
-        raise BuildError(f"nvcc not found: {source} points to {path}, which is not a file", _REMEDY)
+        where = ("which is not a file" if path.exists() or os.sep in str(path)
+                 else "which is no file here and no command on PATH")
+        raise BuildError(f"nvcc not found: {source} points to {path}, {where}", _REMEDY)
     if not os.access(path, os.X_OK):
         raise BuildError(f"nvcc at {path} ({source}) is not executable", f"chmod +x {path}, or {_REMEDY}")
     return path
@@ -96,6 +112,10 @@ def probe(nvcc: Path) -> Toolchain:
         tail = outcome.output.strip().splitlines()[-1:] or ["no output"]
         raise BuildError(f"{nvcc} --version failed (exit {outcome.returncode}: {tail[0]})", _REMEDY)
     version = outcome.output.strip()
+    if "cuda" not in version.lower():
+        first = version.splitlines()[0]
+        raise BuildError(f"{nvcc} is not nvcc: its --version says {first!r}, not the CUDA compiler's release",
+                         NOT_NVCC_REMEDY)
     release = version.splitlines()[-1]
     for line in version.splitlines():
         if "release" in line:

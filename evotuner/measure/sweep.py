@@ -54,6 +54,9 @@ BUILD_KIND = "build"
 SIDECAR_KEYS = ("problem", "space_fingerprint", "device", "baselines")
 #: ``ptxas_log`` cells escape backslash and newline (``\\`` and ``\n``): one CSV line per row.
 _UNESCAPE = re.compile(r"\\(.)")
+#: What to do about a sweep file or sidecar that is damaged (scripts/sweep.py records sweeps).
+RERECORD = "re-record the sweep with scripts/sweep.py"
+SIDECAR_REMEDY = "rerun scripts/sweep.py, or fix the sidecar by hand"
 
 
 class ReplayError(EvotunerError):
@@ -170,7 +173,10 @@ def read_sweep(path: str | Path) -> SweepTable:
     """Read and validate a sweep CSV and its sidecar; ReplayError names the file, line and column."""
     path = Path(path)
     if not path.is_file():
-        raise ReplayError(f"--replay {path}: sweep file not found", "produce one with scripts/sweep.py")
+        what = ("is a folder, not a sweep file" if path.is_dir()
+                else "is not a regular file" if path.exists() else "sweep file not found")
+        raise ReplayError(f"--replay {path}: {what}",
+                          "give a sweep's CSV file, as scripts/sweep.py records it, its .json sidecar beside it")
     side = sidecar_path(path)
     if not side.is_file():
         raise ReplayError(f"--replay {path}: its sidecar {side.name} is missing",
@@ -178,27 +184,29 @@ def read_sweep(path: str | Path) -> SweepTable:
     try:
         header = json.loads(side.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (OSError, ValueError) as exc:
-        raise ReplayError(f"{side}: cannot read the sweep sidecar: {exc}") from None
+        raise ReplayError(f"{side}: cannot read the sweep sidecar: {exc}", SIDECAR_REMEDY) from None
     if not isinstance(header, dict):
-        raise ReplayError(f"{side}: the sweep sidecar is not a JSON object")
+        raise ReplayError(f"{side}: the sweep sidecar is not a JSON object", SIDECAR_REMEDY)
     for key in SIDECAR_KEYS:
         if key not in header:
             raise ReplayError(f"{side}: sidecar key {key!r} is missing", "rerun scripts/sweep.py")
     try:
         Problem.from_dict(header["problem"])
     except (EvotunerError, KeyError, TypeError, ValueError) as exc:
-        raise ReplayError(f"{side}: sidecar 'problem' is not a problem: {exc}") from None
+        raise ReplayError(f"{side}: sidecar 'problem' is not a problem: {exc}", SIDECAR_REMEDY) from None
     _check_sidecar(side, header)
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise ReplayError(f"--replay {path}: cannot read the sweep: {exc.strerror}") from None
+        raise ReplayError(f"--replay {path}: cannot read the sweep: {exc.strerror}",
+                          "check the file and its permissions") from None
     text = data.decode("utf-8", errors="replace")
     reader = _Cells(path, csv.reader(text.splitlines()))
     try:
         columns = next(reader)
     except StopIteration:
-        raise ReplayError(f"{path}: empty sweep file") from None
+        raise ReplayError(f"{path}: empty sweep file",
+                          f"{RERECORD} (it writes a header and a row per config)") from None
     n_params = len(columns) - len(RESULT_COLUMNS)
     if n_params < 1 or tuple(columns[n_params:]) != RESULT_COLUMNS:
         raise ReplayError(
@@ -215,7 +223,8 @@ def read_sweep(path: str | Path) -> SweepTable:
                               "give a whole sweep file as evotuner wrote it (this row is cut short or damaged)")
         row = parse_row(path, lineno, names, cells)
         if row.config in rows:
-            raise ReplayError(f"{path}:{lineno}: config {row.config} appears twice")
+            raise ReplayError(f"{path}:{lineno}: config {row.config} appears twice",
+                              f"delete one of its rows (fix line {lineno}), or {RERECORD}")
         rows[row.config] = row
     return SweepTable(path=path, sha256=hashlib.sha256(data).hexdigest(), names=names, header=header, rows=rows)
 
@@ -259,6 +268,16 @@ class _Cells:
 
 
 def parse_row(path: Path, lineno: int, names: tuple[str, ...], cells: list[str]) -> SweepRow:
+    """Row ``lineno`` of a sweep; ReplayError naming file, line and column, with a remedy."""
+    try:
+        return _parse_row(path, lineno, names, cells)
+    except ReplayError as exc:
+        if exc.remedy:
+            raise
+        raise ReplayError(exc.message, f"fix line {lineno} of {path.name}, or {RERECORD}") from None
+
+
+def _parse_row(path: Path, lineno: int, names: tuple[str, ...], cells: list[str]) -> SweepRow:
     where = f"{path}:{lineno}"
     values = dict(zip(names + RESULT_COLUMNS, cells))
 
