@@ -67,6 +67,7 @@ def make_report(store: StudyStore, study_name: str, output_dir: str | Path) -> R
     plt = _pyplot()
     out = Path(output_dir)
     summary = store.summary(study_name)        # a study not found creates no folder
+    study = store.optuna_study(study_name, trials_read=True)   # a damaged trial is refused before any file
     if out.exists() and not out.is_dir():
         raise ReportError(f"--output {out} is a file, not a folder", "pass a folder (created if missing)")
     try:
@@ -85,7 +86,7 @@ def make_report(store: StudyStore, study_name: str, output_dir: str | Path) -> R
         history = draw_history(plt, summary, _title(summary), f)
     files.append(out / "history.png")
 
-    importances, why = _importances(store, study_name, complete)
+    importances, why = _importances(study, complete)
     if importances is None:
         skipped["importances.png"] = why
     else:
@@ -104,7 +105,7 @@ def make_report(store: StudyStore, study_name: str, output_dir: str | Path) -> R
     if importlib.util.find_spec("plotly") is None:
         skipped["*.html"] = "plotly is not installed (pip install plotly for the interactive HTML plots)"
     else:
-        files.extend(_html(store, study_name, importances is not None, out, protect))
+        files.extend(_html(study, importances is not None, out, protect))
 
     index = out / "report.json"
     write_text_atomic(index, json.dumps({
@@ -158,12 +159,11 @@ def _title(summary: Any) -> str:
     return f"{summary.study}: {what} {on}"
 
 
-def _importances(store: StudyStore, study_name: str, complete: list[Any]) -> tuple[dict[str, float] | None, str]:
+def _importances(study: Any, complete: list[Any]) -> tuple[dict[str, float] | None, str]:
     if len(complete) < 2:
         return None, f"parameter importances need at least 2 COMPLETE trials; the study has {len(complete)}"
     import optuna
 
-    study = store.optuna_study(study_name)
     try:
         raw = optuna.importance.get_param_importances(study)
     except (ValueError, RuntimeError) as exc:   # e.g. every COMPLETE trial has the same params
@@ -218,10 +218,9 @@ def _resources(plt: Any, summary: Any, trials: list[Any], path: Any) -> Any:
     return path
 
 
-def _html(store: StudyStore, study_name: str, importances: bool, out: Path, protect: tuple[Path, ...]) -> list[Path]:
+def _html(study: Any, importances: bool, out: Path, protect: tuple[Path, ...]) -> list[Path]:
     import optuna
 
-    study = store.optuna_study(study_name)
     files = []
     fig = optuna.visualization.plot_optimization_history(study)
     write_text_atomic(out / "history.html", fig.to_html(), protect=protect)

@@ -84,6 +84,10 @@ def test_export_names_the_cell_of_a_damaged_trial_value(capsys, cli_env, value, 
     assert not (cli_env / "h.h").exists()
     if value == "'abc'":                           # use_tuned names the same cell
         assert f"table trial_values, row {row}, column value holds 'abc'" in _tuned_error(f"sqlite:///{db}").message
+        # report too (Optuna's importances once met the string: "unexpected TypeError"), before any file
+        code, out, err = run(capsys, "report", "--study", "s", "-o", cli_env / "rep")
+        assert_one_line_error(code, out, err, f"table trial_values, row {row}, column value holds 'abc'")
+        assert "unexpected" not in err and not (cli_env / "rep").exists()
 
 
 def test_export_of_a_damaged_stored_space_says_what_show_says(capsys, cli_env):
