@@ -7,7 +7,8 @@ compute-sanitizer to watch (memcheck, racecheck, synccheck, initcheck):
 GQA (group 4) and MQA on both families, hopper at D=192 and 256 (their recommended configs,
 causal and not, Sq != Sk with ragged tails), and packed variable-length batches
 (``flash_attention_varlen``: empty sequences, one without keys, every scheduler, and offsets
-that overrun the packed tensors, which must write nothing outside them), and split-KV with
+a caller got wrong (past the packed tensors, backwards, before row 0, past max_seqlen), which
+must touch nothing outside them; ``--only varlen`` runs these alone), and split-KV with
 GQA query-head packing (SPLITS not dividing the key blocks, more splits than blocks, causal
 with split, packed heads with and without split), each call checked against the fp32
 reference so a silent wrong result fails too. Exit status 0 when every output is right.
@@ -74,12 +75,27 @@ def _varlen(D: int, causal: bool, lq: list[int], lk: list[int], config: str | No
         ref, _ = C.reference(qb, kb, vb, causal, 1 / math.sqrt(D))
         tol = C.tolerance(C.torch_low_precision(qb, kb, vb, causal, 1 / math.sqrt(D)), ref)
         ok = ok and C.compare(o_b, ref, tol)[0]
-    # offsets past the packed tensors' end (a caller's bug): nothing may be written outside them
-    over = cq.clone()
-    over[-1] += 64
-    evotuner.flash_attention_varlen(q, k, v, over, ck, max(lq) + 64, max(lk), causal=causal, config=config)
+    # offsets a caller got wrong (they are not read back: no sync): past the packed tensors' end,
+    # running backwards (a negative length), starting before row 0, or lengths past max_seqlen_*.
+    # Wrong rows, but nothing read or written outside the tensors (memcheck) and no fault.
+    for wrong_q, wrong_k, max_q, max_k in bad_offsets(cq, ck, max(lq), max(lk)):
+        evotuner.flash_attention_varlen(q, k, v, wrong_q, wrong_k, max_q, max_k, causal=causal, config=config)
     torch.cuda.synchronize()
     return ok
+
+
+def bad_offsets(cq: torch.Tensor, ck: torch.Tensor, max_q: int, max_k: int):
+    """(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) a caller might pass by mistake."""
+    over = cq.clone()
+    over[-1] += 64                                           # past the end of q and o
+    back = cq.clone()
+    back[1] = back[-1] + 7                                   # sequence 0 too long, sequence 1 negative
+    before = ck.clone()
+    before[0] = -40                                          # keys from before row 0
+    yield over, ck, max_q + 64, max_k
+    yield back, ck, max(max_q, int(back[-1]) + 7), max_k
+    yield cq, before, max_q, max_k + 40
+    yield cq, ck, max(1, max_q // 2), max(1, max_k // 2)    # max_seqlen_* understated
 
 
 _ONE_WG = "BLOCK_N=128,CONSUMER_WGS=1,STAGES=2,REG_PROD=24,REG_CONS=256,OVERLAP=1,PINGPONG=0,SCHED=0,RESCALE_LOG2=0," \
@@ -150,7 +166,7 @@ def _dense(family: str | None, B: int, H: int, Hkv: int, Sq: int, Sk: int, D: in
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=("all", *GROUPS), default="all")
+    ap.add_argument("--only", choices=("all", "varlen", *GROUPS), default="all")
     ap.add_argument("--case", action="append", default=[], metavar="B,H,HKV,SQ,SK,D,CAUSAL,CONFIG",
                     help="run only this hopper case (CONFIG: 'NAME=value,...', or '-' for the recommended one); "
                          "repeatable")
@@ -185,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
             bad += not ok
             print(f"{group:9s} B={B} H={H} HKV={Hkv} Sq={Sq} Sk={Sk} D={D} causal={int(causal)} "
                   f"{config.rsplit('EXP_EMU=0,', 1)[-1]}: {'ok' if ok else 'WRONG ' + reason}")
-    if args.only != "all":
+    if args.only not in ("all", "varlen"):
         return 1 if bad else 0
     for family, B, H, Hkv, Sq, Sk, D, causal in CASES:
-        if not keep(D):
+        if not keep(D) or args.only == "varlen":
             continue
         ok, reason = _dense(family, B, H, Hkv, Sq, Sk, D, causal, None)
         bad += not ok

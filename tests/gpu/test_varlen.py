@@ -139,3 +139,27 @@ def test_wrong_inputs_are_refused_with_a_remedy():
         evotuner.flash_attention_varlen(q32, q32, q32, cu, cu, 6, 6)
     with pytest.raises(ShapeError, match="divide"):
         evotuner.flash_attention_varlen(q, q[:, :3], q[:, :3], cu, cu, 6, 6)
+
+
+def test_offsets_a_caller_got_wrong_give_no_fault_and_leave_later_calls_right():
+    """cu_seqlens are not read back (no sync), so wrong ones cannot be refused: offsets past the
+    packed tensors, running backwards, starting before row 0, or lengths past max_seqlen_* give
+    wrong rows, but no access outside the tensors (a fault would poison the context and fail the
+    synchronize and every later call; memcheck: scripts/sanitize_paths.py --only varlen)."""
+    import importlib.util
+    from pathlib import Path
+
+    where = Path(__file__).resolve().parents[2] / "scripts" / "sanitize_paths.py"
+    spec = importlib.util.spec_from_file_location("sanitize_paths", where)
+    paths = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(paths)
+    lq, lk = [70, 1, 130], [70, 200, 1]
+    for causal in (False, True):
+        torch.manual_seed(1)
+        q = torch.randn(sum(lq), 4, 128, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(sum(lk), 2, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+        for cq, ck, max_q, max_k in paths.bad_offsets(_offsets(lq), _offsets(lk), max(lq), max(lk)):
+            out = evotuner.flash_attention_varlen(q, k, v, cq, ck, max_q, max_k, causal=causal)
+            torch.cuda.synchronize()
+            assert out.shape == q.shape
+        _run(lq, lk, 4, 2, 128, causal, seed=2)          # the context is whole: a right call is right
