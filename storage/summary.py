@@ -55,6 +55,10 @@ class Summaries(OptunaBridge):
         }
         with self._optuna_call("reading trials"):
             trials = self.optuna_storage.get_all_trials(row.optuna_study_id, deepcopy=False)
+        for t in trials:     # SQLite hands back what a cell holds: text where a number belongs (_reading names it)
+            if isinstance(t.number, bool) or not isinstance(t.number, int) or \
+                    any(isinstance(v, (str, bytes)) for v in t.values or ()):
+                raise TypeError(f"trial {t.number!r}: a number or value that is text")
         records = tuple(trial_record(t, gate_by_trial.get(t.number)) for t in trials)
         complete = [r for r in records if r.state == "COMPLETE" and r.value is not None]
         devices = tuple(

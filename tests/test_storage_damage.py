@@ -77,9 +77,13 @@ def test_export_names_the_cell_of_a_damaged_trial_value(capsys, cli_env, value, 
     conn.close()
     _damage(db, f"UPDATE trial_values SET value = {value} WHERE trial_value_id = {row}")
     code, out, err = run(capsys, "export", "--study", "s", "-o", cli_env / "h.h")
-    assert_one_line_error(code, out, err, f"study 's': trial {number}: database {db} is damaged",
-                          f"table trial_values, row {row}, column value {says}", "restore it from a copy",
-                          "export the other studies")
+    if value == "'abc'":      # text where a number belongs: refused as the study is read (show says the same)
+        assert_one_line_error(code, out, err, f"database {db} is damaged",
+                              f"table trial_values, row {row}, column value {says}", "restore it from a copy")
+    else:                     # a number, but no median: refused as the trial's row is made
+        assert_one_line_error(code, out, err, f"study 's': trial {number}: database {db} is damaged",
+                              f"table trial_values, row {row}, column value {says}", "restore it from a copy",
+                              "export the other studies")
     assert "re-run" not in err and "median µs" not in err
     assert not (cli_env / "h.h").exists()
     if value == "'abc'":                           # use_tuned names the same cell
@@ -148,3 +152,17 @@ def test_a_tuned_database_that_cannot_be_opened_names_use_tuned_not_storage(caps
     monkeypatch.setattr(choice, "_tables", None)
     code, out, err = run(capsys, "show", "--study", "s", "--storage", url)    # the CLI keeps its option
     assert_one_line_error(code, out, err, says, "--storage / $EVOTUNER_STORAGE")
+
+
+@pytest.mark.parametrize("sql, says", [
+    ("UPDATE trial_values SET value = 'abc' WHERE trial_value_id = 1", "table trial_values, row 1, column value holds 'abc'"),
+    ("UPDATE trials SET number = 'x' WHERE trial_id = 2", "table trials, row 2, column number holds 'x'"),
+])
+def test_show_refuses_text_where_a_trial_number_or_value_belongs(capsys, cli_env, sql, says):
+    """show read them back as they were (a value of 'abc' as none, "number": 'x' in its JSON) and
+    exited 0 while export and report refused; a non-finite value still shows as none."""
+    _replayed(capsys, cli_env)
+    _damage(cli_env / "evotuner.db", sql)
+    for argv in (["show", "--study", "s"], ["show", "--study", "s", "--json"]):
+        code, out, err = run(capsys, *argv)
+        assert_one_line_error(code, out, err, "is damaged", says, "restore it from a copy")
