@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import NoReturn
 
 
@@ -21,3 +22,25 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"error: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
+
+
+def output_path(text: str) -> Path:
+    """An argparse ``type=`` for a file a script writes (``type=output_path``): refused at parse
+    time, before any work, as the CLI refuses its outputs (:func:`evotuner.atomicfile.check_target`):
+    an empty path (``--output "$F"`` with F unset), ``-``, a folder, a link, a database, a path in
+    a folder that does not exist. Write it with :func:`evotuner.atomicfile.write_text_atomic`."""
+    from evotuner.atomicfile import check_target
+    from evotuner.errors import EvotunerError
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty")
+    if text == "-":
+        raise argparse.ArgumentTypeError("'-': this script writes a file, not to standard output (./- names a file)")
+    path = Path(text)
+    try:
+        check_target(path)
+    except EvotunerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{path}: the folder {path.parent} does not exist (create it first)")
+    return path
