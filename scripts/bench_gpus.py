@@ -48,7 +48,9 @@ from pathlib import Path
 from typing import Any
 
 from evotuner import childproc
-from evotuner.scriptargs import ArgumentParser
+from evotuner.atomicfile import write_text_atomic
+from evotuner.errors import EvotunerError
+from evotuner.scriptargs import ArgumentParser, output_path
 
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 
@@ -172,15 +174,50 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--space", default=None, help="--space for search (default: as search picks)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--workdir", type=Path, default=None, help="caches, databases, logs (default: a new temp dir)")
-    ap.add_argument("--output", "-o", type=Path, default=Path("bench_gpus.json"))
+    ap.add_argument("--output", "-o", type=output_path, default="bench_gpus.json",
+                    help="the JSON report (default bench_gpus.json; checked before any run)")
     ap.add_argument("--run-timeout", type=float, default=900.0, help="seconds per search command (default 900)")
     ap.add_argument("--extra", default="", help="more search options for every run, one string (e.g. '--budget 1')")
     ap.add_argument("--replay", default=None, help="rehearse without a GPU from a recorded sweep")
     ap.add_argument("--replay-delay", default="0.05,0.03", help="with --replay: BUILD,MEASURE seconds")
     args = ap.parse_args(argv)
-    runs = parse_runs(args.runs)
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="evotuner-bench-gpus-"))
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        runs = parse_runs(args.runs)
+    except SystemExit as exc:
+        ap.error(str(exc.code).removeprefix("bench_gpus: "))
+    try:
+        shlex.split(args.extra)
+    except ValueError as exc:
+        ap.error(f"argument --extra: {args.extra!r}: {exc} (quote it as one shell string)")
+    if not (args.run_timeout > 0 and args.run_timeout != float("inf")):
+        ap.error(f"argument --run-timeout: {args.run_timeout:g} is not a positive number of seconds")
+    if args.trials < 1:
+        ap.error(f"argument --trials: {args.trials}: must be at least 1")
+    if args.workdir is not None:
+        if not str(args.workdir).strip():
+            ap.error("argument --workdir: the path is empty")
+        if args.workdir.is_symlink() or (args.workdir.exists() and not args.workdir.is_dir()):
+            ap.error(f"argument --workdir: {args.workdir} exists and is not a folder (give a new folder)")
+        for i, run in enumerate(runs):      # every run must start cold: say so before the first one
+            if (args.workdir / f"{i}-{run}").exists():
+                raise SystemExit(f"bench_gpus: {args.workdir / f'{i}-{run}'} exists, so this run would not be "
+                                 "cold; use a fresh --workdir")
+    if args.replay is None:
+        from evotuner.measure import gpu_available
+
+        if not gpu_available():
+            print("error: no CUDA GPU on this machine: bench_gpus.py times searches on one "
+                  "(run it on the GPU machine, or rehearse with --replay SWEEP.csv)", file=sys.stderr)
+            return 1
+    elif not Path(args.replay).is_file():
+        ap.error(f"argument --replay: {args.replay}: no such file (give a sweep CSV, e.g. tests/data/...)")
+    try:
+        work = args.workdir or Path(tempfile.mkdtemp(prefix="evotuner-bench-gpus-"))
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: cannot create the work folder: {exc.strerror or exc} (give a --workdir you can write)",
+              file=sys.stderr)
+        return 1
     report: dict[str, Any] = {"trials": args.trials, "shape": args.shape, "dtype": args.dtype, "causal": args.causal,
                               "cores": os.cpu_count(), "replay": args.replay, "runs": {}}
     failures: list[str] = []
@@ -214,7 +251,13 @@ def main(argv: list[str] | None = None) -> int:
             res["speedup_measuring"] = round(res["measurements_per_s"] / base["measurements_per_s"], 3)
             res["speedup_wall"] = round(base["wall_s"] / res["wall_s"], 3)
             res["efficiency_measuring"] = round(res["speedup_measuring"] * base["gpus"] / res["gpus"], 3)
-    args.output.write_text(json.dumps(report, indent=1) + "\n")
+    try:
+        write_text_atomic(args.output, json.dumps(report, indent=1) + "\n")
+    except EvotunerError as exc:
+        fallback = work / "bench_gpus.json"
+        write_text_atomic(fallback, json.dumps(report, indent=1) + "\n")
+        print(f"error: {exc}; the report is in {fallback}", file=sys.stderr)
+        failures.append(f"report not written to {args.output}")
     cols = ("gpus", "finished", "measured", "stopped_early", "reps_timed", "configs_measured_twice", "wall_s", "to_worker_row_s", "to_baselines_s",
             "to_first_measurement_s", "measuring_phase_s", "measurements_per_s", "tail_s", "best_us", "builds", "build_cpu_s",
             "build_cpu_share", "speedup_measuring", "speedup_wall", "efficiency_measuring", "per_gpu", "loop_split_s")

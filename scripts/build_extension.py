@@ -34,11 +34,13 @@ Exit status 0 on success; 1 with a one-line reason (and remedy) otherwise.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -214,10 +216,64 @@ def compile_rows(nvcc: Path, arch: str, sources: list[Path], out: Path, includes
         if outcome.returncode != 0:  # type: ignore[attr-defined]
             lines = [ln.strip() for ln in outcome.output.splitlines() if ln.strip()]  # type: ignore[attr-defined]
             first = next((ln for ln in lines if "error" in ln), lines[-1] if lines else "no output")
+            if "Unsupported gpu architecture" in first:
+                raise BuildError(f"nvcc failed on {source.name}: {first}", _ARCH_REMEDY.format(arch=arch))
             raise BuildError(f"nvcc failed on {source.name}: {first}",
                              "the header holds a config this kernel source rejects; re-export from a study "
                              "built with the same kernel")
     return [obj for _, obj, _ in results]
+
+
+_ARCH_REMEDY = ("the header's arch {arch} is not one this nvcc supports (nvcc --list-gpu-arch): re-export the "
+                "header for a supported arch, e.g. sm_90a, or pass a newer --nvcc")
+
+
+def check_arch(nvcc: Path, arch: str) -> None:
+    """Refuse, before anything is written, a header arch this nvcc does not know (``nvcc
+    --list-gpu-arch``; an nvcc that cannot list them is left to the row compile)."""
+    m = re.fullmatch(r"sm_(\d+)([a-z]?)", arch)
+    if m is None:
+        gencode(arch)          # its BuildError names an arch that is no SM target
+        return
+    try:
+        listed = run([str(nvcc), "--list-gpu-arch"], cwd=None, timeout_s=60)
+    except EvotunerError:
+        return
+    known = set(re.findall(r"compute_(\d+)", listed.output)) if listed.returncode == 0 else set()
+    if known and m.group(1) not in known:
+        raise BuildError(f"the header's arch {arch}: {nvcc} does not support it (it knows compute_"
+                         f"{min(known, key=int)} to compute_{max(known, key=int)})", _ARCH_REMEDY.format(arch=arch))
+
+
+def output_folder(text: str) -> Path:
+    """argparse ``type=`` for --output: refuse an empty path (it would build into the current
+    folder) and a symbolic link (even a dangling one: evotuner never writes through a link)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty")
+    path = Path(text)
+    if path.is_symlink():
+        raise argparse.ArgumentTypeError(f"{text}: it is a symbolic link, which evotuner never builds through "
+                                         "(give the folder itself)")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder (give a folder to build into)")
+    return path
+
+
+def _remove_created(out: Path, existed: bool, before: set[str]) -> None:
+    """After a failed build: remove what this run created under ``out`` (all of it when it made
+    ``out``), nothing that was there before."""
+    if not existed:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    for name in ("include", "src", "obj", "torch_build", "build_info.json", *(f"{k.module}.so" for k in
+                                                                               (FLASHCORE, HOPPER))):
+        if name in before:
+            continue
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        elif path.is_file():
+            path.unlink(missing_ok=True)
 
 
 _TORCH_STEP = r"""
@@ -288,16 +344,36 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
                             "pass --family flashcore or hopper, or --kernels-root (the folder holding "
                             "<family>/instantiate.cuh)")
     info = read_header(header, kind.prefix)
+    if not str(output).strip():
+        raise EvotunerError("--output is empty", "give a folder to build into")
+    if Path(output).is_symlink():
+        raise EvotunerError(f"--output {output} is a symbolic link, which evotuner never builds through",
+                            "give the folder itself")
     out = Path(output).resolve()
     if out.exists() and not out.is_dir():
         raise EvotunerError(f"--output {out} exists and is not a folder", "give a folder to build into")
     nvcc_path = find_nvcc(nvcc)      # before the folder is made: a refused build leaves nothing behind
     toolchain = probe(nvcc_path)
+    check_arch(nvcc_path, info.arch)
+    existed = out.is_dir()
+    before = {p.name for p in out.iterdir()} if existed else set()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise EvotunerError(f"--output {out}: cannot create it ({exc.strerror or exc})",
                             "give a folder you can write, whose parents are folders") from None
+    try:
+        module = _build_into(out, info, header, family, kind, root, inc, nvcc_path, jobs, row_timeout_s,
+                             torch_timeout_s, verbose, toolchain.release)
+    except BaseException:
+        _remove_created(out, existed, before)    # a failed build leaves nothing it made behind
+        raise
+    return BuiltExtension(module=module, rows=len(info.rows), arch=info.arch, seconds=time.monotonic() - start)
+
+
+def _build_into(out: Path, info: HeaderInfo, header: Path, family: str, kind: ExtensionKind, root: Path,
+                inc: list[Path], nvcc_path: Path, jobs: int | None, row_timeout_s: float, torch_timeout_s: float,
+                verbose: bool, release: str) -> Path:
     ext_dir = kind.folder(root)
     sources = generate_sources(info, header, out, family, kind, ext_dir)
     objects = compile_rows(nvcc_path, info.arch, sources, out, [COMMON, ext_dir, *inc], jobs or os.cpu_count() or 1,
@@ -307,15 +383,15 @@ def build(header: Path, output: Path, *, family: str = "flashcore", kernels_root
     _write_if_changed(out / "build_info.json", json.dumps({
         "module": module.name, "header": str(header),
         "header_sha256": hashlib.sha256(header.read_bytes()).hexdigest(),
-        "rows": len(info.rows), "arch": info.arch, "family": family, "nvcc": toolchain.release,
+        "rows": len(info.rows), "arch": info.arch, "family": family, "nvcc": release,
     }, indent=2) + "\n")
-    return BuiltExtension(module=module, rows=len(info.rows), arch=info.arch, seconds=time.monotonic() - start)
+    return module
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--header", required=True, type=Path, help="the header written by `evotuner export`")
-    ap.add_argument("--output", required=True, type=Path, help="folder to build into (created)")
+    ap.add_argument("--output", required=True, type=output_folder, help="folder to build into (created)")
     ap.add_argument("--family", default="flashcore",
                     help="kernel family (default flashcore; hopper builds hopper_ext from the header's hopper section)")
     ap.add_argument("--kernels-root", type=Path, default=None,

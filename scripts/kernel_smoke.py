@@ -148,7 +148,7 @@ def build_all(jobs: list[Job], args: argparse.Namespace, say) -> dict[Job, objec
         gate = apply_gate(r, space.gate)
         report[job.label()] = {"ok": True, "gate": gate.passed, "reason": gate.reason, **gate.report.as_dict()}
     say(f"built {sum(r.ok for r in results.values())}/{len(results)} cubins")
-    (args.out / "ptxas.json").write_text(json.dumps(report, indent=1))
+    _write(args.out / "ptxas.json", json.dumps(report, indent=1))
     return results
 
 
@@ -214,7 +214,7 @@ def run_gpu(jobs: list[Job], builds: dict, args: argparse.Namespace, say) -> int
         for name, us in sorted(med.items(), key=lambda kv: kv[1]):
             say(f"  {us:9.1f} us  {ref / us if ref else float('nan'):5.2f}x SDPA-FA2  {name}")
         timings[str(problem)] = [{"name": n, "median_us": us} for n, us in med.items()]
-    (args.out / "timing.json").write_text(json.dumps(timings, indent=1))
+    _write(args.out / "timing.json", json.dumps(timings, indent=1))
     return 1 if failures else 0
 
 
@@ -226,15 +226,45 @@ def _sdpa(backend, q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
+    return value
+
+
+def _out_folder(text: str) -> Path:
+    """--out: a folder (made if missing), never empty, never a link, never a file."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty")
+    path = Path(text)
+    if path.is_symlink():
+        raise argparse.ArgumentTypeError(f"{text}: it is a symbolic link, which evotuner never writes through "
+                                         "(give the folder itself)")
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder (give a folder for the smoke files)")
+    return path
+
+
+def _write(path: Path, text: str) -> None:
+    from evotuner.atomicfile import write_text_atomic
+
+    write_text_atomic(path, text, option="--out folder")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, default=Path("."), help="smoke.log, ptxas.json, timing.json go here")
+    ap.add_argument("--out", type=_out_folder, required=True,
+                    help="folder for smoke.log, ptxas.json, timing.json (created; files there are replaced)")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-faults", action="store_true")
     ap.add_argument("--focus", choices=["d128"], default=None)
     ap.add_argument("--ref-kernels", type=Path, default=None, help="an older kernels/ root (A/B in one process)")
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median of the round medians)")
-    ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc builds (default: CPU count)")
+    ap.add_argument("--rounds", type=_positive, default=3, help="interleaved timing rounds (median of the round medians)")
+    ap.add_argument("--jobs", type=_positive, default=None, help="parallel nvcc builds (default: CPU count)")
     ap.add_argument("--cache-dir", type=Path, default=None, help="build cache (default: evotuner's)")
     ap.add_argument("--match", default=None, help="only the builds whose label contains this text")
     ap.add_argument("--build-only", action="store_true", help="build and gate only (no GPU)")
@@ -242,14 +272,38 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from evotuner.atomicfile import check_target
+    from evotuner.errors import EvotunerError
+
     args = parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "smoke.log", "w") as log:
+    jobs = plan(args)
+    if not jobs:
+        print(f"error: --match {args.match!r} selects none of the planned builds (give text from a build's "
+              "label, e.g. 'D64 fp16', or leave --match out)", file=sys.stderr)
+        return 1
+    if not args.build_only:
+        from evotuner.measure import gpu_available
+
+        if not gpu_available():
+            print("error: no CUDA GPU on this machine: kernel_smoke.py needs a CUDA GPU "
+                  "(run it on the GPU machine, or pass --build-only)", file=sys.stderr)
+            return 1
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        log_path = args.out / "smoke.log"
+        check_target(log_path, option="--out folder")
+        log = open(log_path, "w")
+    except EvotunerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"error: {args.out}: {exc.strerror or exc} (give an --out folder you can write)", file=sys.stderr)
+        return 1
+    with log:
         def say(line: str) -> None:
             print(line, flush=True)
             log.write(line + "\n")
 
-        jobs = plan(args)
         say(f"{len(jobs)} builds planned")
         builds = build_all(jobs, args, say)
         if args.build_only:

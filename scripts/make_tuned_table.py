@@ -10,18 +10,27 @@ recorded studies: each study's best COMPLETE trial on the named GPU model, one r
 head dim, dtype and causal flag (:mod:`evotuner.tuned`); elsewhere the family's recommended
 config runs. The table is the output of this script, never edited by hand: rerun the
 studies (``bash scripts/gpu_verify.sh shipped`` on the GPU machine) and this script to
-refresh it. Exit status 1 with a one-line reason when no study qualifies.
+refresh it. Exit status 1 with a one-line reason when no study qualifies. ``--output`` is
+written atomically and only over a table this script wrote (never a link, a folder, a
+database, nor any other file: delete that one or write elsewhere).
 """
 
 from __future__ import annotations
 
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 from evotuner import tuned
+from evotuner.atomicfile import write_text_atomic
 from evotuner.errors import EvotunerError
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, output_path
+
+#: The first line of every table this script writes (what a replaceable --output starts with).
+MARK = "# Tuned configs shipped for "
+#: What names the database, for the remedies of the database layer.
+NAMED_BY = "--storage"
 
 
 def _toml_str(text: str) -> str:
@@ -43,15 +52,60 @@ def render(rows: list[tuned.TunedRow], source: str, device: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _check_replaceable(path: Path) -> None:
+    """Refuse an existing --output that is not a table this script wrote (its data would be lost)."""
+    if not path.is_file():
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline()
+    except (OSError, UnicodeDecodeError):
+        first = ""
+    if not (first.startswith(MARK) and "scripts/make_tuned_table.py" in first):
+        raise EvotunerError(f"--output {path} exists and is not a tuned table this script wrote",
+                            "delete it first if it may go, or give another --output")
+
+
+def _not_sqlite(path: Path) -> bool:
+    """A non-empty file without the SQLite header (an empty one: the database layer says it holds no study)."""
+    from evotuner.atomicfile import SQLITE_MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_MAGIC))
+    except OSError:
+        return False
+    return bool(head) and head != SQLITE_MAGIC
+
+
+def _load_studies(storage: str) -> tuned.TunedTable:
+    """Every study's best trial in the --storage database; its errors name --storage."""
+    from evotuner import session
+    from evotuner.storage.connect import resolve_url, sqlite_path
+
+    if not storage.strip():
+        raise EvotunerError("--storage is empty", "give the study database: --storage sqlite:///studies.db")
+    url = storage if "://" in storage else f"sqlite:///{Path(storage).expanduser().resolve()}"
+    path = sqlite_path(resolve_url(url))
+    if path is not None and path.exists() and not path.is_file():
+        raise EvotunerError(f"--storage {path} is not a file", "give the study database's path or URL")
+    if path is not None and path.is_file() and _not_sqlite(path):
+        raise EvotunerError(f"--storage {path} is not an SQLite study database",
+                            "give the database the studies were recorded in (sqlite:///studies.db)")
+    session.open_store(url, must_exist=True, read_only=True, named_by=NAMED_BY).close()
+    return tuned.load_studies(url)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--storage", required=True, help="the study database (URL or SQLite path)")
     ap.add_argument("--family", required=True, help="the kernel family whose studies make the table")
     ap.add_argument("--device", required=True, help="the GPU model name the studies were measured on")
-    ap.add_argument("--output", required=True, type=Path, help="the .toml table to write")
+    ap.add_argument("--output", required=True, type=output_path, help="the .toml table to write")
     args = ap.parse_args(argv)
     try:
-        table = tuned.load(args.storage)
+        _check_replaceable(args.output)
+        table = _load_studies(args.storage)
     except EvotunerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -61,14 +115,16 @@ def main(argv: list[str] | None = None) -> int:
               f"(run the studies first: bash scripts/gpu_verify.sh shipped)", file=sys.stderr)
         return 1
     text = render(rows, table.source, args.device)
-    check = args.output.with_name(args.output.name + ".tmp")
-    check.write_text(text, encoding="utf-8")
     try:
-        if len(tuned.load_shipped(check)) != len(rows):
-            raise EvotunerError("the written table does not read back")
-    finally:
-        check.unlink()
-    args.output.write_text(text, encoding="utf-8")
+        with tempfile.TemporaryDirectory(prefix="make-tuned-table-") as scratch:   # never beside --output
+            check = Path(scratch) / "table.toml"
+            check.write_text(text, encoding="utf-8")
+            if len(tuned.load_shipped(check)) != len(rows):
+                raise EvotunerError("the written table does not read back", "report this as a bug")
+        write_text_atomic(args.output, text)
+    except EvotunerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"wrote {args.output}: {len(rows)} rows from {table.source}")
     return 0
 

@@ -38,6 +38,7 @@ import argparse
 import csv
 import datetime as _dt
 import math
+import re
 import sys
 import time
 from concurrent.futures import as_completed
@@ -261,18 +262,68 @@ class SweepJob:
     output: Path
 
 
+def _problem(shape: str, dtype: str, causal: bool, flag: str) -> Problem:
+    """The problem a sweep times; ArgumentTypeError naming ``flag`` (what the user wrote)."""
+    if dtype not in ("fp16", "bf16"):
+        raise argparse.ArgumentTypeError(f"{flag}: dtype {dtype!r} is not fp16 or bf16")
+    try:
+        return Problem(Shape.parse(shape), dtype=dtype, causal=causal)
+    except EvotunerError as exc:
+        message = re.sub(r"^(--shape|shape): ", "", str(exc))
+        raise argparse.ArgumentTypeError(f"{flag}: {message}") from None
+
+
+def _job_output(text: str, flag: str) -> Path:
+    """A sweep's CSV: not empty, not a link, a folder or a database (its folder is made later)."""
+    from evotuner.atomicfile import check_target
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{flag}: the output path is empty")
+    path = Path(text)
+    try:
+        check_target(path, option=flag)
+    except EvotunerError as exc:
+        raise argparse.ArgumentTypeError(f"{flag}: {exc}") from None
+    return path
+
+
 def parse_job(text: str) -> SweepJob:
     """``SHAPE:DTYPE[:causal]:OUTPUT``, e.g. ``B=4,H=16,S=4096,D=64:fp16:causal:out.csv``."""
     parts = text.split(":")
     if len(parts) not in (3, 4) or (len(parts) == 4 and parts[2] != "causal"):
-        raise argparse.ArgumentTypeError(f"--sweep {text!r}: write SHAPE:DTYPE[:causal]:OUTPUT")
-    if parts[1] not in ("fp16", "bf16"):
-        raise argparse.ArgumentTypeError(f"--sweep {text!r}: dtype {parts[1]!r} is not fp16 or bf16")
+        raise argparse.ArgumentTypeError(f"{text!r}: write SHAPE:DTYPE[:causal]:OUTPUT "
+                                         "(an OUTPUT with ':' in its name: give it with --shape/--output)")
+    flag = repr(text)       # argparse names --sweep itself
+    return SweepJob(_problem(parts[0], parts[1], len(parts) == 4, flag), _job_output(parts[-1], flag))
+
+
+def resume_refusal(job: SweepJob, space: Any, fresh: bool) -> str | None:
+    """Why ``job.output`` exists but this run would not resume it (and so would truncate it); None
+    when it is absent, resumable, or --fresh asks to start over."""
+    import json
+
+    output = job.output
+    if fresh or not output.exists():
+        return None
+    side = sidecar_path(output)
+    if not side.is_file():
+        return f"{output} exists and has no sidecar {side.name}, so it is no sweep this run can resume"
     try:
-        shape = Shape.parse(parts[0])
-    except EvotunerError as exc:
-        raise argparse.ArgumentTypeError(f"--sweep {text!r}: {exc}") from None
-    return SweepJob(Problem(shape, dtype=parts[1], causal=len(parts) == 4), Path(parts[-1]))
+        old = json.loads(side.read_text())
+    except (OSError, ValueError):
+        return f"{output} exists and its sidecar {side.name} is unreadable"
+    if not isinstance(old, dict) or old.get("problem") != job.problem.as_dict():
+        return f"{output} holds a sweep of another problem ({old.get('shape') if isinstance(old, dict) else '?'})"
+    if old.get("space_fingerprint") != space.fingerprint():
+        return f"{output} holds a sweep of another search space ({old.get('space_name')})"
+    try:
+        with open(output, newline="", encoding="utf-8") as f:
+            head = next(csv.reader(f), None)
+    except (OSError, UnicodeDecodeError, csv.Error):
+        head = None
+    if head != list(space.names) + list(RESULT_COLUMNS):
+        return f"{output} exists and is not a sweep CSV of this space (its header differs)"
+    return None
 
 
 def prefetch(space: Any, job: SweepJob, builder: Any, fresh: bool) -> int:
@@ -292,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shape", help="B=16,H=16,S=2048,D=64")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--output", type=Path)
+    ap.add_argument("--output", type=Path, help="the sweep CSV (with --shape; its sidecar is <csv>.json)")
     ap.add_argument("--sweep", type=parse_job, action="append", default=[], metavar="SHAPE:DTYPE[:causal]:OUTPUT",
                     help="one sweep of several run in turn (repeatable; instead of --shape/--output): "
                          "every sweep's builds are queued at once, so nvcc never waits on the GPU")
@@ -308,9 +359,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.shape or args.output:
         if not (args.shape and args.output):
             ap.error("--shape and --output go together")
-        jobs.insert(0, parse_job(f"{args.shape}:{args.dtype}{':causal' if args.causal else ''}:{args.output}"))
+        try:
+            problem = _problem(args.shape, args.dtype, args.causal, f"--shape {args.shape!r}")
+            output = _job_output(str(args.output), "--output")
+        except argparse.ArgumentTypeError as exc:
+            ap.error(str(exc))
+        jobs.insert(0, SweepJob(problem, output))
     if not jobs:
         ap.error("give --shape and --output, or one or more --sweep")
+    if args.output is not None and not args.output.parent.is_dir():
+        ap.error(f"--output {args.output}: the folder {args.output.parent} does not exist (create it first)")
 
     from evotuner.compiler import Builder
     from evotuner.measure.gpu import GpuMeasure
@@ -321,6 +379,12 @@ def main(argv: list[str] | None = None) -> int:
     summaries: list[SweepSummary] = []
     try:
         space = load_space(args.space)
+        for job in jobs:           # before the GPU and nvcc start: never truncate a file it cannot resume
+            why = resume_refusal(job, space, args.fresh)
+            if why is not None:
+                print(f"error: {why}: this run would overwrite it (give another output, delete it, or pass "
+                      f"--fresh to start it over)", file=sys.stderr)
+                return 1
 
         def progress(i: int, n: int, row: SweepRow, seconds: float) -> None:
             what = f"{row.median_us:9.1f} us {row.tflops or 0:6.1f} TFLOPS" if row.status == "ok" else row.reason[:90]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
+from evotuner.errors import EvotunerError
 from evotuner.storage import StudyStore
 from evotuner.scriptargs import ArgumentParser
 
@@ -73,7 +74,16 @@ def check(storage: str, trials: int) -> list[str]:
     return bad
 
 
-def main() -> int:
+def _check(storage: str, trials: int) -> list[str]:
+    """check(), a database that cannot be read being one failure (never a traceback)."""
+    try:
+        return check(storage, trials)
+    except EvotunerError as exc:
+        print(f"  cannot check the study: {exc}")
+        return [f"cannot check the study: {exc}"]
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=24)
     ap.add_argument("--shape", default="B=16,H=16,S=2048,D=64")
@@ -81,10 +91,31 @@ def main() -> int:
     ap.add_argument("--storage", default=None, help="database URL [default: a new SQLite file in --workdir]")
     ap.add_argument("--gpus", default="0", help="GPUs for the --gpus run [default: 0]")
     ap.add_argument("--replay", default=None, help="rehearse without a GPU: pass --replay FILE (and a delay) on")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if args.trials < 1:
+        ap.error(f"argument --trials: {args.trials}: must be at least 1")
+    if args.workdir is not None:
+        if not str(args.workdir).strip():
+            ap.error("argument --workdir: the path is empty")
+        if args.workdir.is_symlink() or (args.workdir.exists() and not args.workdir.is_dir()):
+            ap.error(f"argument --workdir: {args.workdir} exists and is not a folder (give a folder)")
+    if args.replay is not None and not Path(args.replay).is_file():
+        ap.error(f"argument --replay: {args.replay}: no such file (give a sweep CSV)")
+    if args.replay is None:
+        from evotuner.measure import gpu_available
+
+        if not gpu_available():
+            print("error: no CUDA GPU on this machine: two_workers.py runs searches on one "
+                  "(run it on the GPU machine, or rehearse with --replay SWEEP.csv)", file=sys.stderr)
+            return 1
     extra = ("--replay", args.replay, "--replay-delay", "0.05,0.03") if args.replay else ()
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="evotuner-two-workers-"))
-    work.mkdir(parents=True, exist_ok=True)
+    try:
+        work = args.workdir or Path(tempfile.mkdtemp(prefix="evotuner-two-workers-"))
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: cannot create the work folder: {exc.strerror or exc} (give a --workdir you can write)",
+              file=sys.stderr)
+        return 1
     storage = args.storage or f"sqlite:///{work / 'two_workers.db'}"
     failures: list[str] = []
     started = time.monotonic()
@@ -98,7 +129,7 @@ def main() -> int:
         if proc.returncode != 0:
             failures.append(f"{name} exited {proc.returncode} (see {work})")
     print(f"two workers: {time.monotonic() - started:.0f} s")
-    failures += check(storage, args.trials)
+    failures += _check(storage, args.trials)
 
     more = args.trials + 8
     gpus = search(storage, args.shape, more, work / "gpus.log", "--gpus", args.gpus, *extra)
@@ -106,7 +137,7 @@ def main() -> int:
     print(f"--gpus {args.gpus} exited {gpus.returncode}")
     if gpus.returncode != 0:
         failures.append(f"--gpus {args.gpus} exited {gpus.returncode} (see {work / 'gpus.log'})")
-    failures += check(storage, more)
+    failures += _check(storage, more)
 
     for f in failures:
         print(f"FAIL: {f}")
