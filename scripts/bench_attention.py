@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import math
 import statistics
@@ -45,7 +46,8 @@ from evotuner.runtime import attention as A
 from evotuner.runtime import check as C
 from evotuner.runtime.timing import time_cuda
 from evotuner.tuned import study_bests
-from evotuner.scriptargs import ArgumentParser
+from evotuner.atomicfile import check_target, write_text_atomic
+from evotuner.scriptargs import ArgumentParser, output_path
 
 #: (B, H, S, D, causal): the issue's standard shapes.
 STANDARD_SHAPES = (
@@ -78,15 +80,66 @@ def alternate(timed: list[tuple[dict[str, object], Any]], sdpa: Any, problem: Pr
                    speedup_vs_sdpa_default=statistics.median(t / m for t, m in zip(theirs, mine)))
 
 
+_CAUSAL = {"1": True, "true": True, "yes": True, "causal": True, "0": False, "false": False, "no": False}
+DTYPES = ("fp16", "bf16")
+
+
 def parse_shape(text: str) -> tuple[int, int, int, int, bool, int]:
     """B,H,S,D,CAUSAL[,HKV]: HKV < H is grouped-query attention (K/V with HKV heads; SDPA is
-    called with ``enable_gqa``), the default HKV = H."""
+    called with ``enable_gqa``), the default HKV = H. CAUSAL: 1/0 (true/false, yes/no)."""
     parts = [p.strip() for p in text.split(",")]
+    what = f"{text!r} is not B,H,S,D,CAUSAL[,HKV] (e.g. 4,16,4096,64,1)"
     if len(parts) not in (5, 6):
-        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL[,HKV] (e.g. 4,16,4096,64,1)")
+        raise argparse.ArgumentTypeError(what)
     b, h, s, d, c = parts[:5]
-    hkv = parts[5] if len(parts) == 6 else h
-    return int(b), int(h), int(s), int(d), c.lower() in ("1", "true", "yes", "causal"), int(hkv)
+    try:
+        sizes = [int(x) for x in (b, h, s, d, parts[5] if len(parts) == 6 else h)]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{what}: the sizes must be integers") from None
+    if c.lower() not in _CAUSAL:
+        raise argparse.ArgumentTypeError(f"{what}: CAUSAL {c!r} must be 1 or 0")
+    if min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{what}: every size must be at least 1")
+    b_, h_, s_, d_, hkv = sizes
+    if h_ % hkv:
+        raise argparse.ArgumentTypeError(f"{what}: H {h_} must be a multiple of HKV {hkv}")
+    return b_, h_, s_, d_, _CAUSAL[c.lower()], hkv
+
+
+def dtype_list(text: str) -> list[str]:
+    """--dtypes: comma-separated, each of DTYPES; an empty item is named."""
+    items = [d.strip() for d in text.split(",")]
+    for item in items:
+        if item not in DTYPES:
+            raise argparse.ArgumentTypeError(f"{text!r}: {'an empty item' if not item else repr(item)} is not one "
+                                             f"of {', '.join(DTYPES)}")
+    return items
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def output_stem(text: str) -> Path:
+    """--output STEM: this script writes STEM.json and STEM.csv; both are checked here, at parse
+    time (an --output that cannot be written once lost a finished benchmark)."""
+    path = output_path(text)
+    if text.endswith(("/", "\\")) or path.name in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"{text!r} names a folder; give a file stem such as out/bench")
+    for suffix in (".json", ".csv"):
+        try:
+            check_target(path.with_suffix(suffix))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: no file name to add {suffix} to") from None
+        except EvotunerError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,11 +150,12 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: every registered family supporting the problem)")
     ap.add_argument("--shapes", type=parse_shape, action="append",
                     help="B,H,S,D,CAUSAL[,HKV] (HKV < H: grouped-query); repeatable")
-    ap.add_argument("--dtypes", default="fp16,bf16")
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--output", type=Path, default=Path("out/bench_attention"), help="writes OUTPUT.json/.csv")
-    ap.add_argument("--rounds", type=int, default=1,
+    ap.add_argument("--dtypes", type=dtype_list, default=list(DTYPES), help="fp16,bf16 (default both)")
+    ap.add_argument("--warmup", type=positive, default=10)
+    ap.add_argument("--reps", type=positive, default=50)
+    ap.add_argument("--output", type=output_stem, default=None,
+                    help="writes OUTPUT.json/.csv (default out/bench_attention, its folder created)")
+    ap.add_argument("--rounds", type=positive, default=1,
                     help="time SDPA's default and every config of a shape in turn, this many rounds; the figures "
                          "become the median over rounds and xdef the median of the per-round ratios (a config "
                          "timed right after a heavy correctness check or another kernel can lose 10%%)")
@@ -110,23 +164,33 @@ def main(argv: list[str] | None = None) -> int:
                          "study of that exact problem there (source tuned:STUDY, or tuned:STUDY@STORAGE when "
                          "several are given), beside the recommended one; repeatable")
     args = ap.parse_args(argv)
-
-    if not torch.cuda.is_available():
-        print("bench_attention: no CUDA GPU visible to torch", file=sys.stderr)
-        return 2
     try:
         user_configs = [KernelConfig.parse(c) for c in args.config]
         selected = [get_family(f) for f in args.family] or list(families())
     except EvotunerError as exc:
-        print(f"bench_attention: {exc}", file=sys.stderr)
-        return 2
+        ap.error(str(exc))
+    if args.output is None:
+        args.output = Path("out/bench_attention")
+        for suffix in (".json", ".csv"):
+            try:
+                check_target(args.output.with_suffix(suffix))
+            except EvotunerError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 1
+    if not torch.cuda.is_available():
+        print("error: bench_attention needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
+        return 1
     tuned: dict = {}
-    for url in args.tuned:
-        for key, bests in study_bests(url).items():
-            tuned.setdefault(key, []).extend((study if len(args.tuned) == 1 else f"{study}@{url}", c)
-                                             for study, c in bests)
+    try:
+        for url in args.tuned:
+            for key, bests in study_bests(url).items():
+                tuned.setdefault(key, []).extend((study if len(args.tuned) == 1 else f"{study}@{url}", c)
+                                                 for study, c in bests)
+    except EvotunerError as exc:
+        print(f"error: --tuned: {exc}", file=sys.stderr)
+        return 1
     shapes = args.shapes or [(*sh, sh[1]) for sh in STANDARD_SHAPES]
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    dtypes = args.dtypes
     props = torch.cuda.get_device_properties(0)
     device = {"name": props.name, "sm_count": props.multi_processor_count, "torch": torch.__version__,
               "cuda": torch.version.cuda}
@@ -198,14 +262,20 @@ def main(argv: list[str] | None = None) -> int:
         del q, k, v
         torch.cuda.empty_cache()
 
-    args.output.parent.mkdir(parents=True, exist_ok=True)
     json_path, csv_path = args.output.with_suffix(".json"), args.output.with_suffix(".csv")
-    json_path.write_text(json.dumps({"device": device, "rows": rows}, indent=2, default=str))
     keys = sorted({k for r in rows for k in r})
-    with csv_path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
+    table = io.StringIO(newline="")
+    w = csv.DictWriter(table, fieldnames=keys)
+    w.writeheader()
+    w.writerows(rows)
+    try:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(json_path, json.dumps({"device": device, "rows": rows}, indent=2, default=str))
+        write_text_atomic(csv_path, table.getvalue())
+    except (OSError, EvotunerError) as exc:
+        print(f"error: cannot write {json_path}: {exc} (the rows printed above have the figures; give another --output)",
+              file=sys.stderr)
+        return 1
     print(f"\n{device['name']}, torch {device['torch']}, CUDA {device['cuda']}")
     print(f"{'shape':<28}{'dtype':<6}{'c':<3}{'µs':>9}{'TFLOPS':>8}{'xdef':>7}{'xflash':>8}{'xeff':>7}  "
           f"{'ok':<4}{'family':<11}config")

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import evotuner
+from evotuner.atomicfile import check_target, write_text_atomic
 from evotuner.errors import EvotunerError
 from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
@@ -65,10 +66,40 @@ CHECK_LIMIT = 1 << 30
 
 
 def ints(text: str) -> list[int]:
+    """A comma-separated list of positive integers (no empty item)."""
     try:
-        return [int(x) for x in text.split(",") if x]
+        values = [int(x) for x in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each value must be at least 1")
+    return values
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def output_dir(text: str) -> Path:
+    """--output DIR: the folder bench_decode.json goes in; refused at parse time when it is not a
+    folder or its bench_decode.json cannot be written."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} exists and is not a folder (give a folder; "
+                                         "bench_decode.json is written in it)")
+    try:
+        check_target(path / "bench_decode.json")
+    except EvotunerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return path
 
 
 def sdpa_callees(q, k, v, scale) -> dict[str, Callable[[], object]]:
@@ -178,34 +209,32 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sq", type=ints, default=[1, 4, 16])
     ap.add_argument("--sk", type=ints, default=[4096, 32768, 131072])
     ap.add_argument("--batch", type=ints, default=[1, 16])
-    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--heads", type=positive, default=32)
     ap.add_argument("--groups", type=ints, default=[1, 8], help="query heads per key/value head (1: MHA)")
-    ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--head-dim", type=positive, default=128)
+    ap.add_argument("--rounds", type=positive, default=3)
+    ap.add_argument("--reps", type=positive, default=20)
     ap.add_argument("--bases", default=",".join(BASES), help=f"grid bases, of {', '.join(BASES)}; none: no grid")
     ap.add_argument("--tuned", metavar="STORAGE", default=None,
                     help="also time each study's best config at the shape it tuned (a study database)")
-    ap.add_argument("--output", type=Path, default=None)
+    ap.add_argument("--output", type=output_dir, default=None, help="a folder: writes DIR/bench_decode.json")
     args = ap.parse_args(argv)
+    if any(args.heads % g for g in args.groups):
+        ap.error(f"--groups {','.join(map(str, args.groups))}: each must divide --heads {args.heads}")
     bases = [b for b in args.bases.split(",") if b and b != "none"]
     unknown = [b for b in bases if b not in BASES]
     if unknown:
-        print(f"error: --bases {unknown[0]!r} is not one of {', '.join(BASES)}", file=sys.stderr)
-        return 2
+        ap.error(f"--bases {unknown[0]!r} is not one of {', '.join(BASES)}")
     args.bases = bases
     try:
         args.tuned = study_bests(args.tuned) if args.tuned else {}
     except EvotunerError as exc:
         print(f"error: --tuned: {exc}", file=sys.stderr)
-        return 2
+        return 1
     warnings.filterwarnings("ignore", category=UserWarning)   # SDPA's notes on backends that decline
     if not torch.cuda.is_available():
         print("error: bench_decode needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
-        return 2
-    if any(args.heads % g for g in args.groups):
-        print(f"error: --groups {args.groups}: each must divide --heads {args.heads}", file=sys.stderr)
-        return 2
+        return 1
     dev = torch.cuda.get_device_name()
     print(f"{dev}, torch {torch.__version__}, fp16 D={args.head_dim}, {args.rounds} rounds; x = fastest SDPA "
           f"backend / ours (graph-timed, median of per-round ratios)")
@@ -229,9 +258,14 @@ def main(argv: list[str] | None = None) -> int:
                           f"{row['choice_graph_x']:>6.3f} {row['choice_eager_x']:>7.3f}  {grid}  "
                           f"{'-' if split1 is None else format(split1, '.3f'):>10}  {tuned}", flush=True)
     if args.output is not None:
-        args.output.mkdir(parents=True, exist_ok=True)
-        (args.output / "bench_decode.json").write_text(json.dumps({"device": dev, "torch": torch.__version__,
-                                                                  "rows": rows}, indent=1))
+        try:
+            args.output.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(args.output / "bench_decode.json", json.dumps(
+                {"device": dev, "torch": torch.__version__, "rows": rows}, indent=1))
+        except (OSError, EvotunerError) as exc:
+            print(f"error: cannot write {args.output / 'bench_decode.json'}: {exc} (the rows printed above have "
+                  "the figures; give another --output)", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -31,7 +31,9 @@ import torch.nn.functional as F
 
 from evotuner.problem import Problem, Shape
 from evotuner.runtime.timing import time_cuda
-from evotuner.scriptargs import ArgumentParser
+from evotuner.atomicfile import check_target, write_text_atomic
+from evotuner.errors import EvotunerError
+from evotuner.scriptargs import ArgumentParser, output_path
 
 SHAPES = ((16, 16, 2048, 64, False), (1, 8, 512, 64, False), (4, 16, 4096, 64, True),
           (8, 16, 2048, 128, False), (4, 32, 4096, 128, True), (1, 32, 8192, 128, False))
@@ -52,6 +54,31 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool, int, int]:
             return b, h, s, d, bool(c), hkv, sq
     raise argparse.ArgumentTypeError(f"{text!r} is not B,H,S,D,CAUSAL[,HKV[,SQ]] with positive sizes and H a "
                                      "multiple of HKV (e.g. 4,16,4096,64,1 or 16,32,8192,128,0,8,1)")
+
+
+def dtype_list(text: str) -> list[str]:
+    """--dtypes: comma-separated, each one of DTYPES; an empty item is named as such."""
+    items = [d.strip() for d in text.split(",")]
+    for item in items:
+        if item not in DTYPES:
+            raise argparse.ArgumentTypeError(f"{text!r}: {'an empty item' if not item else repr(item)} is not one "
+                                             f"of {', '.join(DTYPES)}")
+    return items
+
+
+def output_stem(text: str) -> Path:
+    """--output STEM: this script writes STEM.json, checked here at parse time (an --output that
+    cannot be written once lost a finished benchmark)."""
+    path = output_path(text)
+    if text.endswith(("/", "\\")) or path.name in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"{text!r} names a folder; give a file stem such as out/bench_ext")
+    try:
+        check_target(path.with_suffix(".json"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: no file name to add .json to") from None
+    except EvotunerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return path
 
 
 def bench(mod, shape: tuple[int, int, int, int, bool, int, int], dtype: str, args: argparse.Namespace) -> dict | None:
@@ -93,28 +120,19 @@ def load_extension(folder: Path):
     return importlib.import_module(sos[0].name.split(".")[0])
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--module", required=True, type=Path, help="the build folder holding <module>.so")
     ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL[,HKV[,SQ]]; repeatable")
-    ap.add_argument("--dtypes", default="fp16,bf16")
+    ap.add_argument("--dtypes", type=dtype_list, default=list(DTYPES), help="fp16,bf16 (default both)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--output", type=Path, default=None, help="write OUTPUT.json")
-    args = ap.parse_args()
-    bad = sorted(set(args.dtypes.split(",")) - set(DTYPES))
-    if bad:
-        ap.error(f"--dtypes: {','.join(bad)} is not one of {', '.join(DTYPES)}")
+    ap.add_argument("--output", type=output_stem, default=None, help="write OUTPUT.json (its folder must exist)")
+    args = ap.parse_args(argv)
     if args.rounds < 1 or args.reps < 1:
         ap.error(f"--rounds {args.rounds}, --reps {args.reps}: each must be at least 1")
     if not args.module.is_dir():
         ap.error(f"--module {args.module}: not a folder; give the folder scripts/build_extension.py wrote")
-    if args.output is not None:
-        try:
-            args.output.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            ap.error(f"--output {args.output}: cannot create its folder: {exc.strerror or exc}"
-                     + (" (a file is in the way)" if isinstance(exc, (FileExistsError, NotADirectoryError)) else ""))
     if not torch.cuda.is_available():
         print("error: bench_extension needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
         return 1
@@ -125,7 +143,7 @@ def main() -> int:
     print(f"{mod.__name__} on {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'shape':24s} {'dtype':5s} {'kernel':14s} {'µs':>9s} {'TFLOPS':>7s} {'SDPA µs':>9s} {'xdef':>5s} {'err':>8s}")
     for shape in args.shapes or [(*s, s[1], s[2]) for s in SHAPES]:
-        for dtype in args.dtypes.split(","):
+        for dtype in args.dtypes:
             r = bench(mod, shape, dtype, args)
             if r is None:
                 print(f"{str(shape):24s} {dtype:5s} (no row serves it)")
@@ -138,7 +156,12 @@ def main() -> int:
                   f"{r['median_us']:9.1f} {r['tflops']:7.1f} {r['sdpa_default_us']:9.1f} "
                   f"{r['speedup_vs_sdpa_default']:5.2f} {r['max_error']:8.1e}")
     if args.output:
-        args.output.with_suffix(".json").write_text(json.dumps(rows, indent=1))
+        try:
+            write_text_atomic(args.output.with_suffix(".json"), json.dumps(rows, indent=1))
+        except (OSError, EvotunerError) as exc:
+            print(f"error: cannot write {args.output.with_suffix('.json')}: {exc} (the rows printed above have "
+                  "the figures; give another --output)", file=sys.stderr)
+            return 1
     return 0
 
 

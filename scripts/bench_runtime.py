@@ -45,7 +45,9 @@ from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
 from evotuner.runtime import fastpath
 from evotuner.runtime.timing import time_eager, time_graph
-from evotuner.scriptargs import ArgumentParser
+from evotuner.atomicfile import check_target, write_text_atomic
+from evotuner.errors import EvotunerError
+from evotuner.scriptargs import ArgumentParser, output_path
 
 #: (B, H, S, D, causal): the six standard shapes, then mid-size ones (8k-64k query rows).
 SHAPES = (
@@ -65,15 +67,48 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def parse_shape(text: str) -> tuple:
+    """B,H,S,D,CAUSAL[,HKV]: positive sizes, H a multiple of HKV, CAUSAL 0 or 1."""
+    what = f"{text!r} is not B,H,S,D,CAUSAL[,HKV] (e.g. 4,16,4096,64,1)"
     try:
         values = [int(x) for x in text.split(",")]
-        if len(values) not in (5, 6):
-            raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--shapes: {text!r} is not B,H,S,D,CAUSAL[,HKV] (e.g. 4,16,4096,64,1)") \
-            from None
+        raise argparse.ArgumentTypeError(f"{what}: every item must be an integer") from None
+    if len(values) not in (5, 6):
+        raise argparse.ArgumentTypeError(what)
     b, h, s, d, c = values[:5]
+    hkv = values[5] if len(values) == 6 else h
+    if min(b, h, s, d, hkv) < 1:
+        raise argparse.ArgumentTypeError(f"{what}: every size must be at least 1")
+    if c not in (0, 1):
+        raise argparse.ArgumentTypeError(f"{what}: CAUSAL must be 1 or 0")
+    if h % hkv:
+        raise argparse.ArgumentTypeError(f"{what}: H {h} must be a multiple of HKV {hkv}")
     return (b, h, s, d, bool(c), *values[5:])
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def output_stem(text: str) -> Path:
+    """--output STEM: this script writes STEM.json, checked here at parse time (an --output that
+    cannot be written once lost a finished benchmark)."""
+    path = output_path(text)
+    if text.endswith(("/", "\\")) or path.name in ("", ".", ".."):
+        raise argparse.ArgumentTypeError(f"{text!r} names a folder; give a file stem such as out/runtime")
+    try:
+        check_target(path.with_suffix(".json"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: no file name to add .json to") from None
+    except EvotunerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return path
 
 
 def host_us(fn: Callable[[], object]) -> float:
@@ -162,12 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL[,HKV]; repeatable")
     ap.add_argument("--set", choices=sorted(SETS), default="standard", help="the shapes when --shapes is not given")
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp16")
-    ap.add_argument("--rounds", type=int, default=9,
+    ap.add_argument("--rounds", type=positive, default=9,
                     help="rounds per shape (default 9: one round's ratio to SDPA spread by up to 25%% on the "
                          "H100, docs/measurements/gqa/bars_h100_1126i)")
-    ap.add_argument("--reps", type=int, default=50, help="graph replays timed per round")
+    ap.add_argument("--reps", type=positive, default=50, help="graph replays timed per round")
     ap.add_argument("--extension", type=Path, default=None, help="folder holding a built *_ext.so (optional)")
-    ap.add_argument("--output", type=Path, default=None, help="write OUTPUT.json")
+    ap.add_argument("--output", type=output_stem, default=None, help="write OUTPUT.json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: bench_runtime needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
@@ -202,10 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"evotuner host µs/call: median {statistics.median(hosts):.1f}, max {max(hosts):.1f} "
           f"(Python path: median {statistics.median(py):.1f}, max {max(py):.1f})")
     if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.with_suffix(".json").write_text(json.dumps(
-            {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "fastpath": fastpath.status(),
-             "rows": rows}, indent=1))
+        try:
+            write_text_atomic(args.output.with_suffix(".json"), json.dumps(
+                {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "fastpath": fastpath.status(),
+                 "rows": rows}, indent=1))
+        except (OSError, EvotunerError) as exc:
+            print(f"error: cannot write {args.output.with_suffix('.json')}: {exc} (the rows printed above have "
+                  "the figures; give another --output)", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -382,7 +382,7 @@ def _gpu_factory(budget_s: float, timeout_s: float) -> Callable[[], MeasureStage
 
     if not gpu_available():
         raise NoGpuError("no CUDA GPU on this machine: bench_tuner measures on one",
-                         "run it on the GPU machine (a test injects main(..., measure_factory=...))")
+                         "run it on the GPU machine")
     return lambda: GpuMeasure(timeout_s=timeout_s, budget_s=budget_s)
 
 

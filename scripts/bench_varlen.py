@@ -37,10 +37,22 @@ import torch.nn.functional as F
 import evotuner
 from evotuner.runtime import check as C
 from evotuner.runtime.timing import time_eager, time_graph
-from evotuner.scriptargs import ArgumentParser
+from evotuner.atomicfile import check_target, write_text_atomic
+from evotuner.errors import EvotunerError
+from evotuner.scriptargs import ArgumentParser, output_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_runtime import CALLS  # noqa: E402  -- the eager calls per timing, as bench_runtime's
+
+
+def positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
 
 
 def lengths_for(args: argparse.Namespace) -> list[int]:
@@ -64,19 +76,32 @@ def check_packed(out: torch.Tensor, q, k, v, cu: list[int], causal: bool, scale:
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--min", type=int, default=128)
-    ap.add_argument("--max", type=int, default=8192)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--heads-kv", type=int, default=None)
-    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--batch", type=positive, default=16)
+    ap.add_argument("--min", type=positive, default=128)
+    ap.add_argument("--max", type=positive, default=8192)
+    ap.add_argument("--heads", type=positive, default=16)
+    ap.add_argument("--heads-kv", type=positive, default=None)
+    ap.add_argument("--dim", type=positive, default=128)
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--reps", type=int, default=50, help="graph replays timed per round")
+    ap.add_argument("--rounds", type=positive, default=5)
+    ap.add_argument("--reps", type=positive, default=50, help="graph replays timed per round")
     ap.add_argument("--config", default=None, help="a hopper config for evotuner (default: recommended)")
-    ap.add_argument("--output", "-o", type=Path, default=Path("bench_varlen.json"))
+    ap.add_argument("--output", "-o", type=output_path, default=Path("bench_varlen.json"),
+                    help="the JSON report (default bench_varlen.json, here)")
     args = ap.parse_args(argv)
+    if args.min > args.max:
+        ap.error(f"--min {args.min} is above --max {args.max}")
+    if args.heads_kv is not None and args.heads % args.heads_kv:
+        ap.error(f"--heads {args.heads} must be a multiple of --heads-kv {args.heads_kv}")
+    try:
+        check_target(args.output)
+    except EvotunerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if not torch.cuda.is_available():
+        print("error: bench_varlen needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
+        return 1
     H, Hkv, D = args.heads, args.heads_kv or args.heads, args.dim
     lens = lengths_for(args)
     cu = [0]
@@ -164,7 +189,13 @@ def main(argv: list[str] | None = None) -> int:
             "ratio_vs_fastest_sdpa": statistics.median(ratios),
             "evotuner_tflops": flops / statistics.median(ours_t) / 1e6,
         }
-    args.output.write_text(json.dumps(report, indent=1) + "\n")
+    try:
+        write_text_atomic(args.output, json.dumps(report, indent=1) + "\n")
+    except (OSError, EvotunerError) as exc:
+        print(json.dumps(report["results"], indent=1))
+        print(f"error: cannot write {args.output}: {exc} (the results are printed above; give another --output)",
+              file=sys.stderr)
+        return 1
     print(json.dumps(report["results"], indent=1))
     if notes:
         print("notes:", json.dumps(notes, indent=1))

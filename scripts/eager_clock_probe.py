@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import evotuner
 from evotuner.runtime.timing import l2_flush_buffer, time_eager
+from evotuner.scriptargs import ArgumentParser
 
 
 def _clocks() -> str:
@@ -28,9 +29,10 @@ def _clocks() -> str:
     return out.stdout.strip()
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args(argv)
     if not torch.cuda.is_available():
-        print("error: needs a CUDA GPU", file=sys.stderr)
+        print("error: eager_clock_probe needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)
         return 1
     q, k, v = (torch.randn(16, 16, 2048, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     fns = {"evotuner": lambda: evotuner.flash_attention(q, k, v),

@@ -3,6 +3,15 @@
 # project root, after `source .device/setup.sh` there). Logs go to $OUT (default out/verify).
 #   bash scripts/gpu_verify.sh [tests|bench|diagnose|hcheck|workers|tune|tunebench|rows|tune128|transfer|runtime|shipped|gpus|throughput|paired|kernels|midsize|decode|cluster|all]...
 set -uo pipefail
+steps="tests bench diagnose hcheck workers tune tunebench rows tune128 transfer runtime shipped gpus throughput paired kernels midsize decode cluster all"
+usage() { echo "usage: bash scripts/gpu_verify.sh [STEP]... (default all); OUT=DIR for the logs (default out/verify); steps: ${steps// /, }"; }
+for what in "$@"; do
+  case " $steps " in
+    *" $what "*) ;;
+    *) if [ "$what" = "-h" ] || [ "$what" = "--help" ]; then usage; exit 0; fi
+       echo "error: unknown step '$what' (see bash scripts/gpu_verify.sh --help; steps: ${steps// /, })" >&2; exit 2 ;;
+  esac
+done
 out=${OUT:-out/verify}; mkdir -p "$out"
 db="sqlite:////tmp/evotuner-verify.db"
 # The hopper family's recommended configs (kernels/hopper/defaults.toml) and, for the rows

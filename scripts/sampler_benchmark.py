@@ -55,6 +55,7 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import argparse
 import json
 import math
 import statistics
@@ -125,6 +126,80 @@ def build_sampler(spec: str, space: Any, seed: int, problem: Any = None) -> optu
                 independent_sampler=optuna.samplers.RandomSampler(seed=seed),
             )
     raise SystemExit(f"unknown sampler variant {spec!r}")
+
+
+_SETTINGS = {"tpe": {"startup": int, "ei": int, "univariate": None, "fresh": None, "masked": None, "repeats": None},
+             "nsga2": {"pop": int}, "cmaes": {"startup": int}}
+_REQUIRED = {"nsga2": "pop", "cmaes": "startup"}
+
+
+def spec_problem(spec: str, samplers: tuple[str, ...]) -> str | None:
+    """Why ``spec`` is not a sampler spec :func:`simulate` runs (None when it is)."""
+    sampler_spec, plus, warm = spec.partition("+")
+    name, colon, opts = sampler_spec.partition(":")
+    if name not in samplers:
+        return f"{spec!r}: unknown sampler {name!r} (one of {', '.join(samplers)})"
+    if plus and (warm != "start" or colon):
+        return f"{spec!r}: the only warm start is NAME+start, on a plain sampler name"
+    if not colon or opts == "plain":
+        return None
+    known = _SETTINGS.get(name)
+    if known is None:
+        return f"{spec!r}: {name} has no variants but {name}:plain"
+    settings = dict(o.partition("=")[::2] for o in opts.split("/"))
+    for key, value in settings.items():
+        if key not in known:
+            return f"{spec!r}: {name} has no setting {key!r} (its settings: {', '.join(known)})"
+        if known[key] is int and not (value.isdigit() and int(value) >= 1):
+            return f"{spec!r}: {name}:{key}= needs a positive integer"
+    if name in _REQUIRED and _REQUIRED[name] not in settings:
+        return f"{spec!r}: {name}:{_REQUIRED[name]}=N is required"
+    return None
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{value} must be a fraction of the feasible configs, in (0, 1]")
+    return value
+
+
+def _output_dir(text: str) -> Path:
+    """--output-dir: a folder (created after every check) where samplers.md/.json/.png go."""
+    from evotuner.atomicfile import check_target
+    from evotuner.errors import EvotunerError
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty")
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{path} exists and is not a folder (give a folder; samplers.md, "
+                                         "samplers.json and samplers.png are written in it)")
+    for name in ("samplers.md", "samplers.json", "samplers.png"):
+        try:
+            check_target(path / name, option="--output-dir")
+        except EvotunerError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return path
+
+
+def _replay_error(exc: Exception) -> str:
+    """A library error as this script's one line (the replay's errors name the CLI's --replay)."""
+    text = str(exc)
+    return text[len("--replay "):] if text.startswith("--replay ") else text
 
 
 # --------------------------------------------------------------------------- one run
@@ -356,19 +431,54 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sweeps", nargs="+", help="sweep CSVs (scripts/sweep.py)")
     ap.add_argument("--samplers", default=",".join(SAMPLERS),
                     help=f"comma-separated, default {','.join(SAMPLERS)}; variants: tpe:startup=N, nsga2:pop=N")
-    ap.add_argument("--seeds", type=int, default=50)
-    ap.add_argument("--batch", type=int, default=1, help="trials asked before telling (the loop's build batch)")
-    ap.add_argument("--space", default=None, help="the space the sweeps were made with (default: packaged)")
-    ap.add_argument("--workers", type=int, default=None, help="processes (default: CPU count)")
-    ap.add_argument("--output-dir", type=Path, default=Path("sampler_benchmark"))
-    ap.add_argument("--max-budget", type=float, default=max(BUDGETS),
+    ap.add_argument("--seeds", type=_positive, default=50)
+    ap.add_argument("--batch", type=_positive, default=1, help="trials asked before telling (the loop's build batch)")
+    ap.add_argument("--space", default=None, help="the space the sweeps were made with: a file or a packaged "
+                    "space's name, e.g. hopper_grid (default: the packaged default)")
+    ap.add_argument("--workers", type=_positive, default=None, help="processes (default: CPU count)")
+    ap.add_argument("--output-dir", type=_output_dir, default=Path("sampler_benchmark"))
+    ap.add_argument("--max-budget", type=_fraction, default=max(BUDGETS),
                     help="end each run at this fraction of the feasible configs; P-scores only up to it "
                          f"(default {max(BUDGETS)})")
     args = ap.parse_args(argv)
     budgets = tuple(b for b in BUDGETS if b <= args.max_budget + 1e-9) or (args.max_budget,)
 
-    specs = [s.strip() for s in args.samplers.split(",") if s.strip()]
-    args.output_dir.mkdir(parents=True, exist_ok=True)
+    specs = [s.strip() for s in args.samplers.split(",")]
+    if not all(specs):
+        ap.error(f"--samplers {args.samplers!r}: an empty item")
+    for spec in specs:
+        why = spec_problem(spec, tuple(SAMPLERS))
+        if why:
+            ap.error(f"--samplers {why}")
+    defaulted = args.samplers == ",".join(SAMPLERS)
+    from evotuner.errors import EvotunerError
+    from evotuner.measure.replay import read_sweep
+    from evotuner.session import _space_path
+
+    try:
+        if args.space is not None:
+            args.space = str(_space_path(args.space))
+        for p in args.sweeps:
+            _CACHE[(p, args.space)] = _load(p, args.space)
+            problem = read_sweep(p).problem
+            space = _CACHE[(p, args.space)][0]
+            for spec in list(specs):       # a sampler this sweep's family cannot run (guided: no cost model)
+                try:
+                    build_sampler(spec.partition("+")[0], space, 0, problem)
+                except EvotunerError as exc:
+                    if not defaulted:
+                        raise
+                    print(f"note: leaving out {spec} ({Path(p).name}): {exc}", file=sys.stderr)
+                    specs.remove(spec)
+    except EvotunerError as exc:
+        print(f"error: {_replay_error(exc)}", file=sys.stderr)
+        return 1
+    try:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: cannot create --output-dir {args.output_dir}: {exc.strerror or exc} (give another folder)",
+              file=sys.stderr)
+        return 1
     jobs = [(p, spec, seed, args.space, args.batch, budgets)
             for p in args.sweeps for spec in specs for seed in range(args.seeds)]
     runs: dict[str, list[Run]] = {}
