@@ -54,7 +54,7 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
     by :func:`export_header`; raise ExportError otherwise."""
     fam = _family(family)
     t = re.escape(fam.export_macro_prefix)
-    row_macro = re.compile(rf"^#define\s+{t}_(\d+)_([A-Z][A-Z0-9_]*)\s+(-?\d+)\s*$", re.M)
+    row_macro = re.compile(rf"^#define\s+{t}_(\d+)_([A-Z][A-Z0-9_]*)\b[ \t]*(.*?)\s*$", re.M)
     count_macro = re.compile(rf"^#define\s+{t}_COUNT\s+(\d+)\s*$", re.M)
     arch_macro = re.compile(rf'^#define\s+{t}_ARCH\s+"(sm_\d{{2,3}}[af]?)"\s*$', re.M)
     T = fam.export_macro_prefix
@@ -74,14 +74,13 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
                           + (f"; it has a {' and a '.join(others)} section)" if others else ")"),
                           f"pass --family {others[0]}" if others else "give the header written by `evotuner export`")
     n = int(count.group(1))
-    for m in re.finditer(rf"^#define\s+{t}_(\d+)_([A-Z][A-Z0-9_]*)\b[ \t]*(.*?)\s*$", text, re.M):
-        if not re.fullmatch(r"-?\d+", m.group(3)):      # a row value row_macro would skip, unseen
-            raise ExportError(f"header {path}: {T}_{m.group(1)}_{m.group(2)} is {m.group(3)!r}, not an integer",
-                              "re-export the header; do not edit it by hand")
     rows: list[list[str]] = [[] for _ in range(n)]
     values: list[list[tuple[str, int]]] = [[] for _ in range(n)]
     for m in row_macro.finditer(text):
         i = int(m.group(1))
+        if not re.fullmatch(r"-?\d+", m.group(3)):      # else the row would be served without it
+            raise ExportError(f"header {path}: {T}_{i}_{m.group(2)} is {m.group(3)!r}, not an integer",
+                              "re-export the header; do not edit it by hand")
         if i >= n:
             raise ExportError(f"header {path}: row macro {T}_{i}_{m.group(2)} but only {n} rows",
                               "re-export the header; do not edit it by hand")

@@ -66,8 +66,8 @@ def make_report(store: StudyStore, study_name: str, output_dir: str | Path) -> R
                           "name the folder, e.g. -o report (./- for a folder named '-')")
     plt = _pyplot()
     out = Path(output_dir)
-    summary = store.summary(study_name)        # a study not found creates no folder
-    study = store.optuna_study(study_name, trials_read=True)   # a damaged trial is refused before any file
+    summary = store.summary(study_name)        # a study not found, or a damaged trial, creates no folder
+    study = store.optuna_study(study_name)
     if out.exists() and not out.is_dir():
         raise ReportError(f"--output {out} is a file, not a folder", "pass a folder (created if missing)")
     try:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Callable, Iterable, NoReturn
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -44,3 +44,94 @@ def output_path(text: str) -> Path:
     if not path.parent.is_dir():
         raise argparse.ArgumentTypeError(f"{path}: the folder {path.parent} does not exist (create it first)")
     return path
+
+
+def positive(text: str) -> int:
+    """An argparse ``type=``: an integer of at least 1 (rounds, repetitions, sizes, trials)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def positive_list(text: str) -> list[int]:
+    """An argparse ``type=``: comma-separated integers of at least 1, no empty item."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: each value must be at least 1")
+    return values
+
+
+def one_of_list(choices: Iterable[str]) -> Callable[[str], list[str]]:
+    """An argparse ``type=`` factory: comma-separated items, each one of ``choices`` (an empty
+    item is named as such)."""
+    allowed = tuple(choices)
+
+    def parse(text: str) -> list[str]:
+        items = [item.strip() for item in text.split(",")]
+        for item in items:
+            if item not in allowed:
+                raise argparse.ArgumentTypeError(f"{text!r}: {'an empty item' if not item else repr(item)} is not "
+                                                 f"one of {', '.join(allowed)}")
+        return items
+
+    return parse
+
+
+def output_stem(*suffixes: str, example: str) -> Callable[[str], Path]:
+    """An argparse ``type=`` factory for ``--output STEM`` where the script writes STEM plus each
+    of ``suffixes``: the stem and every file made from it are checked at parse time, as
+    :func:`output_path` checks one (an --output that cannot be written once lost a finished
+    benchmark); ``example`` is a stem to suggest."""
+    from evotuner.atomicfile import check_target
+    from evotuner.errors import EvotunerError
+
+    def parse(text: str) -> Path:
+        path = output_path(text)
+        if text.endswith(("/", "\\")) or path.name in ("", ".", ".."):
+            raise argparse.ArgumentTypeError(f"{text!r} names a folder; give a file stem such as {example}")
+        for suffix in suffixes:
+            try:
+                check_target(path.with_suffix(suffix))
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{text!r}: no file name to add {suffix} to") from None
+            except EvotunerError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+        return path
+
+    return parse
+
+
+def output_folder(use: str, files: Iterable[str] = (), option: str = "--output") -> Callable[[str], Path]:
+    """An argparse ``type=`` factory for a folder a script writes in (made later if missing):
+    refused when empty, a link (even a dangling one) or anything but a folder; each of ``files``
+    in it is checked as :func:`output_path` checks a file. ``use`` says what the folder is for,
+    in the remedy (e.g. "a folder to build into")."""
+    from evotuner.atomicfile import check_target
+    from evotuner.errors import EvotunerError
+
+    names = tuple(files)
+
+    def parse(text: str) -> Path:
+        if not text.strip():
+            raise argparse.ArgumentTypeError("the path is empty")
+        path = Path(text)
+        if path.is_symlink():
+            raise argparse.ArgumentTypeError(f"{text}: it is a symbolic link, which evotuner never writes through "
+                                             "(give the folder itself)")
+        if path.exists() and not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{text} exists and is not a folder (give {use})")
+        for name in names:
+            try:
+                check_target(path / name, option=option)
+            except EvotunerError as exc:
+                raise argparse.ArgumentTypeError(str(exc)) from None
+        return path
+
+    return parse

@@ -249,12 +249,13 @@ def _not_sqlite(path: Path) -> bool:
     return bool(head) and head != SQLITE_MAGIC
 
 
-def load_studies(url: str) -> TunedTable:
-    """Every study's best COMPLETE trial in the database at ``url`` (opened read-only)."""
+def load_studies(url: str, *, named_by: str = TUNED_SOURCES) -> TunedTable:
+    """Every study's best COMPLETE trial in the database at ``url`` (opened read-only);
+    ``named_by``: what named the database, for the remedies (a script's ``--storage``)."""
     from evotuner import session   # storage is only reached through the session module
 
     rows: list[TunedRow] = []
-    store = session.open_store(url, must_exist=True, read_only=True, named_by=TUNED_SOURCES)
+    store = session.open_store(url, must_exist=True, read_only=True, named_by=named_by)
     try:
         for info in store.list_studies():
             summary = store.summary(info.name)

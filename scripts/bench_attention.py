@@ -47,7 +47,7 @@ from evotuner.runtime import check as C
 from evotuner.runtime.timing import time_cuda
 from evotuner.tuned import study_bests
 from evotuner.atomicfile import check_target, write_text_atomic
-from evotuner.scriptargs import ArgumentParser, output_path
+from evotuner.scriptargs import ArgumentParser, one_of_list, output_stem, positive
 
 #: (B, H, S, D, causal): the issue's standard shapes.
 STANDARD_SHAPES = (
@@ -106,42 +106,6 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool, int]:
     return b_, h_, s_, d_, _CAUSAL[c.lower()], hkv
 
 
-def dtype_list(text: str) -> list[str]:
-    """--dtypes: comma-separated, each of DTYPES; an empty item is named."""
-    items = [d.strip() for d in text.split(",")]
-    for item in items:
-        if item not in DTYPES:
-            raise argparse.ArgumentTypeError(f"{text!r}: {'an empty item' if not item else repr(item)} is not one "
-                                             f"of {', '.join(DTYPES)}")
-    return items
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def output_stem(text: str) -> Path:
-    """--output STEM: this script writes STEM.json and STEM.csv; both are checked here, at parse
-    time (an --output that cannot be written once lost a finished benchmark)."""
-    path = output_path(text)
-    if text.endswith(("/", "\\")) or path.name in ("", ".", ".."):
-        raise argparse.ArgumentTypeError(f"{text!r} names a folder; give a file stem such as out/bench")
-    for suffix in (".json", ".csv"):
-        try:
-            check_target(path.with_suffix(suffix))
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r}: no file name to add {suffix} to") from None
-        except EvotunerError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return path
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", default=[], help="kernel config NAME=V,...; repeatable "
@@ -150,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                     "(default: every registered family supporting the problem)")
     ap.add_argument("--shapes", type=parse_shape, action="append",
                     help="B,H,S,D,CAUSAL[,HKV] (HKV < H: grouped-query); repeatable")
-    ap.add_argument("--dtypes", type=dtype_list, default=list(DTYPES), help="fp16,bf16 (default both)")
+    ap.add_argument("--dtypes", type=one_of_list(DTYPES), default=list(DTYPES), help="fp16,bf16 (default both)")
     ap.add_argument("--warmup", type=positive, default=10)
     ap.add_argument("--reps", type=positive, default=50)
-    ap.add_argument("--output", type=output_stem, default=None,
+    ap.add_argument("--output", type=output_stem(".json", ".csv", example="out/bench"), default=None,
                     help="writes OUTPUT.json/.csv (default out/bench_attention, its folder created)")
     ap.add_argument("--rounds", type=positive, default=1,
                     help="time SDPA's default and every config of a shape in turn, this many rounds; the figures "

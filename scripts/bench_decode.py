@@ -24,14 +24,12 @@ per-round ratios); "no split x" is the grid's best with SPLITS=1 and PACK_GQA=0.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import math
 import statistics
 import sys
 import warnings
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -39,13 +37,13 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import evotuner
-from evotuner.atomicfile import check_target, write_text_atomic
+from evotuner.atomicfile import write_text_atomic
 from evotuner.errors import EvotunerError
 from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
 from evotuner.runtime.timing import time_eager, time_graph
 from evotuner.tuned import study_bests
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, output_folder, positive, positive_list
 
 BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
@@ -63,43 +61,6 @@ EAGER_CALLS = 100
 #: query head: 2 GiB ran out of the H100's memory; larger shapes are timed only, and
 #: tests/gpu/test_split_kv.py covers Sk=131072 for correctness).
 CHECK_LIMIT = 1 << 30
-
-
-def ints(text: str) -> list[int]:
-    """A comma-separated list of positive integers (no empty item)."""
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: each value must be at least 1")
-    return values
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def output_dir(text: str) -> Path:
-    """--output DIR: the folder bench_decode.json goes in; refused at parse time when it is not a
-    folder or its bench_decode.json cannot be written."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the path is empty")
-    path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{path} exists and is not a folder (give a folder; "
-                                         "bench_decode.json is written in it)")
-    try:
-        check_target(path / "bench_decode.json")
-    except EvotunerError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return path
 
 
 def sdpa_callees(q, k, v, scale) -> dict[str, Callable[[], object]]:
@@ -206,18 +167,19 @@ def bench_shape(B, H, Hkv, Sq, Sk, D, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sq", type=ints, default=[1, 4, 16])
-    ap.add_argument("--sk", type=ints, default=[4096, 32768, 131072])
-    ap.add_argument("--batch", type=ints, default=[1, 16])
+    ap.add_argument("--sq", type=positive_list, default=[1, 4, 16])
+    ap.add_argument("--sk", type=positive_list, default=[4096, 32768, 131072])
+    ap.add_argument("--batch", type=positive_list, default=[1, 16])
     ap.add_argument("--heads", type=positive, default=32)
-    ap.add_argument("--groups", type=ints, default=[1, 8], help="query heads per key/value head (1: MHA)")
+    ap.add_argument("--groups", type=positive_list, default=[1, 8], help="query heads per key/value head (1: MHA)")
     ap.add_argument("--head-dim", type=positive, default=128)
     ap.add_argument("--rounds", type=positive, default=3)
     ap.add_argument("--reps", type=positive, default=20)
     ap.add_argument("--bases", default=",".join(BASES), help=f"grid bases, of {', '.join(BASES)}; none: no grid")
     ap.add_argument("--tuned", metavar="STORAGE", default=None,
                     help="also time each study's best config at the shape it tuned (a study database)")
-    ap.add_argument("--output", type=output_dir, default=None, help="a folder: writes DIR/bench_decode.json")
+    ap.add_argument("--output", type=output_folder("a folder; bench_decode.json is written in it", ["bench_decode.json"]),
+                    default=None, help="a folder: writes DIR/bench_decode.json")
     args = ap.parse_args(argv)
     if any(args.heads % g for g in args.groups):
         ap.error(f"--groups {','.join(map(str, args.groups))}: each must divide --heads {args.heads}")

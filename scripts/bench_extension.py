@@ -31,9 +31,9 @@ import torch.nn.functional as F
 
 from evotuner.problem import Problem, Shape
 from evotuner.runtime.timing import time_cuda
-from evotuner.atomicfile import check_target, write_text_atomic
+from evotuner.atomicfile import write_text_atomic
 from evotuner.errors import EvotunerError
-from evotuner.scriptargs import ArgumentParser, output_path
+from evotuner.scriptargs import ArgumentParser, one_of_list, output_stem
 
 SHAPES = ((16, 16, 2048, 64, False), (1, 8, 512, 64, False), (4, 16, 4096, 64, True),
           (8, 16, 2048, 128, False), (4, 32, 4096, 128, True), (1, 32, 8192, 128, False))
@@ -54,31 +54,6 @@ def parse_shape(text: str) -> tuple[int, int, int, int, bool, int, int]:
             return b, h, s, d, bool(c), hkv, sq
     raise argparse.ArgumentTypeError(f"{text!r} is not B,H,S,D,CAUSAL[,HKV[,SQ]] with positive sizes and H a "
                                      "multiple of HKV (e.g. 4,16,4096,64,1 or 16,32,8192,128,0,8,1)")
-
-
-def dtype_list(text: str) -> list[str]:
-    """--dtypes: comma-separated, each one of DTYPES; an empty item is named as such."""
-    items = [d.strip() for d in text.split(",")]
-    for item in items:
-        if item not in DTYPES:
-            raise argparse.ArgumentTypeError(f"{text!r}: {'an empty item' if not item else repr(item)} is not one "
-                                             f"of {', '.join(DTYPES)}")
-    return items
-
-
-def output_stem(text: str) -> Path:
-    """--output STEM: this script writes STEM.json, checked here at parse time (an --output that
-    cannot be written once lost a finished benchmark)."""
-    path = output_path(text)
-    if text.endswith(("/", "\\")) or path.name in ("", ".", ".."):
-        raise argparse.ArgumentTypeError(f"{text!r} names a folder; give a file stem such as out/bench_ext")
-    try:
-        check_target(path.with_suffix(".json"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: no file name to add .json to") from None
-    except EvotunerError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return path
 
 
 def bench(mod, shape: tuple[int, int, int, int, bool, int, int], dtype: str, args: argparse.Namespace) -> dict | None:
@@ -124,10 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--module", required=True, type=Path, help="the build folder holding <module>.so")
     ap.add_argument("--shapes", type=parse_shape, action="append", help="B,H,S,D,CAUSAL[,HKV[,SQ]]; repeatable")
-    ap.add_argument("--dtypes", type=dtype_list, default=list(DTYPES), help="fp16,bf16 (default both)")
+    ap.add_argument("--dtypes", type=one_of_list(DTYPES), default=list(DTYPES), help="fp16,bf16 (default both)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--output", type=output_stem, default=None, help="write OUTPUT.json (its folder must exist)")
+    ap.add_argument("--output", type=output_stem(".json", example="out/bench_ext"), default=None, help="write OUTPUT.json (its folder must exist)")
     args = ap.parse_args(argv)
     if args.rounds < 1 or args.reps < 1:
         ap.error(f"--rounds {args.rounds}, --reps {args.reps}: each must be at least 1")

@@ -50,7 +50,7 @@ from typing import Any
 from evotuner import childproc
 from evotuner.atomicfile import write_text_atomic
 from evotuner.errors import EvotunerError
-from evotuner.scriptargs import ArgumentParser, output_path
+from evotuner.scriptargs import ArgumentParser, output_folder, output_path, positive
 
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 
@@ -166,14 +166,15 @@ def gpus_in(run: str, per_gpu: dict[str, int]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trials", type=int, default=256)
+    ap.add_argument("--trials", type=positive, default=256)
     ap.add_argument("--shape", default="B=4,H=32,S=4096,D=128")
     ap.add_argument("--dtype", default="fp16", choices=("fp16", "bf16"))
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--runs", default="none,all", help="runs in order (default none,all)")
     ap.add_argument("--space", default=None, help="--space for search (default: as search picks)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workdir", type=Path, default=None, help="caches, databases, logs (default: a new temp dir)")
+    ap.add_argument("--workdir", type=output_folder("a new folder"), default=None,
+                    help="caches, databases, logs (default: a new temp dir)")
     ap.add_argument("--output", "-o", type=output_path, default="bench_gpus.json",
                     help="the JSON report (default bench_gpus.json; checked before any run)")
     ap.add_argument("--run-timeout", type=float, default=900.0, help="seconds per search command (default 900)")
@@ -191,13 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"argument --extra: {args.extra!r}: {exc} (quote it as one shell string)")
     if not (args.run_timeout > 0 and args.run_timeout != float("inf")):
         ap.error(f"argument --run-timeout: {args.run_timeout:g} is not a positive number of seconds")
-    if args.trials < 1:
-        ap.error(f"argument --trials: {args.trials}: must be at least 1")
     if args.workdir is not None:
-        if not str(args.workdir).strip():
-            ap.error("argument --workdir: the path is empty")
-        if args.workdir.is_symlink() or (args.workdir.exists() and not args.workdir.is_dir()):
-            ap.error(f"argument --workdir: {args.workdir} exists and is not a folder (give a new folder)")
         for i, run in enumerate(runs):      # every run must start cold: say so before the first one
             if (args.workdir / f"{i}-{run}").exists():
                 raise SystemExit(f"bench_gpus: {args.workdir / f'{i}-{run}'} exists, so this run would not be "

@@ -45,9 +45,9 @@ from evotuner.problem import Problem, Shape
 from evotuner.runtime import check as C
 from evotuner.runtime import fastpath
 from evotuner.runtime.timing import time_eager, time_graph
-from evotuner.atomicfile import check_target, write_text_atomic
+from evotuner.atomicfile import write_text_atomic
 from evotuner.errors import EvotunerError
-from evotuner.scriptargs import ArgumentParser, output_path
+from evotuner.scriptargs import ArgumentParser, output_stem, positive
 
 #: (B, H, S, D, causal): the six standard shapes, then mid-size ones (8k-64k query rows).
 SHAPES = (
@@ -84,31 +84,6 @@ def parse_shape(text: str) -> tuple:
     if h % hkv:
         raise argparse.ArgumentTypeError(f"{what}: H {h} must be a multiple of HKV {hkv}")
     return (b, h, s, d, bool(c), *values[5:])
-
-
-def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def output_stem(text: str) -> Path:
-    """--output STEM: this script writes STEM.json, checked here at parse time (an --output that
-    cannot be written once lost a finished benchmark)."""
-    path = output_path(text)
-    if text.endswith(("/", "\\")) or path.name in ("", ".", ".."):
-        raise argparse.ArgumentTypeError(f"{text!r} names a folder; give a file stem such as out/runtime")
-    try:
-        check_target(path.with_suffix(".json"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: no file name to add .json to") from None
-    except EvotunerError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return path
 
 
 def host_us(fn: Callable[[], object]) -> float:
@@ -202,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                          "H100, docs/measurements/gqa/bars_h100_1126i)")
     ap.add_argument("--reps", type=positive, default=50, help="graph replays timed per round")
     ap.add_argument("--extension", type=Path, default=None, help="folder holding a built *_ext.so (optional)")
-    ap.add_argument("--output", type=output_stem, default=None, help="write OUTPUT.json")
+    ap.add_argument("--output", type=output_stem(".json", example="out/runtime"), default=None, help="write OUTPUT.json")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("error: bench_runtime needs a CUDA GPU (run it on the GPU machine)", file=sys.stderr)

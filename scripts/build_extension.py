@@ -34,7 +34,6 @@ Exit status 0 on success; 1 with a one-line reason (and remedy) otherwise.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import math
@@ -56,7 +55,7 @@ from evotuner.compiler.nvcc import find_nvcc, probe, run
 from evotuner.errors import BuildError, EvotunerError
 from evotuner.header import HeaderInfo, read_header, row_instantiation
 from evotuner.kernels.hopper.params import HOPPER_META
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, output_folder
 
 #: The family-independent pieces every production extension shares (ext_common.cuh: the row
 #: launchers' helpers; ext_binding.h: the torch bindings'). A family's own pieces (binding, row
@@ -245,20 +244,6 @@ def check_arch(nvcc: Path, arch: str) -> None:
                          f"{min(known, key=int)} to compute_{max(known, key=int)})", _ARCH_REMEDY.format(arch=arch))
 
 
-def output_folder(text: str) -> Path:
-    """argparse ``type=`` for --output: refuse an empty path (it would build into the current
-    folder) and a symbolic link (even a dangling one: evotuner never writes through a link)."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the path is empty")
-    path = Path(text)
-    if path.is_symlink():
-        raise argparse.ArgumentTypeError(f"{text}: it is a symbolic link, which evotuner never builds through "
-                                         "(give the folder itself)")
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder (give a folder to build into)")
-    return path
-
-
 def _remove_created(out: Path, existed: bool, before: set[str]) -> None:
     """After a failed build: remove what this run created under ``out`` (all of it when it made
     ``out``), nothing that was there before."""
@@ -391,7 +376,7 @@ def _build_into(out: Path, info: HeaderInfo, header: Path, family: str, kind: Ex
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--header", required=True, type=Path, help="the header written by `evotuner export`")
-    ap.add_argument("--output", required=True, type=output_folder, help="folder to build into (created)")
+    ap.add_argument("--output", required=True, type=output_folder("a folder to build into"), help="folder to build into (created)")
     ap.add_argument("--family", default="flashcore",
                     help="kernel family (default flashcore; hopper builds hopper_ext from the header's hopper section)")
     ap.add_argument("--kernels-root", type=Path, default=None,

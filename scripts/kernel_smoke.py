@@ -37,7 +37,7 @@ from evotuner.defaults import recommended
 from evotuner.gate import apply_gate
 from evotuner.problem import Problem, Shape
 from evotuner.space import load_space
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, output_folder, positive
 
 FAMILY = "flashcore"
 CHECK_SHAPES = [(1, 1, 1, 1), (2, 3, 17, 17), (1, 2, 97, 200), (2, 2, 200, 97), (1, 2, 513, 513),
@@ -226,29 +226,6 @@ def _sdpa(backend, q, k, v, causal):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value}: must be at least 1")
-    return value
-
-
-def _out_folder(text: str) -> Path:
-    """--out: a folder (made if missing), never empty, never a link, never a file."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the path is empty")
-    path = Path(text)
-    if path.is_symlink():
-        raise argparse.ArgumentTypeError(f"{text}: it is a symbolic link, which evotuner never writes through "
-                                         "(give the folder itself)")
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder (give a folder for the smoke files)")
-    return path
-
-
 def _write(path: Path, text: str) -> None:
     from evotuner.atomicfile import write_text_atomic
 
@@ -257,14 +234,14 @@ def _write(path: Path, text: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=_out_folder, required=True,
+    ap.add_argument("--out", type=output_folder("a folder for the smoke files"), required=True,
                     help="folder for smoke.log, ptxas.json, timing.json (created; files there are replaced)")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-faults", action="store_true")
     ap.add_argument("--focus", choices=["d128"], default=None)
     ap.add_argument("--ref-kernels", type=Path, default=None, help="an older kernels/ root (A/B in one process)")
-    ap.add_argument("--rounds", type=_positive, default=3, help="interleaved timing rounds (median of the round medians)")
-    ap.add_argument("--jobs", type=_positive, default=None, help="parallel nvcc builds (default: CPU count)")
+    ap.add_argument("--rounds", type=positive, default=3, help="interleaved timing rounds (median of the round medians)")
+    ap.add_argument("--jobs", type=positive, default=None, help="parallel nvcc builds (default: CPU count)")
     ap.add_argument("--cache-dir", type=Path, default=None, help="build cache (default: evotuner's)")
     ap.add_argument("--match", default=None, help="only the builds whose label contains this text")
     ap.add_argument("--build-only", action="store_true", help="build and gate only (no GPU)")

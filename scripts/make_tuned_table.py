@@ -66,34 +66,13 @@ def _check_replaceable(path: Path) -> None:
                             "delete it first if it may go, or give another --output")
 
 
-def _not_sqlite(path: Path) -> bool:
-    """A non-empty file without the SQLite header (an empty one: the database layer says it holds no study)."""
-    from evotuner.atomicfile import SQLITE_MAGIC
-
-    try:
-        with open(path, "rb") as f:
-            head = f.read(len(SQLITE_MAGIC))
-    except OSError:
-        return False
-    return bool(head) and head != SQLITE_MAGIC
-
-
 def _load_studies(storage: str) -> tuned.TunedTable:
-    """Every study's best trial in the --storage database; its errors name --storage."""
-    from evotuner import session
-    from evotuner.storage.connect import resolve_url, sqlite_path
-
+    """Every study's best trial in the --storage database; its errors name --storage (the
+    database layer refuses a folder, a file that is no SQLite database, a foreign one)."""
     if not storage.strip():
         raise EvotunerError("--storage is empty", "give the study database: --storage sqlite:///studies.db")
     url = storage if "://" in storage else f"sqlite:///{Path(storage).expanduser().resolve()}"
-    path = sqlite_path(resolve_url(url))
-    if path is not None and path.exists() and not path.is_file():
-        raise EvotunerError(f"--storage {path} is not a file", "give the study database's path or URL")
-    if path is not None and path.is_file() and _not_sqlite(path):
-        raise EvotunerError(f"--storage {path} is not an SQLite study database",
-                            "give the database the studies were recorded in (sqlite:///studies.db)")
-    session.open_store(url, must_exist=True, read_only=True, named_by=NAMED_BY).close()
-    return tuned.load_studies(url)
+    return tuned.load_studies(url, named_by=NAMED_BY)
 
 
 def main(argv: list[str] | None = None) -> int:

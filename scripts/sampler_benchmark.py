@@ -69,7 +69,7 @@ from typing import Any
 
 import optuna
 
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, output_folder, positive
 
 TARGET = 1.02
 BUDGETS = (0.10, 0.25, 0.50)
@@ -157,16 +157,6 @@ def spec_problem(spec: str, samplers: tuple[str, ...]) -> str | None:
     return None
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -175,25 +165,6 @@ def _fraction(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"{value} must be a fraction of the feasible configs, in (0, 1]")
     return value
-
-
-def _output_dir(text: str) -> Path:
-    """--output-dir: a folder (created after every check) where samplers.md/.json/.png go."""
-    from evotuner.atomicfile import check_target
-    from evotuner.errors import EvotunerError
-
-    if not text.strip():
-        raise argparse.ArgumentTypeError("the path is empty")
-    path = Path(text)
-    if path.exists() and not path.is_dir():
-        raise argparse.ArgumentTypeError(f"{path} exists and is not a folder (give a folder; samplers.md, "
-                                         "samplers.json and samplers.png are written in it)")
-    for name in ("samplers.md", "samplers.json", "samplers.png"):
-        try:
-            check_target(path / name, option="--output-dir")
-        except EvotunerError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-    return path
 
 
 def _replay_error(exc: Exception) -> str:
@@ -431,12 +402,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sweeps", nargs="+", help="sweep CSVs (scripts/sweep.py)")
     ap.add_argument("--samplers", default=",".join(SAMPLERS),
                     help=f"comma-separated, default {','.join(SAMPLERS)}; variants: tpe:startup=N, nsga2:pop=N")
-    ap.add_argument("--seeds", type=_positive, default=50)
-    ap.add_argument("--batch", type=_positive, default=1, help="trials asked before telling (the loop's build batch)")
+    ap.add_argument("--seeds", type=positive, default=50)
+    ap.add_argument("--batch", type=positive, default=1, help="trials asked before telling (the loop's build batch)")
     ap.add_argument("--space", default=None, help="the space the sweeps were made with: a file or a packaged "
                     "space's name, e.g. hopper_grid (default: the packaged default)")
-    ap.add_argument("--workers", type=_positive, default=None, help="processes (default: CPU count)")
-    ap.add_argument("--output-dir", type=_output_dir, default=Path("sampler_benchmark"))
+    ap.add_argument("--workers", type=positive, default=None, help="processes (default: CPU count)")
+    ap.add_argument("--output-dir", default=Path("sampler_benchmark"),
+                    type=output_folder("a folder; samplers.md, samplers.json and samplers.png are written in it",
+                                       ["samplers.md", "samplers.json", "samplers.png"], option="--output-dir"))
     ap.add_argument("--max-budget", type=_fraction, default=max(BUDGETS),
                     help="end each run at this fraction of the feasible configs; P-scores only up to it "
                          f"(default {max(BUDGETS)})")

@@ -30,7 +30,7 @@ from sqlalchemy import text
 
 from evotuner.errors import EvotunerError
 from evotuner.storage import StudyStore
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, output_folder, positive
 
 STUDY = "two-workers"
 
@@ -85,20 +85,13 @@ def _check(storage: str, trials: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trials", type=int, default=24)
+    ap.add_argument("--trials", type=positive, default=24)
     ap.add_argument("--shape", default="B=16,H=16,S=2048,D=64")
-    ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--workdir", type=output_folder("a folder"), default=None)
     ap.add_argument("--storage", default=None, help="database URL [default: a new SQLite file in --workdir]")
     ap.add_argument("--gpus", default="0", help="GPUs for the --gpus run [default: 0]")
     ap.add_argument("--replay", default=None, help="rehearse without a GPU: pass --replay FILE (and a delay) on")
     args = ap.parse_args(argv)
-    if args.trials < 1:
-        ap.error(f"argument --trials: {args.trials}: must be at least 1")
-    if args.workdir is not None:
-        if not str(args.workdir).strip():
-            ap.error("argument --workdir: the path is empty")
-        if args.workdir.is_symlink() or (args.workdir.exists() and not args.workdir.is_dir()):
-            ap.error(f"argument --workdir: {args.workdir} exists and is not a folder (give a folder)")
     if args.replay is not None and not Path(args.replay).is_file():
         ap.error(f"argument --replay: {args.replay}: no such file (give a sweep CSV)")
     if args.replay is None:

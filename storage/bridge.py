@@ -114,21 +114,12 @@ class OptunaBridge(StudyCreation):
         self.study_info(name, problem=problem, space=space)
         return self.optuna_study(name, sampler=sampler)
 
-    def optuna_study(self, name: str, *, sampler: optuna.samplers.BaseSampler | None = None,
-                     trials_read: bool = False) -> optuna.Study:
-        """The Optuna study of evotuner study ``name`` (no problem/space checks: see load_study).
-        ``trials_read``: its trials are read once here, so that a damaged cell among them is the
-        one-line error naming it, not an exception in the Optuna code the caller runs on it
-        (``report``'s importances and plots)."""
+    def optuna_study(self, name: str, *, sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+        """The Optuna study of evotuner study ``name`` (no problem/space checks: see load_study)."""
         with self.session() as s:
             self.study_row(s, name)
         with self._optuna_call("loading the study"):
-            study = optuna.load_study(study_name=name, storage=self.optuna_storage, sampler=sampler)
-            for trial in study.get_trials(deepcopy=False) if trials_read else ():
-                if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in trial.values or ()):
-                    # SQLite hands back what a cell holds ('abc' in a REAL column): the damage finder names it
-                    raise TypeError(f"trial {trial.number}: value {trial.values!r} is not a number")
-            return study
+            return optuna.load_study(study_name=name, storage=self.optuna_storage, sampler=sampler)
 
     def study_info(self, name: str, *, problem: Problem | None = None,
                    space: StoredSpace | str | None = None) -> StudyRecord:

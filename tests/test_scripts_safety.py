@@ -72,6 +72,11 @@ def test_make_tuned_table_refuses_bad_outputs_and_names_storage(tmp_path, capsys
     con.close()
     common[1] = str(tmp_path / "other.db")
     _fails(capsys, mt.main, [*common, *out], "--storage")
+    (tmp_path / "notes.db").write_text("not a database\n")           # refused by the database layer
+    for storage in (tmp_path / "notes.db", tmp_path / "adir"):
+        common[1] = str(storage)
+        _fails(capsys, mt.main, [*common, *out], "point --storage at")
+    assert (tmp_path / "notes.db").read_text() == "not a database\n"
     assert not (tmp_path / "t.toml").exists()
 
 

@@ -85,12 +85,8 @@ def _find_nvcc(explicit: str | os.PathLike[str] | None) -> Path:
 
 
 def _command(given: str) -> Path:
-    """``given`` as a path; a bare command name (no folder in it, ``nvcc``) found on PATH as a shell would."""
-    if os.sep not in given and (os.altsep is None or os.altsep not in given):
-        found = shutil.which(given)
-        if found:
-            return Path(found)
-    return Path(given)
+    """``given`` as a shell takes it: a bare command name (``nvcc``) found on PATH, else the path."""
+    return Path(shutil.which(given) or given)
 
 
 def _check_executable(path: Path, source: str) -> Path:
