@@ -95,18 +95,21 @@ def headers(names: Iterable[str]) -> dict[str, str]:
 
 # -- one layout for every table and long line the CLI prints ---------------------------------
 
-#: Where a line may break besides a space: after a comma (a config), a slash (a path) or a semicolon.
-_PIECES = re.compile(r"[^,/;]*[,/;]+|[^,/;]+")
+#: Where a line may break besides a space: after a comma (a config) or a semicolon.
+_PIECES = re.compile(r"[^,;]*[,;]+|[^,;]+")
 #: Where a piece still longer than a line may break: after an underscore.
 _UNDERSCORED = re.compile(r"[^_]*_+|[^_]+")
+#: A word: a `command` in backticks with what touches it, else what stands between spaces.
+_TOKEN = re.compile(r"[^\s`]*`[^`]*`\S*|\S+")
 #: A unit that stays on the line of the number before it (``300.0 µs``, ``gate 0.0 s,``).
 _UNIT = re.compile(r"(µs|ms|s|TFLOPS|TF|GB|MB|KiB|MiB|GiB|B|%|x)[,;:.)]*")
 
 
 def _words(text: str) -> list[str]:
-    """``text``'s words, a unit joined to the number before it so no line starts with it."""
+    """``text``'s words, a unit joined to the number before it so no line starts with it, and
+    the words of a `command` in backticks joined into one."""
     words: list[str] = []
-    for word in text.split():
+    for word in _TOKEN.findall(text):
         if words and words[-1][-1:].isdigit() and _UNIT.fullmatch(word):
             words[-1] += " " + word
         else:
@@ -116,9 +119,12 @@ def _words(text: str) -> list[str]:
 
 def wrap(text: str, width: int, indent: int = 0) -> list[str]:
     """``text`` in lines of at most ``width`` columns, broken at spaces; a word longer than a
-    line (a config, a path) is broken after a ``,`` ``/`` or ``;`` in it, so ``TILE_M=128``
-    or a directory name is never split, and a piece still longer than a line after a ``_``;
-    a unit stays with its number (``300.0 µs``).
+    line (a config, a kernel's name) is broken after a ``,`` or ``;`` in it, so ``TILE_M=128``
+    is never split, and a piece still longer than a line after a ``_``; a unit stays with its
+    number (``300.0 µs``).
+    What a user copies is never broken (:func:`whole_unit`): a path, a URL or a `command` in
+    backticks starts a line of its own where it does not fit, and one longer than a whole line
+    stands alone past ``width`` (the terminal folds it; copied, it is one piece).
     Lines after the first are indented by ``indent``. Only what is longer than a whole line
     even then is cut, where it must be."""
     width = max(width, indent + 8)
@@ -141,6 +147,13 @@ def wrap(text: str, width: int, indent: int = 0) -> list[str]:
         if len(word) <= room or (line.strip() and len(line) + 1 + len(word) <= width):
             add(word, " ")
             continue
+        if whole_unit(word):                                     # on a line of its own, uncut
+            if line.strip():
+                lines.append(line)
+                line = " " * indent
+            lines.append(line + word)
+            line = " " * indent
+            continue
         pieces = [part for piece in _PIECES.findall(word)        # then after a '_' (a kernel's name)
                   for part in (_UNDERSCORED.findall(piece) if len(piece) > width - indent else [piece])]
         for n, piece in enumerate(pieces):
@@ -148,6 +161,19 @@ def wrap(text: str, width: int, indent: int = 0) -> list[str]:
     if line.strip() or not lines:
         lines.append(line.rstrip())
     return lines
+
+
+#: A path (``/x``, ``~/x``, ``./x``, ``../x``) or a URL (``sqlite:///x.db``), quotes or a
+#: bracket before it allowed, punctuation after it.
+_PATH = re.compile(r"[\"'(\[]?(?:~?/|\.\.?/|[a-z][a-z0-9+.-]*://)\S*")
+#: A `command` in backticks, its closing punctuation included.
+_COMMAND = re.compile(r"[(\[]?`[^`]+`[.,;:)\]]*")
+
+
+def whole_unit(word: str) -> bool:
+    """Whether ``word`` (one of :func:`wrap`'s words) is what a user copies: a path, a URL or a
+    `command` in backticks. :func:`wrap` never breaks one."""
+    return bool(_PATH.fullmatch(word) or _COMMAND.fullmatch(word))
 
 
 @dataclass(frozen=True)

@@ -65,10 +65,17 @@ def cli80(monkeypatch, tmp_path, build_cache_dir):
 def assert_whole(text: str, width: int = 80) -> None:
     """No value cut, no line over ``width``, no legend pair split across lines."""
     assert "…" not in text, text
-    long = [line for line in text.splitlines() if len(line) > width]
+    long = [line for line in text.splitlines() if len(line) > width and not _copyable_alone(line)]
     assert not long, "\n".join(long)
     for line in text.splitlines():
         assert not re.search(r"(^|, )[A-Z]{1,4} =,?$", line) and not line.startswith("= "), line
+
+
+def _copyable_alone(line: str) -> bool:
+    """A line past the width holds one path, URL or `command` (never broken, so it copies in one
+    piece) alone, after the indentation or a key."""
+    words = re.findall(r"[^\s`]*`[^`]*`\S*|\S+", line)
+    return bool(words) and columns.whole_unit(words[-1]) and len(words) <= 2
 
 
 def assert_legend(text: str, space) -> None:
@@ -148,8 +155,9 @@ def test_every_command_reads_whole_at_80_columns(family, db, cli80, capsys, monk
     code, out, err = run(capsys, "compile", "--config", config, "--shape", "D=64", *extra)
     assert code in (0, 3), err
     assert_whole(out)
-    assert re.search(r"^ +[0-9a-f]{64}/$", out, re.M), out          # the cubin path breaks after a '/'
-    assert "kernel.cubin" in out and not any(line.rstrip().endswith("=") for line in out.splitlines())
+    cubin = next(line for line in out.splitlines() if line.startswith("cubin"))
+    assert re.fullmatch(r"cubin +/\S+/[0-9a-f]{64}/kernel\.cubin", cubin), out   # whole: it copies
+    assert not any(line.rstrip().endswith("=") for line in out.splitlines())
 
 
 def test_an_export_of_both_families_reads_whole_at_80_columns(db, cli80, capsys):
@@ -187,7 +195,12 @@ def test_wrap_breaks_at_word_boundaries_and_legend_never_splits_a_pair():
     pieces = [p for line in lines for p in re.split(r"[ ,]", line.strip()) if p]
     assert "REG_CONS=160" in pieces and "RESCALE_LOG2=8" in pieces               # no NAME=VALUE split
     path = "/home/user/.cache/evotuner/builds/9e/" + "9e" * 32 + "/kernel.cubin"
-    assert columns.wrap(path, 80) == ["/home/user/.cache/evotuner/builds/9e/", "9e" * 32 + "/kernel.cubin"]
+    assert columns.wrap(path, 80) == [path]                                       # a path is never broken
+    assert columns.wrap(f"cubin at {path} built", 80, 2) == ["cubin at", "  " + path, "  built"]
+    hint = "`evotuner bench --study s --storage sqlite:////a/b.db`"
+    assert columns.wrap(f"re-time: {hint}, or resume", 40, 4) == ["re-time:", "    " + hint + ",", "    or resume"]
+    assert columns.wrap(f"see {hint}.", 80) == [f"see {hint}."]                    # it fits: one line
+    assert columns.wrap("an odd ` stays a word", 12) == ["an odd `", "stays a word"]
     kernel = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0"
     lines = columns.wrap(f"SDPA = default backend: {kernel}", 80, 2)
     assert all(len(line) <= 80 for line in lines) and lines[0].endswith("_")       # after an underscore
