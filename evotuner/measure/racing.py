@@ -31,8 +31,8 @@ the check on recorded GPU traces):
   than the config's best window: 0 stopped at 15%, 3-5 at 10-12%, 11 of 64 (one set) with
   the earlier 1% rule and its AR(1) effective sample size.
 
-Paired racing (``RaceRule.paired_margin``, ``evotuner search --paired-race``; off by default
-until the GPU shows it keeps every winner): the request also carries the incumbent's
+Paired racing (``RaceRule.paired_margin``; on by default, ``--no-paired-race`` races against
+the best figure alone and ``--full-timing`` turns racing off): the request also carries the incumbent's
 artifact; the worker loads it beside the config and, up to ``paired_reps`` repetitions,
 times the two alternately, repetition by repetition, in the same window. The ratio of
 each adjacent pair (config / incumbent) cancels the drift both saw, so its median's

@@ -50,7 +50,7 @@ struct alignas(128) Params {
     // Query heads per key/value head (GQA/MQA; 1: one K/V head per query head). Query
     // head h reads K/V head h / kv_group; tm_k and tm_v have heads / kv_group heads.
     int32_t kv_group;
-    // SCHED 2 only: a device int32 that is 0 at launch; the kernel counts handed-out tiles
+    // SCHED 2 and 3 only: a device int32 that is 0 at launch; the kernel counts handed-out tiles
     // in it and its last fetch puts it back to 0 (the host zeroes it once per stream).
     int32_t* tile_counter;
     // Packed variable-length batches (kernels built with HOPPER_VARLEN=1 only; ignored else). Sequence b's query rows are
