@@ -135,3 +135,23 @@ def output_folder(use: str, files: Iterable[str] = (), option: str = "--output")
         return path
 
     return parse
+
+
+def seed(text: str) -> int:
+    """An argparse ``type=`` for ``--seed``: an integer from 0 to 2**32 - 1, as the CLI's
+    ``--seed`` (numpy and Optuna refuse any other, deep in a run)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value <= 2**32 - 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a seed from 0 to 2**32-1")
+    return value
+
+
+def error_line(exc: BaseException) -> str:
+    """A library error (an :class:`evotuner.errors.EvotunerError`) as a script's one stderr line,
+    ``error: <what> (<remedy>)``; the replay's messages start with the CLI's ``--replay``, which a
+    script that takes its sweeps as arguments has not, so that is left out."""
+    text = " ".join(str(exc).split())
+    return "error: " + (text[len("--replay "):] if text.startswith("--replay ") else text)

@@ -50,7 +50,7 @@ from typing import Any
 from evotuner import childproc
 from evotuner.atomicfile import write_text_atomic
 from evotuner.errors import EvotunerError
-from evotuner.scriptargs import ArgumentParser, output_folder, output_path, positive
+from evotuner.scriptargs import ArgumentParser, output_folder, output_path, positive, seed
 
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 
@@ -164,6 +164,11 @@ def gpus_in(run: str, per_gpu: dict[str, int]) -> int:
     return len(run.split("+"))
 
 
+def _not_cold(here: Path) -> str:
+    """The one line that refuses a run whose folder exists (its build cache would not be cold)."""
+    return f"error: {here} exists, so this run would not be cold (use a fresh --workdir)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=positive, default=256)
@@ -172,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--runs", default="none,all", help="runs in order (default none,all)")
     ap.add_argument("--space", default=None, help="--space for search (default: as search picks)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=seed, default=0)
     ap.add_argument("--workdir", type=output_folder("a new folder"), default=None,
                     help="caches, databases, logs (default: a new temp dir)")
     ap.add_argument("--output", "-o", type=output_path, default="bench_gpus.json",
@@ -195,8 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.workdir is not None:
         for i, run in enumerate(runs):      # every run must start cold: say so before the first one
             if (args.workdir / f"{i}-{run}").exists():
-                raise SystemExit(f"bench_gpus: {args.workdir / f'{i}-{run}'} exists, so this run would not be "
-                                 "cold; use a fresh --workdir")
+                print(_not_cold(args.workdir / f"{i}-{run}"), file=sys.stderr)
+                return 1
     if args.replay is None:
         from evotuner.measure import gpu_available
 
@@ -220,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         label = f"{i}-{run}"
         here = work / label
         if here.exists():
-            raise SystemExit(f"bench_gpus: {here} exists, so this run would not be cold; use a fresh --workdir")
+            print(_not_cold(here), file=sys.stderr)
+            return 1
         (here / "cache").mkdir(parents=True)
         os.environ["EVOTUNER_CACHE_DIR"] = str(here / "cache")
         study, db = f"gpus-{i}", here / "study.db"

@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from evotuner import spacelimits  # noqa: E402
 from evotuner.problem import Problem, Shape  # noqa: E402
 from evotuner.space import load_space  # noqa: E402
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, positive  # noqa: E402
 
 SPLITS = """
 [params.SPLITS]
@@ -90,11 +90,11 @@ def best_of(repeat: int, fn) -> tuple[float, float, object]:
     return min(wall), min(cpu), result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=positive, default=3, help="timed calls per space and problem (default 3)")
     ap.add_argument("--no-reference", action="store_true", help="skip the per-config interpreter path")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     problems = [Problem(Shape(1, 16, 4096, 4096, 64), "bf16", False), Problem(Shape(1, 16, 4096, 4096, 128), "fp16", True)]
     with tempfile.TemporaryDirectory() as tmp, mock.patch.object(spacelimits, "MAX_CONFIGS", 1 << 20):
         spaces = [ROOT / "search_spaces" / "hopper.toml", wide_variant(Path(tmp))]

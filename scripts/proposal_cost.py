@@ -47,7 +47,7 @@ from typing import Any
 import optuna
 from optuna.samplers import BaseSampler
 
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, error_line, output_path, positive, seed
 
 
 class TimedSampler(BaseSampler):
@@ -88,16 +88,19 @@ class TimedSampler(BaseSampler):
 
 
 def parse_ranges(text: str) -> list[tuple[int, int]]:
-    """``0-50,100-150`` -> [(0, 50), (100, 150)] (half-open ranges of trial numbers)."""
+    """``0-50,100-150`` -> [(0, 50), (100, 150)] (half-open ranges of trial numbers); an argparse
+    ``type=``: a bad range is a usage error."""
+    import argparse
+
     out = []
     for part in text.split(","):
         low, _, high = part.strip().partition("-")
         try:
             lo, hi = int(low), int(high)
         except ValueError:
-            raise SystemExit(f"--ranges: {part!r} is not LOW-HIGH (e.g. 400-500)") from None
+            raise argparse.ArgumentTypeError(f"{part!r} is not LOW-HIGH (e.g. 400-500)") from None
         if not 0 <= lo < hi:
-            raise SystemExit(f"--ranges: {part!r} is empty")
+            raise argparse.ArgumentTypeError(f"{part!r} is empty (LOW must be below HIGH, e.g. 400-500)")
         out.append((lo, hi))
     return out
 
@@ -119,19 +122,36 @@ def related_study(sweep: Path, target: Any) -> Any:
     return Related(sweep.stem, similarity(target, table.problem), points)
 
 
+def _check_related(path: Path, space: Any) -> None:
+    """EvotunerError naming ``--related path`` unless it is a readable sweep of ``space``."""
+    from evotuner.errors import EvotunerError
+    from evotuner.measure.replay import read_sweep
+
+    try:
+        table = read_sweep(path)
+    except EvotunerError as exc:
+        raise EvotunerError("--related " + exc.message.removeprefix("--replay "), exc.remedy) from None
+    if table.header.get("space_fingerprint") != space.fingerprint():
+        raise EvotunerError(f"--related {path}: recorded with space {table.header.get('space_name', '?')}, "
+                            f"not {space.name}", "give related sweeps of the sweep's --space")
+
+
 def run(sweep: Path, space_path: str | None, sampler_name: str, seed: int,
         trials: int, related: tuple[Path, ...] = ()) -> tuple[TimedSampler, dict[int, float]]:
     """One replayed study; returns the timed sampler and {trial number: finished at (s)}."""
     from evotuner import events as ev
     from evotuner import session
     from evotuner.loop import run_search
-    from evotuner.measure.replay import read_sweep
+    from evotuner.measure.replay import ReplayMeasure, read_sweep
     from evotuner.propose import make_sampler
     from evotuner.space import load_space
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = load_space(space_path)
+    space = load_space(session._space_path(space_path) if space_path is not None else None)   # a file or a name
     problem = read_sweep(sweep).problem
+    ReplayMeasure(sweep, problem, space)        # refuses a sweep of another space before the sampler is made
+    for path in related:
+        _check_related(path, space)
     others = tuple(related_study(path, problem) for path in related)
     sampler = TimedSampler(make_sampler(sampler_name, space, seed, problem, related=others))
     finished: dict[int, float] = {}
@@ -171,21 +191,31 @@ def summarize(sampler: TimedSampler, finished: dict[int, float], lo: int, hi: in
 
 
 def main(argv: list[str] | None = None) -> int:
+    from evotuner.errors import EvotunerError
+    from evotuner.propose import SAMPLERS
+
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweep", type=Path, help="a recorded sweep CSV (scripts/sweep.py)")
-    ap.add_argument("--space", default=None, help="the space the sweep was made with (default: packaged)")
-    ap.add_argument("--sampler", default="guided")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--trials", type=int, default=500)
-    ap.add_argument("--ranges", default="0-50,100-150,400-500", help="trial-number ranges, half-open")
-    ap.add_argument("--output", type=Path, default=None, help="also write the figures as JSON here")
+    ap.add_argument("--space", default=None, help="the space the sweep was made with: a file or a packaged space's "
+                    "name, e.g. hopper_grid (default: the packaged default)")
+    ap.add_argument("--sampler", default="guided", choices=tuple(SAMPLERS))
+    ap.add_argument("--seed", type=seed, default=0)
+    ap.add_argument("--trials", type=positive, default=500)
+    ap.add_argument("--ranges", type=parse_ranges, default="0-50,100-150,400-500",
+                    help="trial-number ranges, half-open")
+    ap.add_argument("--output", type=output_path, default=None,
+                    help="also write the figures as JSON here (checked before the study)")
     ap.add_argument("--related", type=Path, action="append", default=[],
                     help="another problem's sweep, as a related study (guided; repeatable)")
     args = ap.parse_args(argv)
-    ranges = parse_ranges(args.ranges)
+    ranges = args.ranges
 
     started = time.perf_counter()
-    sampler, finished = run(args.sweep, args.space, args.sampler, args.seed, args.trials, tuple(args.related))
+    try:
+        sampler, finished = run(args.sweep, args.space, args.sampler, args.seed, args.trials, tuple(args.related))
+    except EvotunerError as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 1
     wall = time.perf_counter() - started
     rows = [summarize(sampler, finished, lo, hi) for lo, hi in ranges]
     with_related = f", {len(args.related)} related studies" if args.related else ""
@@ -200,13 +230,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {r['range']} | {r['trials']} | {r['median_ms']:.1f} | {r['mean_ms']:.1f} | {r['p90_ms']:.1f} "
               f"| {r['max_ms']:.1f} | {r['cpu_median_ms']:.1f} | {tw} |")
     if args.output is not None:
-        args.output.write_text(json.dumps({"sweep": str(args.sweep), "space": args.space, "sampler": args.sampler,
-                                           "related": [str(p) for p in args.related],
-                                           "seed": args.seed, "trials": len(finished), "wall_s": wall,
-                                           "ranges": rows,
-                                           "per_trial_ms": {n: 1e3 * s for n, s in sorted(sampler.seconds.items())},
-                                           "per_trial_cpu_ms": {n: 1e3 * s for n, s in sorted(sampler.cpu.items())}},
-                                          indent=1))
+        from evotuner.atomicfile import write_text_atomic
+
+        text = json.dumps({"sweep": str(args.sweep), "space": args.space, "sampler": args.sampler,
+                           "related": [str(p) for p in args.related],
+                           "seed": args.seed, "trials": len(finished), "wall_s": wall, "ranges": rows,
+                           "per_trial_ms": {n: 1e3 * s for n, s in sorted(sampler.seconds.items())},
+                           "per_trial_cpu_ms": {n: 1e3 * s for n, s in sorted(sampler.cpu.items())}}, indent=1)
+        try:
+            write_text_atomic(args.output, text)
+        except EvotunerError as exc:
+            print(error_line(exc), file=sys.stderr)
+            return 1
     return 0
 
 

@@ -32,6 +32,7 @@ import os
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -39,7 +40,7 @@ import time
 import numpy as np
 import optuna
 
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, error_line, positive, seed
 
 
 def proposals(space, problem, estimate, related, trials: int, seed: int) -> list[float]:
@@ -63,24 +64,62 @@ def proposals(space, problem, estimate, related, trials: int, seed: int) -> list
     return seconds
 
 
+def _shape(text: str):
+    """An argparse ``type=`` for ``--shape``: a :class:`~evotuner.problem.Shape` (a usage error
+    names what cannot be read)."""
+    from evotuner.errors import EvotunerError
+    from evotuner.problem import Shape
+
+    try:
+        return Shape.parse(text)
+    except EvotunerError as exc:
+        raise argparse.ArgumentTypeError(re.sub(r"^(--shape|shape): ", "", str(exc))) from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    """An argparse ``type=`` for ``--sources``: study names, comma-separated, none empty."""
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: an empty study name (e.g. --sources g2,g1)")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
+    from evotuner.errors import EvotunerError
+
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--storage", help="the study database (a SQLAlchemy URL)")
     ap.add_argument("--study", help="the study whose problem and space are used")
-    ap.add_argument("--shape", help="instead of a study: this problem (B=..,H=..,[HKV=..,]S=..,D=..), cold")
+    ap.add_argument("--shape", type=_shape,
+                    help="instead of a study: this problem (B=..,H=..,[HKV=..,]S=..,D=..), cold")
     ap.add_argument("--causal", action="store_true", help="with --shape: a causal problem")
     ap.add_argument("--space", action="append", default=[], help="with --shape: a space file; repeatable")
-    ap.add_argument("--sources", default=None, help="related studies, comma-separated (default: the study's recorded)")
+    ap.add_argument("--sources", type=_names, default=None,
+                    help="related studies, comma-separated (default: the study's recorded)")
     ap.add_argument("--device", default="NVIDIA H100 80GB HBM3", help="the GPU model the sources were measured on")
-    ap.add_argument("--trials", type=int, default=48)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--trials", type=positive, default=48)
+    ap.add_argument("--seed", type=seed, default=0)
     args = ap.parse_args(argv)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if args.shape:
-        return _spaces(args)
-    if not (args.storage and args.study):
+        if not args.space:
+            ap.error("--shape needs one or more --space files to compare")
+        if args.storage or args.study or args.sources:
+            ap.error("give --storage and --study, or --shape and --space, not both")
+    elif args.space or args.causal:
+        ap.error("--space and --causal go with --shape (a study brings its own)")
+    elif not (args.storage and args.study):
         ap.error("give --storage and --study, or --shape and --space")
+    try:
+        return _spaces(args) if args.shape else _study(args)
+    except EvotunerError as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 1
 
+
+def _study(args: argparse.Namespace) -> int:
+    """Cold and seeded proposals for ``--study``."""
+    from evotuner.errors import EvotunerError
     from evotuner.family import get_family
     from evotuner.session import study_space
     from evotuner.storage import StudyStore
@@ -89,9 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     with StudyStore(args.storage, read_only=True) as store:
         problem = store.study_info(args.study).problem
         space = study_space(store, args.study)
-        names = tuple(args.sources.split(",")) if args.sources else store.transfer_sources(args.study)
+        names = args.sources or store.transfer_sources(args.study)
+        missing = [name for name in names if not store.study_exists(name)]
+        if missing:
+            known = ", ".join(repr(info.name) for info in store.list_studies())
+            raise EvotunerError(f"--sources: no study {missing[0]!r} in {store.display_url}; "
+                                f"existing studies: {known}", "name studies of this database")
         plan = plan_transfer(store, args.study, problem, space, {"name": args.device}, studies=len(names), only=names)
         family = get_family(space.kernel)
+        _needs_model(family, space, problem, args.study)
         seeded = related(plan.sources, family.estimate_us)
     print(f"{args.study}: {problem}, space {space.name}; related: "
           + (", ".join(f"{r.name} ({len(r.points)} points)" for r in seeded) or "none"))
@@ -104,15 +149,27 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _needs_model(family, space, problem, where: str) -> None:
+    """SpaceError unless ``family`` has a cost model at ``problem`` (the guided sampler needs one)."""
+    from evotuner.errors import SpaceError
+
+    if family.estimate_us(next(space.configs()), problem) is None:
+        raise SpaceError(f"{where}: the guided sampler needs a cost model, and the {family.title or family.name} "
+                         f"family has none for {problem}", "give a space of a family with one, e.g. "
+                         "search_spaces/hopper.toml")
+
+
 def _spaces(args: argparse.Namespace) -> int:
     """Cold proposals at ``--shape`` on each ``--space`` file: feasible configs and cost."""
     from evotuner.family import get_family
-    from evotuner.problem import Problem, Shape
+    from evotuner.problem import Problem
     from evotuner.space import load_space
 
-    problem = Problem(Shape.parse(args.shape), "fp16", args.causal)
-    for path in args.space:
-        space = load_space(path)
+    problem = Problem(args.shape, "fp16", args.causal)
+    spaces = [load_space(path) for path in args.space]      # every file read before the first run
+    for path, space in zip(args.space, spaces):
+        _needs_model(get_family(space.kernel), space, problem, path)
+    for path, space in zip(args.space, spaces):
         family = get_family(space.kernel)
         estimate = lambda config: family.estimate_us(config, problem)   # noqa: E731
         feasible = sum(1 for _ in space.feasible(problem))

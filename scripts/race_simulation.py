@@ -26,6 +26,7 @@ with the same marginal quantiles.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import glob
 import json
@@ -38,7 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from evotuner.measure.racing import DEFAULT_RULE, RaceRule
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, output_path, positive, seed
 
 #: The standard normal's 80% point: p80 = median + Z80 * sigma_hi for a split normal.
 Z80 = 0.8416212335729143
@@ -52,17 +53,39 @@ class Recorded:
     repetitions: int          # what the full budget gave when the sweep was recorded
 
 
+class SweepFileError(Exception):
+    """A file of ``--sweeps`` that is no sweep CSV this script can read (the message names it)."""
+
+
+NEEDED = ("status", "median_us", "p20_us", "p80_us", "repetitions")
+
+
 def read_recorded(path: Path | str) -> list[Recorded]:
+    """The measured configs of sweep CSV ``path``; SweepFileError when it is no sweep CSV."""
     out = []
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if row.get("status") != "ok":
-                continue
-            med, p20, p80 = (float(row[k]) for k in ("median_us", "p20_us", "p80_us"))
-            reps = int(float(row.get("repetitions") or 0))
-            if not (med > 0 and p20 <= med <= p80 and reps > 0):
-                continue
-            out.append(Recorded(med, p20, p80, reps))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            missing = [k for k in NEEDED if k not in (reader.fieldnames or ())]
+            if missing:
+                raise SweepFileError(f"{path}: no column {missing[0]}, so it is no sweep CSV"
+                                     if reader.fieldnames else f"{path}: empty file, no sweep CSV")
+            for lineno, row in enumerate(reader, start=2):
+                if row.get("status") != "ok":
+                    continue
+                try:
+                    med, p20, p80 = (float(row[k]) for k in ("median_us", "p20_us", "p80_us"))
+                    reps = int(float(row.get("repetitions") or 0))
+                except (TypeError, ValueError):
+                    raise SweepFileError(f"{path}: line {lineno}: an ok row without a number in median_us, p20_us, "
+                                         "p80_us or repetitions") from None
+                if not (med > 0 and p20 <= med <= p80 and reps > 0):
+                    continue
+                out.append(Recorded(med, p20, p80, reps))
+    except OSError as exc:
+        raise SweepFileError(f"{path}: cannot read it: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise SweepFileError(f"{path}: not a CSV text file ({type(exc).__name__})") from None
     return out
 
 
@@ -157,26 +180,59 @@ def top(recorded: Sequence[Recorded], n: int) -> list[Recorded]:
     return ranked[:n] if n > 0 else ranked
 
 
+def _rho(text: str) -> float:
+    """An argparse ``type=`` for ``--rho``: an AR(1) correlation in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{text} is not a correlation from 0 up to (not including) 1")
+    return value
+
+
+def _count(text: str) -> int:
+    """An argparse ``type=`` for ``--top``: an integer of at least 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 0 (0: every config)")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(prog="race_simulation.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--sweeps", default="tests/data/sweep_h100_*.csv")
-    p.add_argument("--orders", type=int, default=20)
-    p.add_argument("--rho", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--boundary", type=int, default=20000)
-    p.add_argument("--top", type=int, default=0, help="study only the N fastest configs of each sweep "
-                                                     "(a guided study's neighbourhood; 0: all)")
-    p.add_argument("--output", type=Path, default=None, help="also write the figures as JSON")
+    p.add_argument("--orders", type=positive, default=20)
+    p.add_argument("--rho", type=_rho, default=0.0)
+    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--boundary", type=positive, default=20000)
+    p.add_argument("--top", type=_count, default=0, help="study only the N fastest configs of each sweep "
+                                                        "(a guided study's neighbourhood; 0: all)")
+    p.add_argument("--output", type=output_path, default=None, help="also write the figures as JSON")
     args = p.parse_args(argv)
     rule = DEFAULT_RULE
     rng = np.random.default_rng(args.seed)
-    if not glob.glob(args.sweeps):
+    paths = sorted(glob.glob(args.sweeps))
+    if not paths:
         print(f"error: --sweeps {args.sweeps!r} matches no file (run from the repository root, or give a path)",
               file=sys.stderr)
         return 2
+    try:
+        read = {path: read_recorded(path) for path in paths}      # every file read before the simulation
+    except SweepFileError as exc:
+        print(f"error: {exc} (give --sweeps sweep CSVs that scripts/sweep.py recorded)", file=sys.stderr)
+        return 1
+    every = [r for path in paths for r in read[path]]
+    if not every:
+        print(f"error: --sweeps {args.sweeps!r}: no measured config (status ok, with median_us, p20_us, p80_us "
+              "and repetitions) in the files it matches (give sweeps that timed configs)", file=sys.stderr)
+        return 1
     rows = []
-    for path in sorted(glob.glob(args.sweeps)):
-        recorded = top(read_recorded(path), args.top)
+    for path in paths:
+        recorded = top(read[path], args.top)
         if len(recorded) < 2:
             continue
         runs = [simulate_study(recorded, rule, rng, args.rho) for _ in range(args.orders)]
@@ -185,14 +241,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append({"sweep": Path(path).name, **total.as_dict()})
         print(f"{Path(path).name:45s} configs {total.configs:6d} stopped {total.stopped:6d} "
               f"false {total.false_stops:3d} of {total.contenders:4d} lost {total.lost_winners:3d} saved {100 * total.saved:5.1f}%")
-    every = [r for path in sorted(glob.glob(args.sweeps)) for r in read_recorded(path)]
     stops, count = boundary_rate(every, rule, rng, args.boundary, args.rho)
     print(f"boundary (true median = incumbent x {1 + rule.margin:g}): {stops} of {count} stopped "
           f"({100 * stops / count:.3f}%; alpha {100 * rule.alpha:g}%)  rho={args.rho}")
     if args.output is not None:
-        args.output.write_text(json.dumps({"rule": rule.to_wire(), "rho": args.rho, "seed": args.seed,
-                                           "sweeps": rows, "boundary": {"stopped": stops, "count": count}},
-                                          indent=2) + "\n")
+        from evotuner.atomicfile import write_text_atomic
+        from evotuner.errors import EvotunerError
+
+        try:
+            write_text_atomic(args.output, json.dumps({"rule": rule.to_wire(), "rho": args.rho, "seed": args.seed,
+                                                       "sweeps": rows, "boundary": {"stopped": stops, "count": count}},
+                                                      indent=2) + "\n")
+        except EvotunerError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 

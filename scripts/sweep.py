@@ -274,7 +274,8 @@ def _problem(shape: str, dtype: str, causal: bool, flag: str) -> Problem:
 
 
 def _job_output(text: str, flag: str) -> Path:
-    """A sweep's CSV: not empty, not a link, a folder or a database (its folder is made later)."""
+    """A sweep's CSV (and its sidecar): not empty, not a link, a folder or a database, in a folder
+    that exists."""
     from evotuner.atomicfile import check_target
 
     if not text.strip():
@@ -282,8 +283,11 @@ def _job_output(text: str, flag: str) -> Path:
     path = Path(text)
     try:
         check_target(path, option=flag)
+        check_target(sidecar_path(path), option=flag)       # the sidecar is written beside it
     except EvotunerError as exc:
         raise argparse.ArgumentTypeError(f"{flag}: {exc}") from None
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{flag} {path}: the folder {path.parent} does not exist (create it first)")
     return path
 
 
@@ -367,8 +371,6 @@ def main(argv: list[str] | None = None) -> int:
         jobs.insert(0, SweepJob(problem, output))
     if not jobs:
         ap.error("give --shape and --output, or one or more --sweep")
-    if args.output is not None and not args.output.parent.is_dir():
-        ap.error(f"--output {args.output}: the folder {args.output.parent} does not exist (create it first)")
 
     from evotuner.compiler import Builder
     from evotuner.measure.gpu import GpuMeasure

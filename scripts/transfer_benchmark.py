@@ -42,7 +42,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from evotuner.scriptargs import ArgumentParser
+from evotuner.scriptargs import ArgumentParser, error_line, output_path, positive
 
 TARGET = 1.02
 
@@ -153,6 +153,11 @@ def correlations(sweeps: list[str], space_path: str) -> int:
                 estimate = family.estimate_us(config, problem)
                 if estimate is not None and math.isfinite(estimate) and estimate > 0:
                     row[config] = (math.log(r.median_us) - math.log(estimate), r.median_us)
+        if not row:
+            from evotuner.errors import EvotunerError
+
+            raise EvotunerError(f"{table.path}: no measured config of space {space.name} that the cost model "
+                                "estimates", "give sweeps of a family with a cost model, recorded with --space")
         errors.append(row)
     pairs: list[tuple[float, float, float]] = []           # (similarity, corr over all, corr near the optimum)
     print(f"{'sweep':<44}{'other':<44}{'similarity':>11}{'configs':>9}{'corr':>7}{'near opt':>9}{'corr':>7}")
@@ -184,22 +189,53 @@ def _rank_correlation(a: list[float], b: list[float]) -> float:
     return float(np.corrcoef(*ranks)[0, 1]) if len(a) > 2 else math.nan
 
 
+def check_inputs(sweeps: list[str], space_path: str) -> None:
+    """Read the space and every sweep (and check it was recorded with that space) before any
+    worker starts: EvotunerError naming the first that is not."""
+    for sweep in sweeps:
+        with ExitStack() as stack:
+            _stages(sweep, space_path, stack)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from evotuner.errors import EvotunerError
+
     ap = ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("sweeps", nargs="+", help="sweep CSVs of one space (at least 2)")
-    ap.add_argument("--space", required=True, help="the space the sweeps were recorded with")
-    ap.add_argument("--seeds", type=int, default=10)
-    ap.add_argument("--source-trials", type=int, default=64, help="trials of each source study (default 64)")
-    ap.add_argument("--max-trials", type=int, default=2000, help="trials before a run counts as censored")
-    ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--output", type=Path, default=Path("transfer_benchmark.json"))
+    ap.add_argument("--space", required=True, help="the space the sweeps were recorded with: a file or a packaged "
+                    "space's name, e.g. hopper_grid")
+    ap.add_argument("--seeds", type=positive, default=10)
+    ap.add_argument("--source-trials", type=positive, default=64, help="trials of each source study (default 64)")
+    ap.add_argument("--max-trials", type=positive, default=2000, help="trials before a run counts as censored")
+    ap.add_argument("--workers", type=positive, default=None)
+    ap.add_argument("--output", type=output_path, default="transfer_benchmark.json",
+                    help="the JSON results (default transfer_benchmark.json; checked before any run)")
     ap.add_argument("--correlations", action="store_true",
                     help="print the cost model's error correlations between the sweeps and exit")
     args = ap.parse_args(argv)
     if len(args.sweeps) < 2:
         ap.error("leave-one-out needs at least two sweeps")
-    if args.correlations:
-        return correlations(args.sweeps, args.space)
+    names = [Path(s).name for s in args.sweeps]
+    twice = next((n for n in names if names.count(n) > 1), None)
+    if twice is not None:
+        ap.error(f"two sweeps named {twice}: the results name each held-out sweep by its file name "
+                 "(give each sweep once)")
+    try:
+        from evotuner.session import _space_path
+
+        args.space = str(_space_path(args.space))       # a file or a packaged space's name, as `search --space`
+        check_inputs(args.sweeps, args.space)
+        if args.correlations:
+            return correlations(args.sweeps, args.space)
+        return _benchmark(args)
+    except EvotunerError as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 1
+
+
+def _benchmark(args: Any) -> int:
+    """The leave-one-out runs, their table and ``--output``."""
+    from evotuner.atomicfile import write_text_atomic
 
     results: dict[str, Any] = {"space": args.space, "seeds": args.seeds, "source_trials": args.source_trials,
                                "target": TARGET, "problems": {}}
@@ -207,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             ProcessPoolExecutor(max_workers=args.workers) as pool:
         builds = []
         for held in args.sweeps:
-            folder = Path(tmp) / Path(held).stem
+            folder = Path(tmp) / f"{len(builds)}-{Path(held).stem}"
             folder.mkdir()
             builds.append(([s for s in args.sweeps if s != held], args.space, args.source_trials, str(folder)))
         dbs = list(pool.map(source_db, builds))
@@ -227,8 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<36}{row['cold_median']:>8.1f}{row['transfer_median']:>10.1f}{row['ratio']:>8.2f}  "
               f"{', '.join(sources)}")
     results["runs"] = runs
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(results, indent=2))
+    write_text_atomic(args.output, json.dumps(results, indent=2))
     print(f"wrote {args.output}")
     return 0
 

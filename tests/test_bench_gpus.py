@@ -32,7 +32,7 @@ def test_time_split_line_is_read(bench) -> None:
     assert bench.time_split("no such line") == {}
 
 
-def test_runs_are_checked_and_compared(bench, tmp_path: Path, monkeypatch) -> None:
+def test_runs_are_checked_and_compared(bench, tmp_path: Path, monkeypatch, capsys) -> None:
     monkeypatch.setenv("EVOTUNER_CACHE_DIR", str(tmp_path / "outer-cache"))
     out = tmp_path / "report.json"
     code = bench.main(["--trials", "12", "--shape", "B=16,H=16,S=2048,D=64", "--runs", "none,0+1",
@@ -49,6 +49,13 @@ def test_runs_are_checked_and_compared(bench, tmp_path: Path, monkeypatch) -> No
         assert run["best_us"] > 0
     assert one["gpus"] == 1 and two["gpus"] == 2 and set(two["per_gpu"]) == {"0", "1"}
     assert two["speedup_measuring"] > 0 and one["speedup_measuring"] == 1.0
-    # a second run into the same work dir would not be cold: refused
-    with pytest.raises(SystemExit, match="would not be cold"):
-        bench.main(["--trials", "4", "--runs", "none", "--replay", str(SWEEP), "--workdir", str(tmp_path / "w")])
+    # a second run into the same work dir would not be cold: refused in one line, before any run
+    capsys.readouterr()
+    before = sorted(p.name for p in (tmp_path / "w").iterdir())
+    assert bench.main(["--trials", "4", "--runs", "none", "--replay", str(SWEEP), "--workdir", str(tmp_path / "w"),
+                       "-o", str(tmp_path / "again.json")]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {tmp_path / 'w' / '0-none'} exists, so this run would not be cold " \
+                           "(use a fresh --workdir)\n", captured.err
+    assert "$" not in captured.out and not (tmp_path / "again.json").exists()
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == before
