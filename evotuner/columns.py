@@ -163,9 +163,9 @@ def wrap(text: str, width: int, indent: int = 0) -> list[str]:
     return lines
 
 
-#: A path (``/x``, ``~/x``, ``./x``, ``../x``) or a URL (``sqlite:///x.db``), quotes or a
-#: bracket before it allowed, punctuation after it.
-_PATH = re.compile(r"[\"'(\[]?(?:~?/|\.\.?/|[a-z][a-z0-9+.-]*://)\S*")
+#: A path (``/x/y``, ``out/x.h``, ``~/x``) or a URL (``sqlite:///x.db``): a word with a ``/``
+#: and no ``,`` or ``;`` (``H=32/8,S=4096`` is a shape), quotes or a bracket around it allowed.
+_PATH = re.compile(r"[\"'(\[]?[^\s,;]*/[^\s,;]*[.,;:)\]\"']*")
 #: A `command` in backticks, its closing punctuation included.
 _COMMAND = re.compile(r"[(\[]?`[^`]+`[.,;:)\]]*")
 

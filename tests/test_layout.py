@@ -201,6 +201,9 @@ def test_wrap_breaks_at_word_boundaries_and_legend_never_splits_a_pair():
     assert columns.wrap(f"re-time: {hint}, or resume", 40, 4) == ["re-time:", "    " + hint + ",", "    or resume"]
     assert columns.wrap(f"see {hint}.", 80) == [f"see {hint}."]                    # it fits: one line
     assert columns.wrap("an odd ` stays a word", 12) == ["an odd `", "stays a word"]
+    relative = "out/" + "reports_" * 6 + "/history.png"                             # relative: whole too
+    assert columns.wrap(f"wrote {relative}", 40) == ["wrote", relative]
+    assert not columns.whole_unit("B=1,H=32/8,S=4096,D=128")                        # a shape, not a path
     kernel = "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7_64x128x64_4x1x1_cga1x1x1_kernel0_0"
     lines = columns.wrap(f"SDPA = default backend: {kernel}", 80, 2)
     assert all(len(line) <= 80 for line in lines) and lines[0].endswith("_")       # after an underscore
