@@ -71,7 +71,7 @@ from evotuner.cli_options import (
     OutputOpt, ConfigOpt, BenchTopOpt, BudgetOpt, RequireCheckedOpt, RecordOpt,
     CompileShapeOpt, GpusOpt, MixedGpusOpt, StaleAfterOpt, ReplayDelayOpt, TransferOpt, FullTimingOpt, PairedRaceOpt,
     GATE_REJECTED_EXIT,
-    consoles, one_line, open_store,
+    consoles, one_line, open_store, say_skipped,
 )
 
 try:  # typer >= 0.20 vendors click; older typer uses the click package
@@ -253,12 +253,12 @@ def export_cmd(
 
     store = open_store(storage, must_exist=True, read_only=True)
     try:
-        result = export_header(store, list(study), output, require_checked=require_checked)
+        result = export_header(store, list(study), output, require_checked=require_checked,
+                               study_args=lambda name: study_args(name, storage))   # a remedy names the database
     finally:
         store.close()
     print_lines(export_lines(result))
-    for skipped in result.skipped:
-        consoles.err.print(f"skipped: {for_terminal(skipped)}", markup=False, highlight=False)
+    say_skipped(result.skipped)
 
 
 @app.command("compile")

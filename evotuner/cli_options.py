@@ -17,6 +17,7 @@ from evotuner.errors import EvotunerError, ShapeError
 from evotuner.numbers import real
 from evotuner.problem import DTYPES, Shape, parse_shape_values
 from evotuner.storage.connect import DEFAULT_URL, ENV_VAR
+from evotuner.textsafe import for_terminal
 
 #: The study database when neither --storage nor $EVOTUNER_STORAGE names one (filled in by
 #: evotuner.storage.connect.resolve, the one place that does).
@@ -319,6 +320,12 @@ def study_args(study: str, storage: str | None) -> str:
     except ArgumentError:
         shown = storage
     return f"{args} --storage {shlex.quote(shown)}"
+
+
+def say_skipped(studies: tuple[str, ...]) -> None:
+    """Name on stderr each study ``export`` left out (its arch is not the header's)."""
+    for skipped in studies:
+        consoles.err.print(f"skipped: {for_terminal(skipped)}", markup=False, highlight=False)
 
 
 def open_store(storage: str | None, *, must_exist: bool = False, read_only: bool = False) -> Any:

@@ -52,14 +52,15 @@ from __future__ import annotations
 
 import hashlib
 import re
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 from evotuner.atomicfile import check_target, write_text_atomic
 from evotuner.config import config_string
 from evotuner.errors import EvotunerError, ExportError
-from evotuner.export_render import CHECK_TOOLS, render_header
+from evotuner.export_render import CHECK_TOOLS, HEADER_MARK, render_header
 from evotuner.export_rows import (BUCKET_EDGES, INT32_MAX, OPEN_BUCKET, ExportRow, ExportSource, best_row,
                                   seqlen_bucket, select_rows, with_optional_params)
 from evotuner.storage.diagnostics import verdict
@@ -98,15 +99,34 @@ def _check_verdict(store: ExportSource, row: ExportRow) -> str:
     return verdict(dict(store.latest_checks(row.study).get(_row_config(row)) or {}), CHECK_TOOLS)
 
 
+def _foreign(output: Path) -> bool:
+    """Whether ``output`` is a file export did not write that holds more than blank lines and ``//``
+    comments (a source file, the user's own header, named by mistake): replacing it would lose that
+    text. A header export wrote begins with :data:`~evotuner.export_render.HEADER_MARK`."""
+    try:
+        with open(output, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:               # absent (or unreadable: the write says why)
+        return False
+    if head.startswith(HEADER_MARK.encode()):
+        return False
+    lines = head.decode("utf-8", "replace").splitlines()[:-1 if len(head) == 1 << 16 else None]   # cut last line
+    return any(line.strip() and not line.lstrip().startswith("//") for line in lines)
+
+
 def export_header(store: ExportSource, study_names: list[str], output: Path, *, arch: str | None = None,
-                  require_checked: bool = False) -> ExportResult:
+                  require_checked: bool = False,
+                  study_args: Callable[[str], str] = lambda s: f"--study {shlex.quote(s)}") -> ExportResult:
     """Export the best COMPLETE config per key of ``study_names`` to the header ``output``.
 
     ``arch=None`` takes the studies' arch (they must agree); an explicit arch keeps
     only the studies that target it (the others are listed in ``ExportResult.skipped``).
     Each row records whether its config passed ``evotuner check`` (every tool of
     :data:`CHECK_TOOLS`, latest run); ``require_checked`` refuses, writing nothing,
-    when a chosen row has not passed.
+    when a chosen row has not passed. ``study_args``: a study's options in a printed command
+    (the CLI adds the database it was given, :func:`evotuner.cli_options.study_args`).
+    An existing ``output`` that export did not write and that holds code or text (:func:`_foreign`)
+    is refused, not replaced.
     """
     if str(output) == "-":       # the usual "standard output" would be a stray file named '-'
         raise ExportError("export: --output -: export writes a header file, not to standard output",
@@ -133,6 +153,10 @@ def export_header(store: ExportSource, study_names: list[str], output: Path, *, 
         check_target(output, protect=store.database_files())
     except EvotunerError as exc:
         raise ExportError(f"export: {exc.message}", exc.remedy) from None
+    if _foreign(output):
+        raise ExportError(f"export: {raw} exists and is not a header evotuner export wrote (it holds more than "
+                          f"comments and does not begin with '{HEADER_MARK}')",
+                          f"write to another --output, or remove it first (rm -- {shlex.quote(str(raw))}) if it may go")
     rows = [best_row(store, name) for name in study_names]
     skipped: tuple[str, ...] = ()
     if arch is None:
@@ -164,9 +188,10 @@ def export_header(store: ExportSource, study_names: list[str], output: Path, *, 
         bad = [r for r in chosen if r.checked != "passed"]
         if bad:
             what = "; ".join(f"study {r.study!r} trial {r.trial} ({_row_config(r)}): {r.checked}" for r in bad)
+            runs = " and ".join(f"`evotuner check {study_args(s)}`" for s in dict.fromkeys(r.study for r in bad))
             raise ExportError(
                 f"export --require-checked: {len(bad)} row(s) did not pass evotuner check: {what}",
-                "run `evotuner check --study S` on the GPU machine (a failed config must be fixed or "
+                f"run {runs} on the GPU machine (a failed config must be fixed or "
                 "excluded), or export without --require-checked")
     text = render_header(chosen, arch)
     write_atomic(output, text, protect=store.database_files())

@@ -44,9 +44,13 @@ def header_families(path: Path) -> tuple[str, ...]:
 
 
 def _sections(text: str) -> tuple[str, ...]:
-    """The registered families with a ``<T>_COUNT`` macro in a header's text."""
-    return tuple(f.name for f in families()
-                 if re.search(rf"^#define\s+{re.escape(f.export_macro_prefix)}_COUNT\s+\d+\s*$", text, re.M))
+    """The registered families with a ``<T>_COUNT`` macro in a header's text (of any value: read_header
+    refuses a count export never writes). A section is one family's: of families sharing a prefix ``<T>``
+    (a variant keeping FlashCore's contract), the first registered, else its rows were served twice."""
+    firsts: dict[str, str] = {}
+    for f in families():
+        firsts.setdefault(f.export_macro_prefix, f.name)
+    return tuple(name for t, name in firsts.items() if re.search(rf"^#define\s+{re.escape(t)}_COUNT\b", text, re.M))
 
 
 def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderInfo:
@@ -54,9 +58,9 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
     by :func:`export_header`; raise ExportError otherwise."""
     fam = _family(family)
     t = re.escape(fam.export_macro_prefix)
-    row_macro = re.compile(rf"^#define\s+{t}_(\d+)_([A-Z][A-Z0-9_]*)\b[ \t]*(.*?)\s*$", re.M)
-    count_macro = re.compile(rf"^#define\s+{t}_COUNT\s+(\d+)\s*$", re.M)
-    arch_macro = re.compile(rf'^#define\s+{t}_ARCH\s+"(sm_\d{{2,3}}[af]?)"\s*$', re.M)
+    row_macro = re.compile(rf"^#define\s+{t}_([0-9]+)_([A-Z][A-Z0-9_]*)\b[ \t]*(.*?)\s*$", re.M)
+    count_macro = re.compile(rf"^#define\s+{t}_COUNT\b[ \t]*(.*?)\s*$", re.M)
+    arch_macro = re.compile(rf"^#define\s+{t}_ARCH\b[ \t]*(.*?)\s*$", re.M)
     T = fam.export_macro_prefix
     path = Path(path)
     try:
@@ -68,18 +72,41 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
         raise ExportError(f"header {path}: not a text file (not UTF-8)",
                           "give the header written by `evotuner export`") from None
     count, arch = count_macro.search(text), arch_macro.search(text)
-    if count is None or arch is None:
+    if count is None:
         others = [name for name in _sections(text) if name != fam.name]
         raise ExportError(f"header {path}: no {T}_COUNT / {T}_ARCH (no {fam.name} section"
                           + (f"; it has a {' and a '.join(others)} section)" if others else ")"),
                           f"pass --family {others[0]}" if others else "give the header written by `evotuner export`")
-    n = int(count.group(1))
+    target = None if arch is None else re.fullmatch(r'"(sm_[0-9]{2,3}[af]?)"', arch.group(1))
+    if target is None:
+        raise ExportError(f"header {path}: " + (f"{T}_COUNT but no {T}_ARCH" if arch is None else
+                          f"{T}_ARCH is {_shown(arch.group(1))}, not an SM target such as \"sm_90a\""),
+                          "re-export the header; do not edit it by hand")
+    n, counts = _decimal(count.group(1)), len(count_macro.findall(text))
+    if n is None or n < 0 or counts > 1:
+        raise ExportError(f"header {path}: {T}_COUNT is {_shown(count.group(1))}, "
+                          + ("not a row count" if n is None or n < 0 else f"defined {counts} times"),
+                          "re-export the header; do not edit it by hand")
+    found = list(row_macro.finditer(text))
+    for m in found:
+        if _decimal(m.group(1)) is None:       # 01 or a row number past int64: no row export writes
+            raise ExportError(f"header {path}: {T}_{_shown(m.group(1), quote=False)}_{m.group(2)}: not a row "
+                              "number export writes", "re-export the header; do not edit it by hand")
+    present = {int(m.group(1)) for m in found}   # a row without any macro, before a list of n rows is made
+    gone = next((i for i in range(min(n, len(found) + 1)) if i not in present), None)   # (a count of 10**9)
+    if gone is not None:
+        raise ExportError(f"header {path}: row {gone} lacks macros "
+                          f"{', '.join(f'{T}_{gone}_{p}' for p in ROW_PROBLEM_MACROS)}",
+                          "re-export the header; do not edit it by hand")
     rows: list[list[str]] = [[] for _ in range(n)]
     values: list[list[tuple[str, int]]] = [[] for _ in range(n)]
-    for m in row_macro.finditer(text):
-        i = int(m.group(1))
-        if not re.fullmatch(r"-?\d+", m.group(3)):      # else the row would be served without it
-            raise ExportError(f"header {path}: {T}_{i}_{m.group(2)} is {m.group(3)!r}, not an integer",
+    for m in found:
+        i, value = int(m.group(1)), _decimal(m.group(3))
+        if value is None:      # else the row would be served without it, or 010 read as 10 (C++: octal 8)
+            raw = m.group(3)
+            why = ("an integer with a leading 0 (octal to C++)" if re.fullmatch(r"-?0[0-9]+", raw) else
+                   "past every value export writes" if re.fullmatch(r"-?[0-9]+", raw) else "not an integer")
+            raise ExportError(f"header {path}: {T}_{i}_{m.group(2)} is {_shown(raw)}, {why}",
                               "re-export the header; do not edit it by hand")
         if i >= n:
             raise ExportError(f"header {path}: row macro {T}_{i}_{m.group(2)} but only {n} rows",
@@ -88,7 +115,7 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
             raise ExportError(f"header {path}: {T}_{i}_{m.group(2)} is defined twice",
                               "re-export the header; do not edit it by hand")
         rows[i].append(m.group(2))
-        values[i].append((m.group(2), int(m.group(3))))
+        values[i].append((m.group(2), value))
     if rows and "QUERY_ROWS_BUCKET" not in rows[0] and "MAX_SEQLEN" in rows[0]:
         raise ExportError(f"header {path}: exported before rows had a query-rows bucket "
                           f"(no {T}_0_QUERY_ROWS_BUCKET), so a decode study may hold a prefill row",
@@ -103,8 +130,23 @@ def read_header(path: Path, family: KernelFamily | str | None = None) -> HeaderI
         _check_values(path, T, i, row, rows[0])
     if rows:
         _check_parameters(path, fam, rows[0])
-    return HeaderInfo(arch=arch.group(1), rows=tuple(tuple(r) for r in rows), family=fam.name,
+        _check_table(path, text, fam, values)
+    return HeaderInfo(arch=target.group(1), rows=tuple(tuple(r) for r in rows), family=fam.name,
                       values=tuple(tuple(v) for v in values), export_prefix=T)
+
+
+def _decimal(text: str) -> int | None:
+    """A macro's value as export writes it: a decimal integer of ASCII digits without a leading 0
+    (C++ reads 010 as octal 8, Python as 10) and of at most 18 digits (past int64, where no value
+    export writes lies; int() refuses thousands of digits), else None."""
+    return int(text) if re.fullmatch(r"-?(?:0|[1-9][0-9]{0,17})", text) else None
+
+
+def _shown(text: str, quote: bool | None = None) -> str:
+    """``text`` for a message: repr'd unless it is digits (or ``quote`` says), cut past 40 characters."""
+    quote = not re.fullmatch(r"-?[0-9]+", text) if quote is None else quote
+    cut = text if len(text) <= 40 else f"{text[:20]}...{text[-8:]}"
+    return (repr(cut) if quote else cut) + ("" if len(text) <= 40 else f" ({len(text)} characters)")
 
 
 #: The values export writes for a row's problem macros (a row edited by hand out of these would
@@ -147,6 +189,29 @@ def _check_parameters(path: Path, fam: KernelFamily, names: list[str]) -> None:
                 f"no {', '.join(f'{T}_0_{n}' for n in missing)}: the {fam.name} kernel needs "
                 f"{'it' if len(missing) == 1 else 'them'}")
         raise ExportError(f"header {path}: {what} (its parameters: {', '.join(sorted(known))})",
+                          "re-export the header; do not edit it by hand")
+
+
+def _check_table(path: Path, text: str, fam: KernelFamily, values: list[list[tuple[str, int]]]) -> None:
+    """Refuse a section whose ``kConfigs`` rows are not its macros' values (a row or a value edited
+    in one of the two): the header's static_asserts stop its build, so no reader may serve it."""
+    T, ns = fam.export_macro_prefix, fam.export_namespace
+    section = text[re.search(rf"^#define\s+{re.escape(T)}_COUNT\b", text, re.M).end():]
+    ends = [m.start() for f in families() if f.export_macro_prefix != T   # up to the next family's section
+            for m in [re.search(rf"^#define\s+{re.escape(f.export_macro_prefix)}_COUNT\b", section, re.M)] if m]
+    section = section[:min(ends, default=len(section))]
+    table = re.search(r"\bConfig\s+kConfigs\[\]\s*=\s*\{(.*?)^\s*\};", section, re.M | re.S)
+    got = [] if table is None else [re.sub(r"\s+", "", m.group(1)).replace("true", "1").replace("false", "0")
+                                    for m in re.finditer(r"^\s*\{([^{}]*)\}\s*,?\s*$", table.group(1), re.M)]
+    order = ("HEAD_DIM", "DTYPE", "IS_CAUSAL", "QUERY_ROWS_BUCKET", "MAX_SEQLEN")   # the struct's field order
+    want = [",".join(str(v) for v in (*(dict(row)[n] for n in order),
+                                      *(x for n, x in row if n not in ROW_PROBLEM_MACROS))) for row in values]
+    if got != want:
+        i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        what = (f"{ns}::kConfigs[{i}] is {{{_shown(got[i], quote=False)}}}, its macros {T}_{i}_* say "
+                f"{{{want[i]}}}" if i < len(got) and i < len(want) else
+                f"{ns}::kConfigs has {len(got)} rows, {T}_COUNT is {len(want)}")
+        raise ExportError(f"header {path}: {what} (the header's static_asserts refuse it)",
                           "re-export the header; do not edit it by hand")
 
 
