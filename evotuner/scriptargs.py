@@ -46,15 +46,22 @@ def output_path(text: str) -> Path:
     return path
 
 
-def positive(text: str) -> int:
-    """An argparse ``type=``: an integer of at least 1 (rounds, repetitions, sizes, trials)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
+def at_least(low: int, note: str = "") -> Callable[[str], int]:
+    """An argparse ``type=``: an integer of at least ``low``; ``note`` says what the least means
+    (``"0: every config"``)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} must be at least {low}" + (f" ({note})" if note else ""))
+        return value
+    return parse
+
+
+#: An argparse ``type=``: an integer of at least 1 (rounds, repetitions, sizes, trials).
+positive = at_least(1)
 
 
 def positive_list(text: str) -> list[int]:

@@ -39,7 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from evotuner.measure.racing import DEFAULT_RULE, RaceRule
-from evotuner.scriptargs import ArgumentParser, output_path, positive, seed
+from evotuner.scriptargs import ArgumentParser, at_least, output_path, positive, seed
 
 #: The standard normal's 80% point: p80 = median + Z80 * sigma_hi for a split normal.
 Z80 = 0.8416212335729143
@@ -191,17 +191,6 @@ def _rho(text: str) -> float:
     return value
 
 
-def _count(text: str) -> int:
-    """An argparse ``type=`` for ``--top``: an integer of at least 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 0 (0: every config)")
-    return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = ArgumentParser(prog="race_simulation.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--sweeps", default="tests/data/sweep_h100_*.csv")
@@ -209,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rho", type=_rho, default=0.0)
     p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--boundary", type=positive, default=20000)
-    p.add_argument("--top", type=_count, default=0, help="study only the N fastest configs of each sweep "
+    p.add_argument("--top", type=at_least(0, "0: every config"), default=0, help="study only the N fastest configs of each sweep "
                                                         "(a guided study's neighbourhood; 0: all)")
     p.add_argument("--output", type=output_path, default=None, help="also write the figures as JSON")
     args = p.parse_args(argv)

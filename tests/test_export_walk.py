@@ -119,6 +119,16 @@ def test_a_row_count_edited_huge_is_refused_without_a_list_of_that_many_rows(tmp
     _refused(header, "HOPPER_TUNED_COUNT is 11111111111111111111...11111111 (5000 characters), not a row count")
 
 
+def _edited(tmp_path: Path, edit: str, repl: str) -> Path:
+    """The test header with the first match of ``edit`` replaced (which must change it)."""
+    header = _header(tmp_path)
+    text = header.read_text()
+    edited = re.sub(edit, repl, text, count=1)
+    assert edited != text
+    header.write_text(edited)
+    return header
+
+
 @pytest.mark.parametrize("edit,repl,why", [
     # C++ reads 010 as octal 8; Python's int() read 10: the row served was not the row built
     (r"(#define HOPPER_TUNED_1_STAGES +)\d+", r"\g<1>010", "HOPPER_TUNED_1_STAGES is 010, an integer with a leading 0"),
@@ -136,11 +146,7 @@ def test_a_row_count_edited_huge_is_refused_without_a_list_of_that_many_rows(tmp
     (r'#define HOPPER_TUNED_ARCH "sm_90a"\n', "", "HOPPER_TUNED_COUNT but no HOPPER_TUNED_ARCH"),
 ])
 def test_a_macro_edited_out_of_what_export_writes_is_refused(tmp_path: Path, edit: str, repl: str, why: str) -> None:
-    header = _header(tmp_path)
-    text = header.read_text()
-    edited = re.sub(edit, repl, text, count=1)
-    assert edited != text
-    header.write_text(edited)
+    header = _edited(tmp_path, edit, repl)
     _refused(header, why)
 
 
@@ -154,11 +160,7 @@ def test_a_macro_edited_out_of_what_export_writes_is_refused(tmp_path: Path, edi
 ])
 def test_kconfigs_and_macros_edited_apart_are_refused_as_the_compiler_refuses_them(
         tmp_path: Path, edit: str, repl: str, why: str) -> None:
-    header = _header(tmp_path)
-    text = header.read_text()
-    edited = re.sub(edit, repl, text, count=1)
-    assert edited != text
-    header.write_text(edited)
+    header = _edited(tmp_path, edit, repl)
     _refused(header, why)
     (tmp_path / "use.cpp").write_text(f'#include "{header.name}"\n')
     r = subprocess.run([_gxx(), "-std=c++17", "-fsyntax-only", str(tmp_path / "use.cpp")],
