@@ -177,11 +177,14 @@ def _replay_error(exc: Exception) -> str:
 
 
 def _load(path: str, space_path: str | None):
+    """The sweep's space (``space_path``, else the packaged space the sweep was recorded with, as
+    ``search --replay`` picks it, else the packaged default) and its replay."""
     from evotuner.measure.replay import ReplayMeasure, read_sweep
+    from evotuner.session import pick_space
     from evotuner.space import load_space
 
     table = read_sweep(path)
-    space = load_space(space_path)
+    space = load_space(space_path) if space_path is not None else pick_space(replay=Path(path))[0]
     replay = ReplayMeasure(path, table.problem, space)
     return space, replay
 
@@ -405,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=positive, default=50)
     ap.add_argument("--batch", type=positive, default=1, help="trials asked before telling (the loop's build batch)")
     ap.add_argument("--space", default=None, help="the space the sweeps were made with: a file or a packaged "
-                    "space's name, e.g. hopper_grid (default: the packaged default)")
+                    "space's name, e.g. hopper_grid (default: the packaged space each sweep was recorded "
+                    "with, else the packaged default)")
     ap.add_argument("--workers", type=positive, default=None, help="processes (default: CPU count)")
     ap.add_argument("--output-dir", default=Path("sampler_benchmark"),
                     type=output_folder("a folder; samplers.md, samplers.json and samplers.png are written in it",

@@ -162,11 +162,18 @@ def test_sampler_benchmark_sweep_errors_are_one_line_and_create_nothing(tmp_path
     (tmp_path / "adir").mkdir()
     (tmp_path / "notdb.txt").write_text("x")
     for argv, says in ((["missing.csv"], "missing.csv: sweep file not found"), (["nosidecar.csv"], "nosidecar.csv"),
-                       (["adir"], "adir"), ([str(REPO / "tests" / "data" / "sweep_h100_hopper_d64.csv")],
-                                            "--space hopper_grid")):
+                       (["adir"], "adir"), ([str(REPO / "tests" / "data" / "sweep_h100_hopper_d64.csv"),
+                                             "--space", "flashcore"], "--space hopper_grid")):
         assert "--replay" not in _fails(capsys, bench.main, argv, says)
     _usage(capsys, bench.main, [str(D64), "--output-dir", "notdb.txt"], "not a folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "nosidecar.csv", "notdb.txt"]
+
+
+def test_sampler_benchmark_takes_the_space_a_sweep_was_recorded_with():
+    bench = _script("sampler_benchmark")
+    space, replay = bench._load(str(REPO / "tests" / "data" / "sweep_h100_hopper_d64.csv"), None)
+    assert space.kernel == "hopper" and Path(str(space.path)).stem == "hopper_grid"
+    assert bench._load(str(D64), None)[0].kernel == "flashcore"
 
 
 def test_sampler_benchmark_leaves_out_a_default_sampler_the_family_cannot_run(tmp_path, capsys, monkeypatch):
