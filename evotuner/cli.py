@@ -377,7 +377,7 @@ def _interrupted(store: Any, study: str, trials: int, storage: str | None) -> In
             continue
     what = stopping.stopped_by("interrupted")
     return InterruptedByUser(
-        f"{what}: {kept}; trials in flight were marked FAIL (interrupted by user) and run again on resume",
+        f"{what}: {kept}; trials in flight run again on resume (marked FAIL as interrupted, or reaped if left RUNNING)",
         f"continue with `evotuner resume {study_args(study, storage)} --trials {trials}`",
     )
 
@@ -456,9 +456,9 @@ def main(argv: list[str] | None = None, *, measure_factory: session.MeasureFacto
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # the CLI reports progress itself
-    # Optuna's storage warns (several lines, SQL and all) before retrying a failed read a
-    # slower way; what then fails is the CLI's one line, what then works needs no warning.
-    logging.getLogger("optuna.storages._rdb.storage").setLevel(logging.ERROR)
+    # Optuna's storage and psycopg warn in several lines (a retried read, a failed cancel): the CLI's line says it.
+    for name in ("optuna.storages._rdb.storage", "psycopg"):     # psycopg: "query cancellation failed", ...
+        logging.getLogger(name).setLevel(logging.ERROR)
     with stopping.signals_stop():
         return _main(argv, debug)
 
@@ -490,7 +490,7 @@ def _main(argv: list[str] | None, debug: bool) -> int:
         return _interrupt_exit()
     except KeyboardInterrupt:
         what = stopping.stopped_by("interrupted by user")
-        _error_line(f"{what} (trials in flight were marked FAIL; `evotuner resume` continues)")
+        _error_line(f"{what} (trials in flight run again on `evotuner resume`)")
         return _interrupt_exit()
     except Exception as exc:  # noqa: BLE001 -- the one boundary for everything unexpected
         if debug:

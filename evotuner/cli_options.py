@@ -309,17 +309,12 @@ def study_args(study: str, storage: str | None) -> str:
     ``***``)."""
     import shlex
 
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
+    from evotuner.storage.urlmask import mask_url
 
     args = f"--study {shlex.quote(study)}"
     if storage is None or storage == DEFAULT_STORAGE:
         return args
-    try:
-        shown = make_url(storage).render_as_string(hide_password=True) if "://" in storage else storage
-    except ArgumentError:
-        shown = storage
-    return f"{args} --storage {shlex.quote(shown)}"
+    return f"{args} --storage {shlex.quote(mask_url(storage))}"   # every secret: user:***@, ?password=***
 
 
 def say_skipped(studies: tuple[str, ...]) -> None:

@@ -35,6 +35,7 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError, OperationalError, S
 from evotuner.errors import StorageError
 from evotuner.storage import schema
 from evotuner.storage.readonly import readonly_url, refuse_foreign
+from evotuner.storage.server import bound_waits, refuse_raw_at, server_failure
 from evotuner.storage.urlmask import mask_url
 
 #: Environment variable that overrides the default database URL.
@@ -64,7 +65,7 @@ _CONNECT_TIMEOUT_ARG = {
 # What to pip install for a missing driver module.
 _DRIVER_PIP = {
     "psycopg": "'psycopg[binary]' (or use postgresql+psycopg2:// with psycopg2-binary)",
-    "psycopg2": "psycopg2-binary",
+    "psycopg2": "psycopg2-binary (or use postgresql+psycopg:// with psycopg[binary])",
     "MySQLdb": "mysqlclient (or use mysql+pymysql:// with pymysql)",
     "pymysql": "pymysql",
     "pg8000": "pg8000",
@@ -108,6 +109,7 @@ def resolve(url: str | None) -> Resolved:
     (an async one, a SQLite driver other than Python's sqlite3) are refused here too.
     """
     raw = url or os.environ.get(ENV_VAR) or DEFAULT_URL
+    refuse_raw_at(raw)
     try:
         parsed = make_url(raw)
     except (ArgumentError, ValueError) as exc:
@@ -211,8 +213,12 @@ def _import_driver(url: URL) -> Any:
     try:
         dialect = url.get_dialect()
     except NoSuchModuleError:
+        backend = url.drivername.partition("+")[0]
+        remedy = (_URL_REMEDY if backend not in ("postgres", "postgresql", "pgsql", "psql") else
+                  "write a PostgreSQL URL as postgresql+psycopg://user@host/dbname (psycopg 3) or "
+                  "postgresql+psycopg2://... (psycopg2)")
         raise StorageError(
-            f"storage URL {display(url)!r}: unknown database dialect or driver {url.drivername!r}", _URL_REMEDY
+            f"storage URL {display(url)!r}: unknown database dialect or driver {url.drivername!r}", remedy
         ) from None
     try:
         return dialect.import_dbapi()
@@ -301,6 +307,9 @@ def translate(exc: SQLAlchemyError, url: URL, doing: str, named_by: str = NAMED_
                 "check that the file and its directory are writable",
             )
         return StorageError(f"database {path}: {detail} while {doing}", "check the file; restore it from a copy if it is damaged")
+    server = server_failure(low, detail, url, where, doing, named_by)
+    if server is not None:
+        return server
     if doing == "connecting":
         return StorageError(
             f"cannot connect to {where}: {detail}",
@@ -345,6 +354,7 @@ def connect(url: URL, *, read_only: bool = False, named_by: str = NAMED_BY) -> E
     engine = create_engine(readonly_url(url) if read_only else url, **kwargs)
     if url.get_backend_name() == "sqlite" and not read_only:
         _immediate_transactions(engine)
+    bound_waits(engine)
     try:
         with engine.connect() as conn:
             validate(conn, url, named_by)

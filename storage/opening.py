@@ -7,14 +7,17 @@ opening, and the one session context all of storage's SQL runs in (:meth:`StoreO
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from types import FunctionType
+from typing import Any, Callable, TypeVar
 
 from optuna.exceptions import StorageInternalError
-from optuna.storages import RDBStorage
+from optuna.storages import RDBStorage as OptunaRDBStorage
 from sqlalchemy import insert, inspect, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -39,6 +42,42 @@ def utcnow() -> _dt.datetime:
 
 
 _Opened = TypeVar("_Opened", bound="StoreOpening")
+
+
+class RDBStorage(OptunaRDBStorage):
+    """Optuna's RDBStorage whose database failures are evotuner's one-line :class:`StorageError`
+    (``on_failure``, set by the store once it is open).
+
+    The loop asks and tells through the Optuna study (``study.tell``, ``trial.set_user_attr``),
+    not through the store's sessions: without this, a server gone in the middle of a search
+    surfaced as Optuna's StorageInternalError ("invalid data in the commit, e.g. exceeding max
+    length") and was reported as a bug."""
+
+    on_failure: Callable[[BaseException, str], StorageError] | None = None
+
+    def __getstate__(self) -> dict[Any, Any]:
+        state = super().__getstate__()
+        state.pop("on_failure", None)     # the store's method: not for another process
+        return state
+
+
+def _translating(name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    doing = "reading the study" if name.startswith(("get_", "check_")) else "writing the study"
+
+    @functools.wraps(method)
+    def call(self: RDBStorage, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (SQLAlchemyError, StorageInternalError) as exc:
+            if self.on_failure is None:
+                raise
+            raise self.on_failure(exc, doing) from (exc.__cause__ if isinstance(exc, StorageInternalError) else exc)
+    return call
+
+
+for _name, _method in vars(OptunaRDBStorage).items():
+    if not _name.startswith("_") and _name != "remove_session" and isinstance(_method, FunctionType):
+        setattr(RDBStorage, _name, _translating(_name, _method))
 
 
 class StoreOpening:
@@ -71,6 +110,7 @@ class StoreOpening:
                 created = _start.create_exclusively(path)   # None: another process made it first
         self._engine = None
         self._optuna: RDBStorage | None = None
+        self._doing = threading.local()     # what the Optuna call under way is doing (_optuna_call)
         try:
             self._engine = _connect.connect(self._url, read_only=read_only, named_by=named_by)
             self._sessions = sessionmaker(bind=self._engine, expire_on_commit=False)
@@ -100,7 +140,9 @@ class StoreOpening:
                 self._optuna = RDBStorage(
                     self.url, engine_kwargs=_connect.engine_kwargs(self._url), skip_compatibility_check=False
                 )
+                self._optuna.on_failure = self._failed
                 _start.immediate_sqlite(self._optuna.engine)
+                _connect.bound_waits(self._optuna.engine)
             schema.metadata.create_all(self._engine)
         except RuntimeError as exc:  # Optuna: its table schema is older/newer than the library
             raise StorageError(
@@ -132,6 +174,8 @@ class StoreOpening:
                 engine_kwargs=_connect.engine_kwargs(self._url), skip_compatibility_check=False,
                 skip_table_creation=True,
             )
+            self._optuna.on_failure = self._failed
+            _connect.bound_waits(self._optuna.engine)
         except RuntimeError as exc:
             raise StorageError(f"database {self.display_url}: {str(exc).splitlines()[0]}",
                                "install the optuna version that wrote it") from None
@@ -215,17 +259,26 @@ class StoreOpening:
 
     @contextmanager
     def _optuna_call(self, doing: str) -> Iterator[None]:
+        outer = getattr(self._doing, "what", None)
+        self._doing.what = doing     # what the Optuna storage's failures say in here (_failed)
         try:
             with self._reading():
                 yield
-        except SQLAlchemyError as exc:
-            raise _connect.translate(exc, self._url, doing, self._named_by) from None
-        except StorageInternalError as exc:   # Optuna's wrapper of a failed commit (a full disk, ...)
-            cause = exc.__cause__ or exc.__context__
-            if isinstance(cause, SQLAlchemyError):
-                raise _connect.translate(cause, self._url, doing, self._named_by) from None
-            raise StorageError(f"database {self.display_url}: {_first_line(exc)} while {doing}",
-                               "check the database (and the disk it is on); nothing was lost") from None
+        except (SQLAlchemyError, StorageInternalError) as exc:
+            raise self._failed(exc, doing) from None
+        finally:
+            self._doing.what = outer
+
+    def _failed(self, exc: BaseException, doing: str) -> StorageError:
+        """A failed SQL statement or Optuna commit (``StorageInternalError``: a full disk, a server
+        gone, ...) as the one line, saying what was being done (the innermost enclosing
+        ``_optuna_call``'s words where there is one, else ``doing``)."""
+        doing = getattr(self._doing, "what", None) or doing
+        cause = exc if isinstance(exc, SQLAlchemyError) else (exc.__cause__ or exc.__context__)
+        if isinstance(cause, SQLAlchemyError):
+            return _connect.translate(cause, self._url, doing, self._named_by)
+        return StorageError(f"database {self.display_url}: {_first_line(exc)} while {doing}",
+                            "check the database (and the disk it is on); nothing was lost")
 
     @contextmanager
     def _reading(self) -> Iterator[None]:

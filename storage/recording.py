@@ -3,6 +3,7 @@ SDPA baselines."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any, Iterable
@@ -29,6 +30,16 @@ from evotuner.vocabulary import MEASURED_ATTRS, measure_failure_reason
 PTXAS_FIGURES: tuple[str, ...] = ("registers", "spill_stores", "spill_loads", "stack", "smem", "barriers")
 #: How much of a compile log is kept per build.
 LOG_TAIL_CHARS = 4000
+
+
+def fit_key(key: str, length: int | None = schema.builds.c.build_key.type.length) -> str:
+    """``key`` as the ``build_key`` column holds it: unchanged when it fits; else its head and a
+    hash of the whole, so it still tells builds apart. A server database enforces the column's
+    length (SQLite does not), and a replayed build's key (``replay:<sweep>:<config>``) is longer."""
+    if length is None or len(key) <= length:
+        return key
+    digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{key[:length - len(digest) - 1]}~{digest}"
 
 
 def ptxas_figures(report: PtxasFigures | None) -> dict[str, int | None]:
@@ -68,7 +79,7 @@ class Recording(OptunaBridge):
                     study_id=row.id,
                     trial_number=trial_number,
                     config=str(build_result.config),
-                    build_key=build_result.key,
+                    build_key=fit_key(str(build_result.key)),
                     artifact_sha256=artifact.sha256 if artifact is not None else None,
                     ok=bool(build_result.ok),
                     cached=bool(build_result.cached),

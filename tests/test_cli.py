@@ -124,6 +124,8 @@ def test_commands_printed_for_pasting_name_the_database_they_need():
     assert study_args("my study", "sqlite:///a b.db") == "--study 'my study' --storage 'sqlite:///a b.db'"
     shown = study_args("s", "postgresql://tuner:secret@db.example:5432/evo")
     assert "secret" not in shown and shown.endswith("--storage 'postgresql://tuner:***@db.example:5432/evo'")
+    shown = study_args("s", "postgresql+psycopg://tuner@db/evo?password=p%40ss&sslmode=require")   # in the query
+    assert "p%40ss" not in shown and shown.endswith("'postgresql+psycopg://tuner@db/evo?password=***&sslmode=require'")
 
 
 def test_compile_json(capsys):
