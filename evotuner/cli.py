@@ -285,19 +285,18 @@ def compile_cmd(
     search_space.validate(kernel_config)
     constraint = search_space.violated(kernel_config, problem)
     if constraint is not None:
-        raise SpaceError(
-            f"--config {kernel_config}: breaks constraint {constraint.name}: {constraint.message}",
-            "pick values the space's [[constraints]] allow" + ("; or give the heads in --shape (e.g. H=32,HKV=8,D=128)"
-                                                               if "KV_GROUP" in constraint.expr.names else ""))
+        heads = "; or give the heads in --shape (e.g. H=32,HKV=8,D=128)" if "KV_GROUP" in constraint.expr.names else ""
+        raise SpaceError(f"--config {kernel_config}: breaks constraint {constraint.name}: {constraint.message}",
+                         "no config of this space runs this problem: give another --shape or --dtype, or a --space "
+                         "that takes it" if search_space.refused_problem(problem) is not None
+                         else f"pick values the space's [[constraints]] allow{heads}")
     with ExitStack() as stack:
         builder = _builder(search_space, 1, stack)
         build = builder.build(kernel_config, problem)
     if not build.ok:
         log = builder.cache.entry_dir(build.key) / "ptxas.log"
-        raise EvotunerError(
-            f"compile: nvcc failed for {kernel_config}: {one_line(build.error)}",
-            f"the whole compiler output is in {log}" if log.is_file() else "fix the kernel or pick another config",
-        )
+        remedy = f"the whole compiler output is in {log}" if log.is_file() else "fix the kernel or pick another config"
+        raise EvotunerError(f"compile: nvcc failed for {kernel_config}: {one_line(build.error)}", remedy)
     gate = apply_gate(build, search_space.gate)
     figures = report_dict(gate.report)
     if as_json:

@@ -352,6 +352,7 @@ def start_study(store: StudyStore, study: str, problem: Problem, space: SearchSp
     if problem.varlen and not problem.lengths_q:
         raise EvotunerError(f"problem {problem}: a packed problem without sequence lengths cannot be measured",
                             "give the lengths: Problem.packed(lengths, ...) or `evotuner search --lengths ...`")
+    space.check_feasible(problem)        # a space that would propose nothing makes no study
     if builder is not None and ensure_study(store, study, lambda replacing: store.create_study(
             study, problem, space, sampler, seed, source_hash=builder.source_hash(),
             nvcc_version=builder.nvcc_version(), replacing=replacing), on_wait=on_wait):

@@ -32,7 +32,9 @@ from pathlib import Path
 from evotuner.errors import SpaceError
 from evotuner.family import DEFAULT_FAMILY, get_family
 from evotuner.spaceexpr import Expr, compile_expr
-from evotuner.spacefile import BASE_MARK, STACK_FORMAT, SpaceLoader, narrow, parse_toml, stack_text, stored_subgrid
+from evotuner.spacefile import (
+    BASE_MARK, STACK_FORMAT, SpaceLoader, check_file_size, narrow, parse_toml, stack_text, stored_subgrid,
+)
 from evotuner.spacemodel import (
     PROBLEM_NAMES,
     Constraint,
@@ -57,9 +59,12 @@ def load_space(path: str | Path | None = None, *, family: str | None = None) -> 
     where = str(path)
     p = Path(path)
     if not p.is_file():
-        what = ("is a folder" if p.is_dir() else "is not a regular file") if p.exists() else "space file not found"
+        what = ("is a folder" if p.is_dir() else "is not a regular file") if p.exists() else (
+            "is a symbolic link that leads nowhere (a loop, or its target is gone)" if p.is_symlink()
+            else "space file not found")
         raise SpaceError(f"{where}: {what}",
                          "pass an existing .toml file, or omit --space for the packaged default")
+    check_file_size(p, where)
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -111,10 +111,13 @@ _ARITY_EXAMPLE = {"min": "min(x, 128)", "max": "max(1, x // 2)", "abs": "abs(x -
 _ALLOWED = "integers, names, + - * // % **, comparisons, and/or/not, min() max() abs()"
 
 
-def compile_expr(source: str, where: str, known: Mapping[str, Any]) -> Expr:
+def compile_expr(source: str, where: str, known: Mapping[str, Any],
+                 unusable: Callable[[str], tuple[str, str] | None] | None = None) -> Expr:
     """Parse ``source`` and check that it uses only allowed syntax and ``known`` names.
 
-    ``where`` ("file: key") prefixes every error message.
+    ``where`` ("file: key") prefixes every error message. ``unusable(name)``: (why, remedy)
+    for a name not ``known`` that exists but cannot be used here (the [derived] name being
+    defined, or one defined below it), refused with that reason rather than as unknown.
     """
     if len(source) > _MAX_EXPR_CHARS:
         raise SpaceError(f"{where}: expression longer than {_MAX_EXPR_CHARS} characters",
@@ -125,18 +128,19 @@ def compile_expr(source: str, where: str, known: Mapping[str, Any]) -> Expr:
         raise SpaceError(f"{where}: cannot parse {source!r}: {exc.msg}", f"expressions may use {_ALLOWED}") from None
     names: set[str] = set()
     check_depth(tree.body, where)
-    _check_node(tree.body, where, known, names)
+    _check_node(tree.body, where, known, names, unusable or (lambda name: None))
     return Expr(source.strip(), frozenset(names), tree, where)
 
 
-def _check_node(node: ast.AST, where: str, known: Mapping[str, Any], names: set[str]) -> None:
+def _check_node(node: ast.AST, where: str, known: Mapping[str, Any], names: set[str],
+                unusable: Callable[[str], tuple[str, str] | None]) -> None:
     """Recursively accept only the syntax ``_Evaluator`` knows; collect the names used."""
 
     def bad(what: str) -> SpaceError:
         return SpaceError(f"{where}: {what} is not allowed", f"expressions may use {_ALLOWED}")
 
     def check(child: ast.AST) -> None:
-        _check_node(child, where, known, names)
+        _check_node(child, where, known, names, unusable)
 
     if isinstance(node, ast.BinOp):
         if type(node.op) not in _BINOPS:
@@ -162,6 +166,9 @@ def _check_node(node: ast.AST, where: str, known: Mapping[str, Any], names: set[
         if isinstance(node.value, bool) or not isinstance(node.value, int):
             raise bad(f"the constant {node.value!r}")
     elif isinstance(node, ast.Name):
+        reason = None if node.id in known else unusable(node.id)
+        if reason is not None:
+            raise SpaceError(f"{where}: {node.id!r} {reason[0]}", reason[1])
         if node.id not in known:
             raise SpaceError(f"{where}: unknown name {node.id!r}", f"known names: {', '.join(known)}")
         names.add(node.id)
@@ -191,7 +198,8 @@ def _division_by_zero(where: str) -> SpaceError:
 def _power(a: int, b: int, where: str) -> int:
     """``a ** b`` after the exponent's and the result's limits."""
     if not 0 <= b <= _MAX_POW_EXPONENT:
-        raise SpaceError(f"{where}: exponent {b} outside 0..{_MAX_POW_EXPONENT}")
+        raise SpaceError(f"{where}: exponent {b} outside 0..{_MAX_POW_EXPONENT}",
+                         f"powers are of integers: keep the exponent within 0..{_MAX_POW_EXPONENT}")
     check_pow(a, b, where)
     return check_bits(a ** b, where)
 

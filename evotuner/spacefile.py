@@ -5,16 +5,17 @@ text a study stores for one, :data:`STACK_FORMAT`), and checking every table int
 from __future__ import annotations
 
 import json
+import keyword
 import re
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from evotuner.config import PARAM_NAME
 from evotuner.errors import SpaceError
 from evotuner.family import get_family
 from evotuner.spaceexpr import Expr, compile_expr
-from evotuner.spacelimits import MAX_PARAM_VALUE, check_size, first_duplicate
+from evotuner.spacelimits import MAX_PARAM_VALUE, MAX_SPACE_BYTES, check_size, first_duplicate
 from evotuner.spacemodel import (
     DEVICE_KEYS,
     GATE_KEYS,
@@ -47,6 +48,9 @@ _ARCH = re.compile(r"^sm_\d{2,3}[af]?\Z")
 #: Values of one parameter; more is a generated list, not a kernel knob (and the space's
 #: product of sizes is what the loop walks).
 _MAX_PARAM_VALUES = 4096
+#: What expressions may name, for the remedies of names they may not.
+_EXPR_NAMES = ("the parameters, HEAD_DIM, DTYPE_BYTES, IS_CAUSAL, IS_VARLEN, KV_GROUP, "
+               "the [device] keys and the [derived] names above")
 
 
 #: The text a study stores for a sub-grid space holds every file of the stack (the sub-grid's
@@ -74,12 +78,18 @@ def narrow(data: dict[str, Any], text: str, path: Path, depth: int = 0) -> tuple
     :func:`parse_space` reads back without the files."""
     where = str(path)
     base_name = _base_name(data, where)
-    base_path = (path.parent / base_name).resolve()
+    try:
+        base_path = (path.parent / base_name).resolve()
+    except (OSError, RuntimeError):   # a symlink loop (RuntimeError before Python 3.13)
+        raise SpaceError(f"{where}: [space] base: {base_name} is a symbolic link that leads nowhere (a loop?)",
+                         "name a space file beside this one") from None
     if depth > _MAX_BASE_DEPTH:
         raise SpaceError(f"{where}: [space] base: more than {_MAX_BASE_DEPTH} bases deep (a cycle?)",
                          "point base at a full space file")
     if not base_path.is_file():
-        raise SpaceError(f"{where}: [space] base: {base_path} not found", "name a space file beside this one")
+        what = "is not a regular file" if base_path.exists() else "not found"
+        raise SpaceError(f"{where}: [space] base: {base_path} {what}", "name a space file beside this one")
+    check_file_size(base_path, f"{where}: [space] base: {base_path}")
     try:
         base_text = base_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
@@ -213,8 +223,8 @@ def _stored_marked(text: str, where: str, depth: int = 0) -> dict[str, Any] | No
 def parse_toml(text: str, where: str) -> dict[str, Any]:
     if _toml is None:  # pragma: no cover - Python 3.10 without tomli
         raise SpaceError(f"{where}: reading TOML on Python 3.10 needs the tomli package", "pip install tomli")
-    try:
-        return _toml.loads(text)
+    try:   # a byte-order mark (what some Windows editors write first) is no TOML, and invisible
+        return _toml.loads(text.removeprefix("\ufeff"))
     except _toml.TOMLDecodeError as exc:
         raise SpaceError(f"{where}: malformed TOML: {exc}", "fix the line it names") from None
 
@@ -233,7 +243,8 @@ class SpaceLoader:
                 raise self.error(f"[{key}]", "missing table", f"add a [{key}] table (see the packaged flashcore.toml)")
             return {}
         if not isinstance(value, dict):
-            raise self.error(key, f"must be a table, got {type(value).__name__}")
+            raise self.error(key, f"must be a table, got {type(value).__name__}",
+                             f"write it as a [{key}] table (see the packaged flashcore.toml)")
         return value
 
     def only(self, table: Mapping[str, Any], key: str, allowed: tuple[str, ...] | Mapping[str, Any]) -> None:
@@ -243,7 +254,8 @@ class SpaceLoader:
 
     def integer(self, value: Any, key: str) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(key, f"must be an integer, got {value!r}")
+            raise self.error(key, f"must be an integer, got {value!r}",
+                             "write a whole number without quotes, e.g. 1024")
         return value
 
     def load(self, data: dict[str, Any], text: str) -> SearchSpace:
@@ -267,7 +279,7 @@ class SpaceLoader:
                              "use the folder's name under kernels/, e.g. flashcore")
         doc = space.get("doc", "")
         if not isinstance(doc, str):
-            raise self.error("[space] doc", "must be a string")
+            raise self.error("[space] doc", "must be a string", 'e.g. doc = "what this space tunes"')
 
         params = self.params(self.table(data, "params"))
         device = self.device(self.table(data, "device"))
@@ -289,15 +301,19 @@ class SpaceLoader:
             known[p.name] = "param"
 
         derived: list[Derived] = []
-        for name, src in self.table(data, "derived", required=False).items():
+        derived_table = self.table(data, "derived", required=False)
+        order = {n: i for i, n in enumerate(derived_table)}
+        for name, src in derived_table.items():
             key = f"[derived] {name}"
             if not _IDENT.match(name):
                 raise self.error(key, "is not an identifier", "use letters, digits and _")
+            if keyword.iskeyword(name):
+                raise self.error(key, f"{name} is a Python keyword, which no expression can name", "rename it")
             if name in known:
                 raise self.error(key, f"the name {name} is already a {known[name]} name", "rename it")
             if not isinstance(src, str):
                 raise self.error(key, f"must be an expression string, got {src!r}", 'e.g. threads = "WARPS * 32"')
-            derived.append(Derived(name, self.expr(src, key, known)))
+            derived.append(Derived(name, self.expr(src, key, known, _below(name, order))))
             known[name] = "derived"
 
         raw_constraints = data.get("constraints", [])
@@ -321,11 +337,12 @@ class SpaceLoader:
             expr = self.expr(c["expr"], f"{label} expr", known)
             message = c["message"].strip()
             if "\n" in message:
-                raise self.error(f"{label} message", "must be one line")
+                raise self.error(f"{label} message", "must be one line", "write it on one line; it is shown as one")
             for m in PLACEHOLDER.finditer(message):
-                if m.group(1) not in known:
+                if known.get(m.group(1), "build stage") == "build stage":   # a macro has no value to show
                     raise self.error(f"{label} message", f"unknown placeholder {{{m.group(1)}}}",
-                                     f"placeholders are {{NAME}} with NAME one of {', '.join(known)}")
+                                     f"placeholders are {{NAME}} with NAME one of "
+                                     f"{', '.join(n for n, kind in known.items() if kind != 'build stage')}")
             constraints.append(Constraint(c["name"], expr, message))
 
         return SearchSpace(
@@ -361,7 +378,7 @@ class SpaceLoader:
                 raise self.error(f"{key} values", f"duplicate value {dupes}", "list each value once")
             doc = body.get("doc", "")
             if not isinstance(doc, str):
-                raise self.error(f"{key} doc", "must be a string")
+                raise self.error(f"{key} doc", "must be a string", 'e.g. doc = "what the parameter sets"')
             big = next((v for v in values if abs(v) > MAX_PARAM_VALUE), None)
             if big is not None:
                 raise self.error(f"{key} values", f"{big} does not fit a C int (|value| <= {MAX_PARAM_VALUE})",
@@ -376,7 +393,8 @@ class SpaceLoader:
             if k not in table:
                 raise self.error(f"[device] {k}", "missing", f"[device] needs all of {', '.join(DEVICE_KEYS)}")
             if self.integer(table[k], f"[device] {k}") <= 0:
-                raise self.error(f"[device] {k}", f"must be positive, got {table[k]}")
+                raise self.error(f"[device] {k}", f"must be positive, got {table[k]}",
+                                 "give the device's limit (see the packaged flashcore.toml's [device])")
         return DeviceLimits(**{k: table[k] for k in DEVICE_KEYS})
 
     def gate(self, table: dict[str, Any], device: DeviceLimits) -> GateThresholds:
@@ -385,9 +403,39 @@ class SpaceLoader:
             if k not in table:
                 raise self.error(f"[gate] {k}", "missing", f"[gate] needs all of {', '.join(GATE_KEYS)}")
             if self.integer(table[k], f"[gate] {k}") < 0:
-                raise self.error(f"[gate] {k}", f"must not be negative, got {table[k]}")
+                raise self.error(f"[gate] {k}", f"must not be negative, got {table[k]}",
+                                 "0 rejects any; see the packaged flashcore.toml's [gate]")
         return GateThresholds(device=device, **{k: table[k] for k in GATE_KEYS})
 
-    def expr(self, source: str, key: str, known: Mapping[str, str]) -> Expr:
-        return compile_expr(source, f"{self.where}: {key}", known)
+    def expr(self, source: str, key: str, known: Mapping[str, str],
+             later: Callable[[str], tuple[str, str] | None] | None = None) -> Expr:
+        """``source`` checked against the ``known`` names; ``later``: see :func:`_below`."""
+        return compile_expr(source, f"{self.where}: {key}", known, later)
+
+
+def _below(name: str, order: Mapping[str, int]) -> Callable[[str], tuple[str, str] | None]:
+    """Why the [derived] ``name`` cannot use another [derived] name (``order``: each one's
+    position): itself, or one defined below it; None for any other name."""
+
+    def why(other: str) -> tuple[str, str] | None:
+        if other == name:
+            return "refers to itself", f"compute {name} from {_EXPR_NAMES} it"
+        if order.get(other, -1) > order[name]:
+            return ("is defined below it in [derived]", f"define {other} above {name}: [derived] names are computed "
+                    "top to bottom, each from those above it, so none can depend on itself")
+        return None
+
+    return why
+
+
+def check_file_size(path: Path, where: str) -> None:
+    """Refuse a file larger than any space file before reading it (a database or a log
+    passed by mistake would be read whole)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return      # the read that follows says what is wrong
+    if size > MAX_SPACE_BYTES:
+        raise SpaceError(f"{where}: {size} bytes, more than the {MAX_SPACE_BYTES} a space file may have",
+                         "pass the search space's .toml file (a few kilobytes of TOML)")
 

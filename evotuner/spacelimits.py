@@ -35,6 +35,9 @@ MAX_DEPTH = 48
 MAX_CONFIGS = 1 << 18
 #: Largest magnitude of a parameter value: each becomes a C ``int`` macro of the kernel.
 MAX_PARAM_VALUE = 2**31 - 1
+#: Largest space file read (the packaged ones are under 20 KB): a database or a log passed
+#: as the space by mistake is refused before it is read whole.
+MAX_SPACE_BYTES = 16 << 20
 
 
 def check_size(counts: Sequence[tuple[str, int]], where: str) -> int:

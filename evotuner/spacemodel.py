@@ -242,6 +242,35 @@ class SearchSpace:
                 return replace(c, message=_fill(c.message, env))
         return None
 
+    def refused_problem(self, problem: Problem) -> Constraint | None:
+        """The first constraint that names no parameter (nor a [derived] name computed from one)
+        and is false at ``problem``, message filled in: then no config of the space runs it."""
+        varies = set(self.names)
+        for d in self.derived:
+            if d.expr.names & varies:
+                varies.add(d.name)
+        fixed = [c for c in self.constraints if not c.expr.names & varies]
+        env = self.environment(next(self.configs()), problem) if fixed else {}
+        return next((replace(c, message=_fill(c.message, env)) for c in fixed if not c.expr.evaluate(env)), None)
+
+    def check_feasible(self, problem: Problem) -> None:
+        """Raise SpaceError when no config passes the constraints at ``problem`` (a search would
+        propose nothing), naming the constraint that refuses the problem itself, else the one
+        the first config breaks."""
+        if next(iter(self.feasible(problem)), None) is not None:
+            return
+        refused = self.refused_problem(problem)
+        if refused is not None:
+            raise SpaceError(f"{self.path}: constraint {refused.name} refuses the problem {problem}: {refused.message}",
+                             "no config of this space can run it: tune it with a space that takes it (--space), "
+                             "or tune another problem")
+        first = next(self.configs())
+        broken = self.violated(first, problem)
+        assert broken is not None    # feasible() is exactly the configs violated() passes
+        raise SpaceError(f"{self.path}: none of the {self.size} configs passes the [[constraints]] at {problem} "
+                         f"(the first, {first}, breaks {broken.name}: {broken.message})",
+                         "list parameter values the constraints allow, or relax the [[constraints]]")
+
     def fingerprint(self) -> str:
         """sha256 of the canonical JSON of everything that decides which configs are
         proposed, compiled and gated: kernel, arch, params, derived, constraint

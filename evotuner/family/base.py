@@ -59,7 +59,7 @@ if TYPE_CHECKING:  # only for annotations: no import at run time
     from evotuner.space import GateThresholds
 
 #: Names the build stage defines itself (``<P>_<NAME>``); a space parameter may not take them.
-BUILD_RESERVED = frozenset({"HEAD_DIM", "IS_CAUSAL", "DTYPE", "KERNEL_NAME", "META_NAME", "ABI_VERSION"})
+BUILD_RESERVED = frozenset({"HEAD_DIM", "IS_CAUSAL", "DTYPE", "KERNEL_NAME", "META_NAME", "ABI_VERSION", "VARLEN"})
 
 
 @dataclass(frozen=True)
