@@ -50,7 +50,7 @@ class Shape:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ShapeError(f"shape: {name} must be a positive integer, got {value!r}", f"give {name}=1 or more")
             if value > INT32_MAX:       # the kernels' shape arguments are int32_t
-                raise ShapeError(f"shape: {name}={value} does not fit the kernels' 32-bit shape arguments",
+                raise ShapeError(f"shape: {name}={number_text(value)} does not fit the kernels' 32-bit shape arguments",
                                  f"use at most {INT32_MAX}")
         if self.heads % self.heads_kv:
             raise ShapeError(f"shape: H={self.heads} query heads do not split into HKV={self.heads_kv} key/value heads",
@@ -113,18 +113,23 @@ def parse_shape_values(text: str) -> dict[str, int]:
             )
         if key in values:
             raise ShapeError(f"--shape: {key} is given twice", "give each size once")
+        raw = raw.strip()
         try:
-            values[key] = int(raw.strip())
+            values[key] = int(raw)
         except ValueError:
-            raise ShapeError(f"--shape: {key}={raw.strip()!r} is not an integer") from None
+            if raw.isdecimal():          # past the 4300 digits int() reads
+                raise ShapeError(f"--shape: {key} has {len(raw)} digits", f"use at most {INT32_MAX}") from None
+            raise ShapeError(f"--shape: {key}={raw[:40]!r} is not an integer",
+                             "write each size as a whole number, e.g. B=16,H=16,S=2048,D=64") from None
     for key, value in values.items():         # named by the key the user wrote, before Shape's fields
         if key == "D" and value not in HEAD_DIMS:
             raise ShapeError(f"--shape: head dim D={value} is not supported",
                              f"use one of {', '.join(map(str, HEAD_DIMS))}")
         if value < 1:
-            raise ShapeError(f"--shape: {key} must be a positive integer, got {value}", f"give {key}=1 or more")
+            raise ShapeError(f"--shape: {key} must be a positive integer, got {number_text(value)}",
+                             f"give {key}=1 or more")
         if value > INT32_MAX:                   # the kernels' shape arguments are int32_t
-            raise ShapeError(f"--shape: {key}={value} does not fit the kernels' 32-bit shape arguments",
+            raise ShapeError(f"--shape: {key}={number_text(value)} does not fit the kernels' 32-bit shape arguments",
                              f"use at most {INT32_MAX}")
     if "S" in values and ({"SQ", "SK"} & values.keys()):
         raise ShapeError("--shape: S and SQ/SK are both given", "give either S (Sq = Sk) or SQ and SK")
@@ -133,6 +138,14 @@ def parse_shape_values(text: str) -> dict[str, int]:
     if "HKV" in values and "H" not in values:
         raise ShapeError("--shape: HKV (key/value heads) needs H (query heads)", "e.g. H=32,HKV=8")
     return values
+
+
+def number_text(n: int) -> str:
+    """``n`` as written, or ``a number of about N digits`` past 20 digits (a pasted run of
+    digits; Python does not print an int past 4300 digits)."""
+    if abs(n) < 10**20:
+        return str(n)
+    return f"a number of about {int(abs(n).bit_length() * 0.30103) + 1} digits"
 
 
 def _missing_d() -> int:
@@ -146,10 +159,11 @@ def _check_lengths(lengths: object, what: str) -> tuple[int, ...]:
     out = tuple(lengths)  # type: ignore[arg-type]
     for n in out:
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ShapeError(f"{what}: sequence length {n!r:.40} is not an integer >= 0",
+            shown = number_text(n) if isinstance(n, int) else f"{n!r:.40}"
+            raise ShapeError(f"{what}: sequence length {shown} is not an integer >= 0",
                              "give each sequence's length as a whole number (0: an empty sequence)")
         if n > INT32_MAX:
-            raise ShapeError(f"{what}: sequence length {n} does not fit the kernels' 32-bit offsets",
+            raise ShapeError(f"{what}: sequence length {number_text(n)} does not fit the kernels' 32-bit offsets",
                              f"use at most {INT32_MAX}")
     if not out:
         raise ShapeError(f"{what}: no sequences", "give at least one sequence length, e.g. --lengths 4096")
@@ -329,9 +343,16 @@ class Problem:
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> "Problem":
-        kv = d.get("heads_kv")
-        shape = Shape(int(d["batch"]), int(d["heads"]), int(d["seqlen_q"]), int(d["seqlen_k"]), int(d["head_dim"]),
-                      None if kv is None else int(kv))
+        """:meth:`as_dict`'s problem back; ShapeError naming a key that is missing or of the
+        wrong type (a stored ``"causal": "false"`` is not read as true, nor 2.5 rows as 2)."""
+        missing = [k for k in ("batch", "heads", "seqlen_q", "seqlen_k", "head_dim", "dtype", "causal") if k not in d]
+        if missing:
+            raise ShapeError(f"problem: {', '.join(missing)} missing")
+        for key in ("causal", "varlen"):
+            if not isinstance(d.get(key, False), bool):
+                raise ShapeError(f"problem: {key}={d[key]!r:.40} is not true or false")
+        dims: list = [d["batch"], d["heads"], d["seqlen_q"], d["seqlen_k"], d["head_dim"], d.get("heads_kv")]
+        shape = Shape(*dims)                  # Shape refuses what is not an int (2.5, "4", None, True)
         lengths: dict[str, tuple[int, ...]] = {}
         for name in ("lengths_q", "lengths_k"):
             raw = d.get(name)
@@ -340,5 +361,5 @@ class Problem:
             if not isinstance(raw, list):
                 raise ShapeError(f"problem: {name} is a {type(raw).__name__}, not a list of lengths")
             lengths[name] = _check_lengths(raw, name)
-        return cls(shape=shape, dtype=str(d["dtype"]), causal=bool(d["causal"]), varlen=bool(d.get("varlen", False)),
-                   **lengths)
+        flags: dict = {"dtype": d["dtype"], "causal": d["causal"], "varlen": d.get("varlen", False)}
+        return cls(shape=shape, **flags, **lengths)
