@@ -55,7 +55,7 @@ from evotuner.errors import EvotunerError, InterruptedByUser, SpaceError
 from evotuner.export import export_header
 from evotuner.gate import apply_gate
 from evotuner.lengths import problem_of_options
-from evotuner.problem import Problem, Shape
+from evotuner.problem import Problem, Shape, parse_shape_values
 from evotuner.propose import make_sampler
 from evotuner.report import make_report
 from evotuner.space import load_space, stored_space
@@ -176,7 +176,7 @@ def resume(
 ) -> None:
     """Continue a study to --trials finished trials in total (problem, space, sampler from the study)."""
     racing = session.race_rule(full_timing=full_timing, paired=paired_race)
-    wanted_shape = Shape.parse(shape) if shape is not None else None
+    wanted_shape = parse_shape_values(shape) if shape is not None else None   # the sizes given: a packed study has no B, S
     wanted_space = session.pick_space(space)[0] if space is not None else None
     stages = _stages(replay, "resume", replay_delay, gpus)   # refuses at once without a GPU (unless replaying)
     store = open_store(storage, must_exist=True)

@@ -61,6 +61,11 @@ class Shape:
                 f"use one of {', '.join(map(str, HEAD_DIMS))}",
             )
 
+    def differs_from(self, given: dict[str, int]) -> bool:
+        """Whether any of ``given`` (:func:`parse_shape_values`' keys: only those a user wrote)
+        is not this shape's."""
+        return any(getattr(self, _SHAPE_KEYS[key]) != value for key, value in given.items())
+
     @classmethod
     def parse(cls, text: str, *, require: tuple[str, ...] = ("B", "H", "S", "D")) -> "Shape":
         """Parse ``B=16,H=16,S=2048,D=64`` (``SQ``/``SK`` may replace ``S``).
@@ -96,6 +101,13 @@ class Shape:
         s = f"S={self.seqlen_q}" if self.seqlen_q == self.seqlen_k else f"SQ={self.seqlen_q},SK={self.seqlen_k}"
         kv = f",HKV={self.heads_kv}" if self.heads_kv != self.heads else ""
         return f"B={self.batch},H={self.heads}{kv},{s},D={self.head_dim}"
+
+
+def shape_values_text(values: dict[str, int]) -> str:
+    """:func:`parse_shape_values`' sizes as --shape text, in B, H, HKV, S, D order (``S`` where SQ = SK)."""
+    same = values.get("SQ") is not None and values.get("SQ") == values.get("SK")
+    keys = ["B", "H", "HKV", *(["S"] if same else ["SQ", "SK"]), "D"]
+    return ",".join(f"{k}={values['SQ' if k == 'S' else k]}" for k in keys if ("SQ" if k == "S" else k) in values)
 
 
 def parse_shape_values(text: str) -> dict[str, int]:
@@ -150,6 +162,11 @@ def number_text(n: int) -> str:
 
 def _missing_d() -> int:
     raise ShapeError("--shape: missing dimension D", "e.g. --shape D=64")
+
+
+#: The fewest query rows of a tile (one consumer warpgroup): a packed batch's grid has at most
+#: ceil(longest / this) x heads x sequences tiles.
+PACKED_TILE_ROWS = 64
 
 
 def _check_lengths(lengths: object, what: str) -> tuple[int, ...]:
@@ -255,6 +272,12 @@ class Problem:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ShapeError(f"--dtype: {self.dtype!r} is not supported", f"use one of {', '.join(DTYPES)}")
+        s = self.shape
+        grid = -(-s.seqlen_q // PACKED_TILE_ROWS) * s.heads * s.batch
+        if self.varlen and grid > INT32_MAX:    # the kernel counts the grid's tiles in int32
+            raise ShapeError(f"packed batch: its grid spans the longest sequence ({s.seqlen_q} rows) for each of "
+                             f"{s.batch} sequences and {s.heads} heads, {grid} tiles, past the kernel's 32-bit count",
+                             "split the batch, or pack sequences of similar length together")
         if not self.lengths_q and not self.lengths_k:
             return
         if not self.varlen:
@@ -263,7 +286,6 @@ class Problem:
         if not self.lengths_q:
             raise ShapeError("--lengths-k: key lengths without query lengths", "give --lengths too")
         lq, lk = _check_sequences(self.lengths_q, self.lengths_k or None)
-        s = self.shape
         derived = (len(lq), max(lq), max(lk))
         if (s.batch, s.seqlen_q, s.seqlen_k) != derived:
             raise ShapeError(f"problem: shape B={s.batch},SQ={s.seqlen_q},SK={s.seqlen_k} does not match the "

@@ -27,7 +27,7 @@ from evotuner.measure.base import MeasureStage
 from evotuner.measure.racing import DEFAULT_RULE, PAIRED_MARGIN, RaceRule
 from evotuner.measure.replay import ReplayMeasure
 from evotuner.numbers import parse_real
-from evotuner.problem import Problem, Shape
+from evotuner.problem import Problem, shape_values_text
 from evotuner.propose import MODEL_SAMPLERS, make_sampler
 from evotuner.space import SearchSpace, load_space, stored_space
 from evotuner.storage import StudyStore
@@ -391,18 +391,18 @@ class Resumed:
     seed: int
 
 
-def resume_study(store: StudyStore, study: str, *, shape: Shape | None = None,
+def resume_study(store: StudyStore, study: str, *, shape: dict[str, int] | None = None,
                  space: SearchSpace | None = None) -> Resumed:
-    """The study's problem, space, sampler and seed; ``shape``/``space`` given must equal the study's."""
+    """The study's problem, space, sampler and seed; the ``shape`` sizes given (--shape's keys,
+    :func:`evotuner.problem.parse_shape_values`) and the ``space`` given must be the study's."""
     info = store.summary(study)                 # StorageError naming the study if not found
     problem = info.problem
     recorded = study_space(store, study)
-    if shape is not None and shape != problem.shape:
-        raise StudyMismatchError(
-            f"study {study!r} tunes shape {problem.shape}, not {shape}",
-            f"drop --shape (resume reads it from the study), or start a new study with "
-            f"`evotuner search --study NEW --shape {shape}`",
-        )
+    if shape and problem.shape.differs_from(shape):
+        given = shape_values_text(shape)
+        raise StudyMismatchError(f"study {study!r} tunes {problem}, not --shape {given}",
+                                 "drop --shape (resume reads it from the study), or start a new study with "
+                                 f"`evotuner search --study NEW --shape {given}`")
     if space is not None and space.fingerprint() != recorded.fingerprint():
         raise StudyMismatchError(
             f"study {study!r} was started with another search space than {space.path}",

@@ -135,8 +135,9 @@ class OptunaBridge(StudyCreation):
             created = self._problem(row)
             if created != problem:
                 raise StudyMismatchError(
-                    f"study '{name}' was created for {created}; this run asks for {problem}",
-                    "use another --study name",
+                    f"study '{name}' was created for {created}; this run asks for {problem}"
+                    + _where_lengths_differ(created, problem),
+                    "use another --study name (`evotuner show --json` lists a packed study's lengths)",
                 )
         if space is not None:
             fp = space_fingerprint(space)
@@ -257,3 +258,16 @@ class OptunaBridge(StudyCreation):
             names = self.optuna_storage.get_study_user_attrs(study_id).get(TRANSFER_ATTR) or []
         return tuple(str(n) for n in names)
 
+
+def _where_lengths_differ(created: Any, asked: Any) -> str:
+    """Where two packed problems that read the same (their summaries show a count and a range)
+    differ: the first sequence whose query, then key, length is not the study's ("": they read
+    apart already)."""
+    if str(created) != str(asked):
+        return ""
+    for which, mine, theirs in (("query", created.lengths_q, asked.lengths_q),
+                                ("key", created.lengths_k, asked.lengths_k)):
+        i = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+        if i is not None:
+            return f"; its {which} lengths differ at sequence {i}: {mine[i]} in the study, {theirs[i]} here"
+    return ""

@@ -123,3 +123,51 @@ def test_a_stored_problem_missing_keys_names_them():
     assert Problem.from_dict(packed.as_dict()) == packed
     dense = Problem(Shape(2, 4, 5, 5, 64), "bf16", True)
     assert Problem.from_dict(dense.as_dict()) == dense
+
+
+def test_a_packed_grid_past_the_kernels_32_bit_tile_count_is_refused():
+    """The grid spans the longest sequence for every sequence and head: 4096 sequences, one of
+    1M rows, 32 heads is 2^31 tiles of 64 rows for about 8.6 GB of Q, which a GPU holds."""
+    from evotuner.errors import ShapeError
+    from evotuner.problem import Problem, Shape
+
+    lengths = [1] * 4095 + [1 << 20]
+    with pytest.raises(ShapeError, match="past the kernel's 32-bit count"):
+        Problem.packed(lengths, heads=32, head_dim=128)
+    with pytest.raises(ShapeError, match="past the kernel's 32-bit count"):   # as flash_attention_varlen makes it
+        Problem(Shape(4096, 32, 1 << 20, 1 << 20, 128), varlen=True)
+    assert Problem.packed(lengths, heads=16, head_dim=128).shape.batch == 4096    # 2^30 tiles: fine
+
+
+def test_a_study_of_other_lengths_that_read_the_same_says_where_they_differ(tmp_path):
+    from evotuner.errors import StudyMismatchError
+    from evotuner.problem import Problem
+    from evotuner.space import load_space
+    from evotuner.storage import StudyStore
+
+    made = Problem.packed([1, 2, 3, 4, 5], heads=4, head_dim=64, heads_kv=2)
+    asked = Problem.packed([5, 4, 3, 2, 1], heads=4, head_dim=64, heads_kv=2)
+    assert str(made) == str(asked)                   # the summaries cannot tell them apart
+    space = load_space(family="hopper")
+    with StudyStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+        store.create_study("v", made, space, "random", 0, source_hash="x", nvcc_version="13.0")
+        with pytest.raises(StudyMismatchError, match="query lengths differ at sequence 0: 1 in the study, 5 here"):
+            store.load_study("v", problem=asked, space=space)
+
+
+def test_resume_of_a_packed_study_takes_the_sizes_its_search_was_given(tmp_path):
+    """`resume --shape H=4,HKV=2,D=64` (what the packed study was searched with) was refused as
+    missing B; sizes given are checked against the study's, and a mismatch names its problem."""
+    from evotuner import session
+    from evotuner.errors import StudyMismatchError
+    from evotuner.problem import Problem, parse_shape_values
+    from evotuner.space import load_space
+    from evotuner.storage import StudyStore
+
+    made = Problem.packed([3, 9, 4], heads=4, head_dim=64, heads_kv=2)
+    with StudyStore(f"sqlite:///{tmp_path / 's.db'}") as store:
+        store.create_study("v", made, load_space(family="hopper"), "random", 0, source_hash="x", nvcc_version="13.0")
+        assert session.resume_study(store, "v", shape=parse_shape_values("H=4,HKV=2,D=64")).problem == made
+        with pytest.raises(StudyMismatchError, match=r"tunes .*3 sequences.*, not --shape H=8,D=64") as e:
+            session.resume_study(store, "v", shape=parse_shape_values("H=8,D=64"))
+        assert "--shape H=8,D=64`" in e.value.remedy

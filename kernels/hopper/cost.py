@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import Counter
 from functools import lru_cache
 from typing import Mapping
 
@@ -100,6 +101,10 @@ HBM_BYTES_PER_CLK = 1830.0
 COMBINE_LOADS = 8
 #: Tiles above which the makespan is computed in closed form instead of tile by tile.
 EXACT_TILES = 20000
+#: Tiles (sequences x heads x the longest's m blocks) above which a packed batch's static
+#: (SCHED 1) makespan is computed in closed form too, never as an array (65535 sequences of up
+#: to 8192 rows at 32 heads would be 10^9 tiles, 8 GB of float64).
+PACKED_EXACT_TILES = 1 << 20
 
 
 def consumer_registers(head_dim: int, block_n: int, overlap: int) -> float:
@@ -171,6 +176,38 @@ def _makespan(per_m: tuple[float, ...], heads: int, causal: bool, sms: int, stat
     return _schedule(durations, sms, static)
 
 
+def _tile_shapes(seqlen_q: int, seqlen_k: int, block_m: int, n: int, causal: bool,
+                 cluster: int) -> tuple[tuple[int, int], ...]:
+    """(query rows, key blocks) of one head's tiles of one sequence, by m block."""
+    out = []
+    for m in range(-(-seqlen_q // block_m)):
+        rows = min(block_m, seqlen_q - m * block_m)
+        blocks = -(-seqlen_k // n)
+        if causal:                        # top-left: row i sees keys 0..i
+            blocks = min(blocks, (m * block_m + rows - 1) // n + 1)
+        out.append((rows, blocks))
+    if len(out) % cluster:   # CLUSTER=2, odd m blocks: the last one's partner passes every block
+        out.append(out[-1])
+    return tuple(out)
+
+
+@lru_cache(maxsize=64)
+def _batch_tile_shapes(sequences: tuple[tuple[int, int], ...], block_m: int, n: int, causal: bool,
+                       cluster: int) -> tuple[dict[tuple[int, int], int], int]:
+    """How many of one head's tiles of a packed batch have each (query rows, key blocks), and
+    the longest sequence's tile count: what the closed-form makespan needs, worked out once per
+    tile geometry and not per config (the guided sampler costs every config of the space, and a
+    batch of thousands of sequences took minutes). Each distinct length is walked once."""
+    counts: Counter[tuple[int, int]] = Counter()
+    width = 0
+    for (q, k), times in Counter(sequences).items():
+        shapes = _tile_shapes(q, k, block_m, n, causal, cluster)
+        width = max(width, len(shapes))
+        for shape in shapes:
+            counts[shape] += times
+    return dict(counts), width
+
+
 @lru_cache(maxsize=1024)
 def _packed_makespan(per_seq: tuple[tuple[float, ...], ...], heads: int, causal: bool, sms: int,
                      static: bool) -> float:
@@ -224,25 +261,23 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
     cluster = int(config.get("CLUSTER", 1))    # CTAs per cluster: pairs of m blocks sharing K/V loads
     clocks_of: dict[tuple[int, int], float] = {}     # (rows, kv blocks) -> tile clocks: one per distinct tile
 
+    def clocks_at(shape: tuple[int, int]) -> float:
+        if shape not in clocks_of:
+            clocks_of[shape] = _tile(config, d, *shape, persistent, splits, ctas)
+        return clocks_of[shape]
+
     def tiles(seqlen_q: int, seqlen_k: int) -> tuple[float, ...]:
         """One head's tiles of one sequence, by m block."""
-        out = []
-        for m in range(-(-seqlen_q // block_m)):
-            rows = min(block_m, seqlen_q - m * block_m)
-            blocks = -(-seqlen_k // n)
-            if problem.causal:                        # top-left: row i sees keys 0..i
-                blocks = min(blocks, (m * block_m + rows - 1) // n + 1)
-            if (rows, blocks) not in clocks_of:
-                clocks_of[rows, blocks] = _tile(config, d, rows, blocks, persistent, splits, ctas)
-            out.append(clocks_of[rows, blocks])
-        if len(out) % cluster:   # CLUSTER=2, odd m blocks: the last one's partner passes every block
-            out.append(out[-1])
-        return tuple(out)
+        return tuple(map(clocks_at, _tile_shapes(seqlen_q, seqlen_k, block_m, n, problem.causal, cluster)))
 
     static = config["SCHED"] == 1
     if problem.lengths_q:
-        clocks = _packed_makespan(tuple(tiles(q, k) for q, k in problem.sequences()), s.heads * splits,
-                                  problem.causal, sms * ctas, static)
+        seqs, heads, slots = problem.sequences(), s.heads * splits, sms * ctas
+        shapes, width = _batch_tile_shapes(seqs, block_m, n, problem.causal, cluster)
+        if len(seqs) * width * heads > (PACKED_EXACT_TILES if static else EXACT_TILES):   # _schedule's closed form
+            clocks = heads * sum(c * clocks_at(t) for t, c in shapes.items()) / slots + max(map(clocks_at, shapes))
+        else:
+            clocks = _packed_makespan(tuple(tiles(q, k) for q, k in seqs), heads, problem.causal, slots, static)
         kv_rows = sum(problem.lengths_k)
     elif config["SCHED"] == 3 and not problem.causal:   # the last wave split (non-causal dense)
         per_m = tiles(s.seqlen_q, s.seqlen_k)
