@@ -6,6 +6,7 @@ other's internals, so the CLI has no import cycle."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -296,10 +297,20 @@ class _Out:
 consoles = _Out()
 
 
+#: A compiler's error line (nvcc ``gen.cu(8): error: ...``, gcc ``x.h:3:2: error: #error ...``,
+#: ``error #20: ...``), which an include trace and a caret line surround.
+_ERROR_LINE = re.compile(r"(?:^|[\s):])(?:fatal )?error(?: #[\w-]+)?:")
+
+
 def one_line(text: str | None) -> str:
+    """A message of several lines in one: its first compiler error line where it has one (not
+    the include trace before it), else its first and last lines."""
     lines = [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
     if not lines:
         return ""
+    error = next((line for line in lines if _ERROR_LINE.search(line)), None)
+    if len(lines) > 1 and error is not None:
+        return error
     return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
 
 

@@ -339,3 +339,16 @@ def test_compile_reports_a_compiler_error_in_one_line(capsys, tmp_path):
     code, out, err = run(capsys, "compile", "--config", CONFIG.replace("BLOCK_N=32", "BLOCK_N=40"),
                          "--shape", "D=32", "--space", loose)
     assert_one_line_error(code, out, err, "nvcc failed", "BLOCK_N", "ptxas.log")
+
+
+def test_a_compiler_error_is_told_by_its_error_line_not_the_include_trace():
+    from evotuner.cli_options import one_line
+
+    log = ('In file included from gen.cu:8:\n'
+           '/k/hopper/instantiate.cuh:12:2: error: #error "HOPPER_STAGES must be defined"\n'
+           '   12 | #error "HOPPER_STAGES must be defined"\n'
+           '      |  ^~~~~\n')
+    assert one_line(log) == '/k/hopper/instantiate.cuh:12:2: error: #error "HOPPER_STAGES must be defined"'
+    assert one_line('gen.cu(8): error: static assertion failed\n1 error detected in the compilation') == \
+        "gen.cu(8): error: static assertion failed"
+    assert one_line("first\nmiddle\nlast") == "first ... last"       # no error line: both ends, as before
