@@ -192,20 +192,24 @@ def _tile_shapes(seqlen_q: int, seqlen_k: int, block_m: int, n: int, causal: boo
 
 
 @lru_cache(maxsize=64)
-def _batch_tile_shapes(sequences: tuple[tuple[int, int], ...], block_m: int, n: int, causal: bool,
-                       cluster: int) -> tuple[dict[tuple[int, int], int], int]:
-    """How many of one head's tiles of a packed batch have each (query rows, key blocks), and
-    the longest sequence's tile count: what the closed-form makespan needs, worked out once per
-    tile geometry and not per config (the guided sampler costs every config of the space, and a
-    batch of thousands of sequences took minutes). Each distinct length is walked once."""
-    counts: Counter[tuple[int, int]] = Counter()
+def _batch_tile_shapes(lengths_q: tuple[int, ...], lengths_k: tuple[int, ...], block_m: int, n: int, causal: bool,
+                       cluster: int) -> tuple[dict[int, tuple[int, int, int]], int]:
+    """One head's tiles of a packed batch grouped by their live warpgroups (ceil(rows / 64)):
+    each group's (tiles, key blocks in all, most key blocks of one), and the longest sequence's
+    tile count: what the closed-form makespan needs, worked out once per tile geometry and not
+    per config (the guided sampler costs every config of the space, and a batch of thousands of
+    sequences took minutes). Each distinct length is walked once."""
+    groups: dict[int, list[int]] = {}
     width = 0
-    for (q, k), times in Counter(sequences).items():
+    for (q, k), times in Counter(zip(lengths_q, lengths_k)).items():
         shapes = _tile_shapes(q, k, block_m, n, causal, cluster)
         width = max(width, len(shapes))
-        for shape in shapes:
-            counts[shape] += times
-    return dict(counts), width
+        for rows, blocks in shapes:
+            group = groups.setdefault(-(-rows // 64), [0, 0, 0])
+            group[0] += times
+            group[1] += times * blocks
+            group[2] = max(group[2], blocks)
+    return {live: (count, blocks, most) for live, (count, blocks, most) in groups.items()}, width
 
 
 @lru_cache(maxsize=1024)
@@ -272,12 +276,21 @@ def estimate_us(config: Mapping[str, int], problem: Problem, *, sms: int = SMS, 
 
     static = config["SCHED"] == 1
     if problem.lengths_q:
-        seqs, heads, slots = problem.sequences(), s.heads * splits, sms * ctas
-        shapes, width = _batch_tile_shapes(seqs, block_m, n, problem.causal, cluster)
-        if len(seqs) * width * heads > (PACKED_EXACT_TILES if static else EXACT_TILES):   # _schedule's closed form
-            clocks = heads * sum(c * clocks_at(t) for t, c in shapes.items()) / slots + max(map(clocks_at, shapes))
+        heads, slots = s.heads * splits, sms * ctas
+        groups, width = _batch_tile_shapes(problem.lengths_q, problem.lengths_k, block_m, n, problem.causal, cluster)
+        if s.batch * width * heads > (PACKED_EXACT_TILES if static else EXACT_TILES):   # _schedule's closed form
+            # a tile's clocks are linear in its key blocks (_tile_clocks, no split-KV here), at a
+            # slope and an intercept set by its live warpgroups: sum and max from each group's totals
+            total, longest = 0.0, 0.0
+            for live, (count, blocks, most) in groups.items():
+                edges = clocks_at((64 * live, 0))
+                slope = clocks_at((64 * live, 1)) - edges
+                total += count * edges + blocks * slope
+                longest = max(longest, edges + most * slope)
+            clocks = heads * total / slots + longest
         else:
-            clocks = _packed_makespan(tuple(tiles(q, k) for q, k in seqs), heads, problem.causal, slots, static)
+            clocks = _packed_makespan(tuple(tiles(q, k) for q, k in problem.sequences()), heads, problem.causal,
+                                      slots, static)
         kv_rows = sum(problem.lengths_k)
     elif config["SCHED"] == 3 and not problem.causal:   # the last wave split (non-causal dense)
         per_m = tiles(s.seqlen_q, s.seqlen_k)
