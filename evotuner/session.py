@@ -329,9 +329,9 @@ def _space_path(space: str | Path) -> Path:
     text = str(space)
     if text in named:
         return named[text]
-    if path.suffix or "/" in text or os.sep in text or path.exists():
+    if text.strip() and (path.suffix or "/" in text or os.sep in text or path.exists()):   # '' is not '.'
         return path        # load_space says the file is not found, or is a folder
-    raise EvotunerError(f"--space {text}: no such file and no packaged space of that name",
+    raise EvotunerError(f"--space {text!r}: no such file and no packaged space of that name",
                         f"give a space file, or one of {', '.join(sorted(named))}")
 
 

@@ -214,3 +214,11 @@ def test_a_study_of_a_space_that_proposes_nothing_is_never_made(tmp_path):
         with pytest.raises(SpaceError, match="none of the 8 configs passes"):
             session.start_study(store, "s", D64, space, "random", 0, None)
         assert not store.study_exists("s")
+
+
+def test_an_empty_space_name_is_not_taken_for_the_current_folder():
+    from evotuner import session
+    from evotuner.errors import EvotunerError
+
+    with pytest.raises(EvotunerError, match="--space '': no such file and no packaged space"):
+        session.pick_space("")
