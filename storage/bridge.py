@@ -137,7 +137,8 @@ class OptunaBridge(StudyCreation):
                 raise StudyMismatchError(
                     f"study '{name}' was created for {created}; this run asks for {problem}"
                     + _where_lengths_differ(created, problem),
-                    "use another --study name (`evotuner show --json` lists a packed study's lengths)",
+                    "use another --study name" + (" (`evotuner show --json` lists a packed study's lengths)"
+                                                  if created.varlen or problem.varlen else ""),
                 )
         if space is not None:
             fp = space_fingerprint(space)
