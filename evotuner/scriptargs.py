@@ -162,3 +162,18 @@ def error_line(exc: BaseException) -> str:
     script that takes its sweeps as arguments has not, so that is left out."""
     text = " ".join(str(exc).split())
     return "error: " + (text[len("--replay "):] if text.startswith("--replay ") else text)
+
+
+def work_folder(given: Path | None, prefix: str) -> Path | None:
+    """A script's work folder: ``given`` (made if missing), else a new temporary one named
+    ``prefix...``; None, the error line printed, where it cannot be made."""
+    import tempfile
+
+    try:
+        work = given or Path(tempfile.mkdtemp(prefix=prefix))
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: cannot create the work folder: {exc.strerror or exc} (give a --workdir you can write)",
+              file=sys.stderr)
+        return None
+    return work

@@ -41,7 +41,6 @@ import re
 import shlex
 import sqlite3
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -50,7 +49,7 @@ from typing import Any
 from evotuner import childproc
 from evotuner.atomicfile import write_text_atomic
 from evotuner.errors import EvotunerError
-from evotuner.scriptargs import ArgumentParser, output_folder, output_path, positive, seed
+from evotuner.scriptargs import ArgumentParser, output_folder, output_path, positive, seed, work_folder
 
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 
@@ -211,12 +210,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     elif not Path(args.replay).is_file():
         ap.error(f"argument --replay: {args.replay}: no such file (give a sweep CSV, e.g. tests/data/...)")
-    try:
-        work = args.workdir or Path(tempfile.mkdtemp(prefix="evotuner-bench-gpus-"))
-        work.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"error: cannot create the work folder: {exc.strerror or exc} (give a --workdir you can write)",
-              file=sys.stderr)
+    work = work_folder(args.workdir, "evotuner-bench-gpus-")
+    if work is None:
         return 1
     report: dict[str, Any] = {"trials": args.trials, "shape": args.shape, "dtype": args.dtype, "causal": args.causal,
                               "cores": os.cpu_count(), "replay": args.replay, "runs": {}}

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,7 +29,7 @@ from sqlalchemy import text
 
 from evotuner.errors import EvotunerError
 from evotuner.storage import StudyStore
-from evotuner.scriptargs import ArgumentParser, output_folder, positive
+from evotuner.scriptargs import ArgumentParser, output_folder, positive, work_folder
 
 STUDY = "two-workers"
 
@@ -102,12 +101,8 @@ def main(argv: list[str] | None = None) -> int:
                   "(run it on the GPU machine, or rehearse with --replay SWEEP.csv)", file=sys.stderr)
             return 1
     extra = ("--replay", args.replay, "--replay-delay", "0.05,0.03") if args.replay else ()
-    try:
-        work = args.workdir or Path(tempfile.mkdtemp(prefix="evotuner-two-workers-"))
-        work.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"error: cannot create the work folder: {exc.strerror or exc} (give a --workdir you can write)",
-              file=sys.stderr)
+    work = work_folder(args.workdir, "evotuner-two-workers-")
+    if work is None:
         return 1
     storage = args.storage or f"sqlite:///{work / 'two_workers.db'}"
     failures: list[str] = []

@@ -7,6 +7,7 @@ import importlib.util
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -179,7 +180,7 @@ def test_kernel_smoke_needs_out_a_gpu_and_a_matching_match(tmp_path, capsys, mon
 def test_bench_gpus_refuses_up_front(tmp_path, capsys, monkeypatch, no_gpu):
     bg = _script("bench_gpus")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(bg.tempfile, "mkdtemp", lambda **k: pytest.fail("made a work folder"))
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **k: pytest.fail("made a work folder"))
     (tmp_path / "adir").mkdir()
     (tmp_path / "notdb.txt").write_text("x")
     for argv, says in ((["--output", "adir"], "not a regular file"), (["--output", "no/x.json"], "does not exist"),
@@ -193,7 +194,7 @@ def test_bench_gpus_refuses_up_front(tmp_path, capsys, monkeypatch, no_gpu):
 def test_two_workers_refuses_up_front(tmp_path, capsys, monkeypatch, no_gpu):
     tw = _script("two_workers")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(tw.tempfile, "mkdtemp", lambda **k: pytest.fail("made a work folder"))
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **k: pytest.fail("made a work folder"))
     (tmp_path / "notdb.txt").write_text("x")
     _usage(capsys, tw.main, ["--workdir", "notdb.txt"], "not a folder")
     _fails(capsys, tw.main, [], "--replay")
