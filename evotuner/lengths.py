@@ -24,7 +24,7 @@ from pathlib import Path
 
 from evotuner.errors import ShapeError
 from evotuner.family.registry import families
-from evotuner.numbers import INT32_MAX
+from evotuner.numbers import INT32_MAX, parse_whole
 from evotuner.problem import MAX_SEQUENCES, Problem, Shape, number_text, parse_shape_values
 
 _RANDOM = re.compile(r"^random:(?P<n>\d+):(?P<lo>\d+)\.\.(?P<hi>\d+)(?::seed=(?P<seed>\d+))?$")
@@ -104,11 +104,9 @@ def _integers(words: list[str], what: str) -> tuple[int, ...]:
 
 
 def _whole(digits: str, what: str, name: str, most: int) -> int:
-    """``digits`` (decimal digits) as an int; ShapeError past the 4300 digits int() reads."""
-    try:
-        return int(digits)
-    except ValueError:
-        raise ShapeError(f"{what}: {name} has {len(digits)} digits", f"use at most {most}") from None
+    """``digits`` (decimal digits) as an int, the bounds left to the caller (its message names
+    them); ShapeError past the 4300 digits int() reads."""
+    return parse_whole(digits, f"{what}: {name}", hi=None, remedy=f"use at most {most}", error=ShapeError)
 
 
 def packed_problem(shape: str, lengths: str, lengths_k: str | None, *, dtype: str, causal: bool) -> Problem:
