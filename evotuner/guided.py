@@ -84,6 +84,7 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
+from evotuner.asking import Proposer
 from evotuner.config import KernelConfig
 from evotuner.problem import Problem
 from evotuner.space import SearchSpace
@@ -139,19 +140,25 @@ class GPSettings:
     noise_sd: float = NOISE_SD
 
 
-class GuidedSampler(BaseSampler):
+class GuidedSampler(BaseSampler, Proposer):
     """Expected improvement over a GP on the cost model's residuals (see the module docstring).
 
     ``estimate(config)`` is the predicted time in µs (``math.inf``: predicted to fail the
     gate); it is called once per feasible config, on the first proposal. ``related`` (or a
     callable returning it, called then too, after the study's start is enqueued) are other
-    studies' measurements, joined as correlated tasks.
+    studies' measurements, joined as correlated tasks. ``picks``: how many configs
+    :meth:`propose` picks from one read of the study (one per GPU of a ``--gpus`` search: the
+    GPUs then share a read and its posterior instead of queueing for one each); each pick
+    after the first counts those before it as in flight.
     """
 
     def __init__(self, space: SearchSpace, problem: Problem, estimate: Estimate, seed: int | None, *,
                  settings: GPSettings = GPSettings(),
-                 related: Sequence[Related] | Callable[[], Sequence[Related]] = ()) -> None:
+                 related: Sequence[Related] | Callable[[], Sequence[Related]] = (), picks: int = 1) -> None:
         self.space, self.problem, self.estimate, self.settings = space, problem, estimate, settings
+        #: Proposals made from one read of the study (:meth:`propose`; one per GPU of a ``--gpus`` search).
+        self.picks = max(1, int(picks))
+        self._queued: list[int] = []                            # rows picked, not yet proposed
         self._related_source = related
         self.related: tuple[Related, ...] | None = None          # loaded on the first proposal
         self._rng = np.random.RandomState(seed)
@@ -175,11 +182,41 @@ class GuidedSampler(BaseSampler):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space:
             return {}
+        return self._params(study.get_trials(deepcopy=False), trial.number)
+
+    def propose(self, study: optuna.Study) -> dict[str, Any] | None:
+        """The next trial's parameters (evotuner.asking): the next of the picks made from the
+        last read of the study while any is left, else ``picks`` new ones from one read; None
+        while the study has WAITING trials (the configs enqueued to go first)."""
+        if self._queued:
+            return self._row_params(self._queued.pop(0))
+        trials = study.get_trials(deepcopy=False)
+        if any(t.state == TrialState.WAITING for t in trials):
+            return None
+        return self._params(trials, None, self.picks)
+
+    def _params(self, trials: Sequence[FrozenTrial], asking: int | None, picks: int = 1) -> dict[str, Any]:
+        """The pick's parameters given the study's ``trials`` (trial number ``asking``, the one
+        being asked, left out); with ``picks`` > 1, the next picks (each counting those before
+        it as in flight, as a running trial counts) are queued for :meth:`propose`."""
         self._enumerate()
         assert self._index is not None
         if len(self._index) == 0:         # no feasible config: the loop prunes whatever comes
             return {k: 0 for k in self._keys}
-        row = self._pick(study, trial)
+        seen = self._observations(trials, asking)
+        rows = [self._pick(seen)]
+        while len(rows) < picks:
+            seen.number[rows[-1]] = max(seen.number.values(), default=-1) + 1
+            seen.pending.add(rows[-1])
+            row = self._pick(seen)
+            if row in seen.pending or row in seen.failed or row in seen.measured:
+                break                     # every feasible config is known
+            rows.append(row)
+        self._queued = rows[1:]
+        return self._row_params(rows[0])
+
+    def _row_params(self, row: int) -> dict[str, Any]:
+        assert self._index is not None
         return dict(zip(self._keys, (int(i) for i in self._index[row])))
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,
@@ -255,13 +292,14 @@ class GuidedSampler(BaseSampler):
 
     # -- the pick ------------------------------------------------------------------------------
 
-    def _observations(self, study: optuna.Study, trial: FrozenTrial) -> "Observed":
-        """What the study knows, by candidate row (trial ``trial``, being asked, left out)."""
+    def _observations(self, trials: Sequence[FrozenTrial], asking: int | None) -> "Observed":
+        """What the study's ``trials`` know, by candidate row (trial number ``asking``, being
+        asked, left out)."""
         assert self._rows is not None
         seen = Observed()
-        for t in study.get_trials(deepcopy=False):
+        for t in trials:
             params = t.params or t.system_attrs.get("fixed_params") or {}
-            if t.number == trial.number or not all(k in params for k in self._keys):
+            if t.number == asking or not all(k in params for k in self._keys):
                 continue
             row = self._rows.get(tuple(int(params[k]) for k in self._keys))
             if row is None:               # statically infeasible (pruned before the compiler)
@@ -281,9 +319,8 @@ class GuidedSampler(BaseSampler):
         seen.pending -= set(seen.measured) | seen.failed
         return seen
 
-    def _pick(self, study: optuna.Study, trial: FrozenTrial) -> int:
+    def _pick(self, seen: "Observed") -> int:
         assert self._x is not None and self._prior is not None and self._index is not None
-        seen = self._observations(study, trial)
         measured = seen.measured
         known = set(measured) | seen.failed | seen.pending
         jitter = self._rng.uniform(0.0, 1e-9, len(self._prior))

@@ -70,6 +70,7 @@ from optuna.trial import TrialState
 
 from evotuner import events as ev
 from evotuner import stopping
+from evotuner.asking import ask
 from evotuner.config import KernelConfig
 from evotuner.coordinator import Coordinator, StudyCoordinator
 from evotuner.errors import EvotunerError
@@ -142,10 +143,8 @@ def run_search(
     if trials < 1:
         raise EvotunerError(f"--trials: {trials} is not a positive number of trials", "e.g. --trials 64")
     store.study_info(study_name, problem=problem, space=space)   # refuses a mismatch before joining
-    if isinstance(worker, Coordinator):
-        coordinator = worker
-    else:
-        coordinator = StudyCoordinator(store, study_name, worker=worker, stale_after=stale_after)
+    coordinator = worker if isinstance(worker, Coordinator) else StudyCoordinator(
+        store, study_name, worker=worker, stale_after=stale_after)
     search = _Search(
         store=store, study_name=study_name, problem=problem, space=space, sampler=sampler,
         trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch, start=start,
@@ -199,6 +198,7 @@ class _Search:
         else:
             self.coordinator.seed_for(self.seed)
         self.study = self.store.optuna_study(self.name, sampler=sampler)
+        self.optuna_id = self.store.optuna_study_id(self.name)
         zombies = tuple(self.coordinator.take_over(self.target))   # trials a dead search left RUNNING
         self.coordinator.start(is_new=lambda: not self.study.get_trials(deepcopy=False),
                                enqueue=self._enqueue_start, wait=self._wait)
@@ -363,7 +363,7 @@ class _Search:
         config: KernelConfig | None = None
         failed: Exception | None = None
         with self.ask_lock:
-            trial = self.flights.current = self.study.ask()
+            trial = self.flights.current = ask(self.study, self.store, self.optuna_id, self.space)
             try:
                 config = suggest(trial, self.space)
             except Exception as exc:  # noqa: BLE001 -- a proposal error fails this trial only
@@ -458,8 +458,7 @@ class _Search:
         started = time.perf_counter()
 
         def tell() -> None:
-            for key, val in attrs.items():
-                trial.set_user_attr(key, val)
+            self.store.set_user_attrs(trial._trial_id, attrs)   # one transaction, not one per attr
             if state == "COMPLETE":
                 self.study.tell(trial, value)
             else:

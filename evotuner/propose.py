@@ -85,7 +85,7 @@ MASKED_STARTUP = 10
 
 
 def make_sampler(name: str, space: SearchSpace, seed: int | None, problem: Problem | None = None,
-                 *, fresh: bool = True, related: Any = ()) -> optuna.samplers.BaseSampler:
+                 *, fresh: bool = True, related: Any = (), picks: int = 1) -> optuna.samplers.BaseSampler:
     """An Optuna sampler over ``space``'s index representation; ``seed`` makes it reproducible.
 
     With ``fresh`` (the default) random, GP and tpe-masked propose only configs new to
@@ -93,10 +93,11 @@ def make_sampler(name: str, space: SearchSpace, seed: int | None, problem: Probl
     tpe-masked also screens TPE's candidates before its acquisition picks one);
     ``fresh=False`` gives the samplers without the wrapper. ``related`` (other studies'
     measurements, or a callable returning them: :class:`evotuner.guided.Related`) is
-    taken by the samplers of :data:`MODEL_SAMPLERS` and ignored by the rest.
+    taken by the samplers of :data:`MODEL_SAMPLERS` and ignored by the rest; so is ``picks``,
+    the configs proposed from one read of the study (:class:`evotuner.guided.GuidedSampler`).
     """
     if name == "guided":
-        return _guided_sampler(space, seed, problem, related)
+        return _guided_sampler(space, seed, problem, related, picks)
     if name == "tpe-masked":
         masked = MaskedTPESampler(space, problem, seed=seed, n_startup_trials=MASKED_STARTUP, multivariate=True,
                                   constant_liar=True, n_ei_candidates=MASKED_EI_CANDIDATES)
@@ -107,7 +108,8 @@ def make_sampler(name: str, space: SearchSpace, seed: int | None, problem: Probl
     return base
 
 
-def _guided_sampler(space: SearchSpace, seed: int | None, problem: Problem | None, related: Any) -> GuidedSampler:
+def _guided_sampler(space: SearchSpace, seed: int | None, problem: Problem | None, related: Any,
+                    picks: int = 1) -> GuidedSampler:
     family = get_family(space.kernel)
     if problem is None:
         raise SpaceError("sampler 'guided' needs the problem (its cost model predicts a config's time at a shape)",
@@ -116,7 +118,8 @@ def _guided_sampler(space: SearchSpace, seed: int | None, problem: Problem | Non
     if family.estimate_us(probe, problem) is None:
         raise SpaceError(f"sampler 'guided' needs a cost model, and the {family.title or family.name} family has none"
                          f" for {problem}", "pick another --sampler (tpe, tpe-masked)")
-    return GuidedSampler(space, problem, lambda config: family.estimate_us(config, problem), seed, related=related)
+    return GuidedSampler(space, problem, lambda config: family.estimate_us(config, problem), seed, related=related,
+                         picks=picks)
 
 
 def _base_sampler(name: str, space: SearchSpace, seed: int | None) -> optuna.samplers.BaseSampler:

@@ -428,7 +428,8 @@ def run_study(store: StudyStore, study: str, problem: Problem, space: SearchSpac
     first = measure[0] if isinstance(measure, list) else measure
 
     def sampler_for(worker_seed: int | None) -> Any:
-        return make_sampler(sampler, space, worker_seed, problem,
+        return make_sampler(sampler, space, worker_seed, problem,   # picks: one per GPU (GuidedSampler)
+                            picks=len(measure) if isinstance(measure, list) else 1,
                             related=lambda: related_studies(store, study, problem, space, first))
 
     start: Any = recommended(problem, space.kernel)

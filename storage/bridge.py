@@ -4,13 +4,15 @@ seeded one)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Sequence
 
 import optuna
+from optuna.distributions import BaseDistribution
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import FrozenTrial, TrialState
-from sqlalchemy import select
+from sqlalchemy import Table, delete, insert, select
 from sqlalchemy.orm import Session
 
 from evotuner.config import KernelConfig
@@ -196,6 +198,43 @@ class OptunaBridge(StudyCreation):
         with self._optuna_call("reading trials"):
             return row.optuna_study_id, self.optuna_storage.get_all_trials(row.optuna_study_id, deepcopy=False)
 
+    def optuna_study_id(self, name: str) -> int:
+        """The id of the Optuna study behind evotuner study ``name``."""
+        with self.session() as s:
+            return int(self.study_row(s, name).optuna_study_id)
+
+    def begin_trial(self, optuna_study_id: int, params: Mapping[str, Any],
+                    distributions: Mapping[str, BaseDistribution]) -> int:
+        """A RUNNING trial of Optuna study ``optuna_study_id`` holding ``params`` (Optuna's
+        internal values, as ``distributions`` encode them), written in one transaction; returns
+        its trial id. ``study.ask()`` then ``suggest_*`` commits once for the trial and once per
+        parameter, and reads the study's unfinished trials twice: a proposal's largest cost
+        where many builds are in flight (docs/measurements/gpus/)."""
+        template = optuna.trial.create_trial(state=TrialState.RUNNING, params=dict(params),
+                                             distributions=dict(distributions))
+        with self._optuna_call("asking a trial"):
+            return int(self.optuna_storage.create_new_trial(optuna_study_id, template_trial=template))
+
+    def set_user_attrs(self, trial_id: int, attrs: Mapping[str, Any]) -> None:
+        """Set every user attr of ``attrs`` on RUNNING trial ``trial_id`` in one transaction
+        (Optuna's ``set_trial_user_attr`` commits each on its own). Raises Optuna's
+        ``UpdateFinishedTrialError``, writing nothing, when the trial is finished, as
+        ``set_trial_user_attr`` does."""
+        if not attrs:
+            return
+        trials, user = _optuna_table("trials"), _optuna_table("trial_user_attributes")
+        with self.session() as s:
+            state = s.execute(select(trials.c.state).where(trials.c.trial_id == trial_id).with_for_update()).scalar()
+            if state is None:
+                raise StorageError(f"no trial with id {trial_id}",
+                                   "set attributes only on trials the loop asked for")
+            if _state_name(state) != TrialState.RUNNING.name:
+                raise UpdateFinishedTrialError(
+                    f"trial {trial_id} is {_state_name(state)}: its attributes are frozen")
+            s.execute(delete(user).where(user.c.trial_id == trial_id, user.c.key.in_(list(attrs))))
+            s.execute(insert(user), [{"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+                                     for key, value in attrs.items()])
+
     def finished_trials(self, name: str) -> list[TrialRecord]:
         """Every finished trial (COMPLETE, PRUNED, FAIL other than interrupted), by number."""
         _, trials = self.optuna_trials(name)
@@ -272,3 +311,15 @@ def _where_lengths_differ(created: Any, asked: Any) -> str:
         if i is not None:
             return f"; its {which} lengths differ at sequence {i}: {mine[i]} in the study, {theirs[i]} here"
     return ""
+
+
+def _optuna_table(name: str) -> Table:
+    """One of Optuna's own tables (its RDB schema, as storage/damage.py reads it)."""
+    from optuna.storages._rdb import models
+
+    return models.BaseModel.metadata.tables[name]
+
+
+def _state_name(state: Any) -> str:
+    """A ``trials.state`` cell as its name (an Enum column reads as TrialState, or its name)."""
+    return state.name if isinstance(state, TrialState) else str(state)
