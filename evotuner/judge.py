@@ -11,6 +11,7 @@ it. It tells nothing itself and catches nothing: an exception is the loop's to t
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -47,15 +48,39 @@ class Submitted:
     artifact: Any = None          # what was timed (a paired race's next incumbent, if it wins)
 
 
+class Fastest:
+    """The fastest config measured in full (median µs and artifact) by the searches that share
+    this object, for racing: each search's own, or, with ``--gpus``, the one of every GPU of
+    the process (GPUs of one model: racing is off for mixed ones). Shared, a GPU thread races
+    against what the others measured: with one each, four H100s timed 3.3x the repetitions of
+    one GPU for the same 256 trials (docs/measurements/gpus/coordinator_h100x4_1128t/).
+    Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._best: tuple[float, Any] | None = None
+
+    def get(self) -> tuple[float, Any] | None:
+        with self._lock:
+            return self._best
+
+    def offer(self, median_us: float, artifact: Any) -> None:
+        with self._lock:
+            if self._best is None or median_us < self._best[0]:
+                self._best = (median_us, artifact)
+
+
 class Judge:
     """Judges the configs of study ``study``. ``coordinator`` says whether a config is still
     this search's; ``tally`` knows the incumbent; ``device`` tags each measurement with its GPU;
     ``racing``: the rule a racing stage stops a clearly slower config by (None: off);
-    ``building()``: builds in flight, for the events."""
+    ``building()``: builds in flight, for the events; ``fastest``: the :class:`Fastest` this
+    search shares with the others of its process (None: its own)."""
 
     def __init__(self, *, store: Any, study: str, problem: Problem, space: Any, measure: MeasureStage,
                  coordinator: Coordinator, tally: Tally, device: DeviceStart, racing: RaceRule | None,
-                 clock: Stopwatch, emit: Callable[[object], None], building: Callable[[], int]) -> None:
+                 clock: Stopwatch, emit: Callable[[object], None], building: Callable[[], int],
+                 fastest: Fastest | None = None) -> None:
         self.store = store
         self.study = study
         self.space = space
@@ -70,8 +95,8 @@ class Judge:
         self.building = building
         self.measured = 0                    # measure calls this run made
         self.stopped = 0                     # of them, stopped early by racing
-        #: (median µs, artifact) of this run's fastest measurement: a paired race's incumbent
-        self.fastest: tuple[float, Any] | None = None
+        #: the fastest measurement of this run (and of the searches sharing it): a race's incumbent
+        self.fastest = fastest if fastest is not None else Fastest()
         #: artifact keys a paired race failed beside: never paired with again
         self.unpairable: set[str] = set()
 
@@ -137,9 +162,8 @@ class Judge:
             raise TypeError(f"measure stage returned {type(outcome).__name__}, not a Measurement")
         attrs: dict[str, Any] = {k: getattr(outcome, k) for k in MEASURED_ATTRS}
         self.tally.timed(outcome.median_us)
-        if (submitted.artifact is not None and not outcome.stopped_early
-                and (self.fastest is None or outcome.median_us < self.fastest[0])):
-            self.fastest = (outcome.median_us, submitted.artifact)
+        if submitted.artifact is not None and not outcome.stopped_early:
+            self.fastest.offer(outcome.median_us, submitted.artifact)
         if outcome.stopped_early:
             self.stopped += 1
             attrs[STOPPED_ATTR] = {"reps": outcome.repetitions, "planned_reps": outcome.planned_repetitions,
@@ -153,15 +177,17 @@ class Judge:
 
     def race(self) -> Race | None:
         """What a measure request races against: the best median measured on this GPU model
-        (this run's, or the study's earlier trials'); None when racing is off, the stage does
-        not race, or nothing is known yet (the first config gets the whole budget). A rule
-        that pairs also names the artifact of this run's fastest config, timed beside it."""
+        (this run's, the searches' sharing :attr:`fastest`, or the study's earlier trials');
+        None when racing is off, the stage does not race, or nothing is known yet (the first
+        config gets the whole budget). A rule that pairs also names the artifact of the
+        fastest config measured in this process, timed beside it."""
         if self.racing is None or not getattr(self.measure, "races", False):
             return None
-        incumbent = self.tally.incumbent(self.device.model)
-        if incumbent is None:
+        fastest = self.fastest.get()
+        known = [v for v in (self.tally.incumbent(self.device.model), fastest[0] if fastest else None) if v is not None]
+        if not known:
             return None
-        if self.racing.paired_margin is not None and self.fastest is not None \
-                and self.fastest[1].key not in self.unpairable:
-            return Race(incumbent, self.racing, artifact_wire(self.fastest[1]), self.fastest[0])
+        incumbent = min(known)
+        if self.racing.paired_margin is not None and fastest is not None and fastest[1].key not in self.unpairable:
+            return Race(incumbent, self.racing, artifact_wire(fastest[1]), fastest[0])
         return Race(incumbent, self.racing)

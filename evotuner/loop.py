@@ -75,7 +75,7 @@ from evotuner.config import KernelConfig
 from evotuner.coordinator import Coordinator, StudyCoordinator
 from evotuner.errors import EvotunerError
 from evotuner.inflight import Flight, Followed, InFlight, fail_stranded
-from evotuner.judge import Judge, Submitted
+from evotuner.judge import Fastest, Judge, Submitted
 from evotuner.measure.base import MeasureStage
 from evotuner.measure.racing import DEFAULT_RULE, RaceRule
 from evotuner.problem import Problem
@@ -114,6 +114,7 @@ def run_search(
     allow_mixed_gpus: bool = False,
     ask_lock: Any = None,
     racing: RaceRule | None = DEFAULT_RULE,
+    fastest: Fastest | None = None,
 ) -> SearchResult:
     """Run the study ``study_name`` (already created) until it has ``trials`` finished trials.
 
@@ -138,7 +139,8 @@ def run_search(
     process share ``sampler`` (``--gpus``): a sampler is not thread-safe, and a config
     proposed by one search is known to the next ask only once its suggest stored it.
     ``racing``: the rule a racing measure stage stops clearly slower configs by (None: every
-    config gets the whole timing budget; ``--full-timing``).
+    config gets the whole timing budget; ``--full-timing``). ``fastest``: shared by the
+    searches of one process (``--gpus``), each races against what any of them measured.
     """
     if trials < 1:
         raise EvotunerError(f"--trials: {trials} is not a positive number of trials", "e.g. --trials 64")
@@ -149,7 +151,7 @@ def run_search(
         store=store, study_name=study_name, problem=problem, space=space, sampler=sampler,
         trials=trials, builder=builder, measure=measure, on_event=on_event, batch=batch, start=start,
         seed=seed, coordinator=coordinator, allow_mixed_gpus=allow_mixed_gpus, ask_lock=ask_lock,
-        racing=racing,
+        racing=racing, fastest=fastest,
     )
     with coordinator.joined() if worker is None else contextlib.nullcontext():
         return search.run()
@@ -157,7 +159,7 @@ def run_search(
 
 class _Search:
     def __init__(self, *, store, study_name, problem, space, sampler, trials, builder, measure, on_event, batch,
-                 start, seed, coordinator, allow_mixed_gpus, ask_lock, racing):
+                 start, seed, coordinator, allow_mixed_gpus, ask_lock, racing, fastest):
         self.store = store
         self.ask_lock = ask_lock if ask_lock is not None else contextlib.nullcontext()
         self.start = start if callable(start) else tuple(start)
@@ -184,7 +186,7 @@ class _Search:
         self.judge = Judge(store=store, study=study_name, problem=problem, space=space, measure=measure,
                            coordinator=coordinator, tally=self.tally, device=self.device,
                            racing=racing if not allow_mixed_gpus else None, clock=self.clock, emit=self.emit,
-                           building=self._builds_in_flight)
+                           building=self._builds_in_flight, fastest=fastest)
 
     def emit(self, event: object) -> None:
         self.on_event(event)
@@ -341,10 +343,8 @@ class _Search:
         """Ask trials until ``batch`` builds are in flight or the study's budget is all
         taken (each ask first takes a slot of the study's ``trials``), or until the
         oldest build is done: the GPU never waits on asks it does not need yet
-        (``ahead``: the GPU is busy timing, ask regardless).
-
-        Returns ``exhausted`` or ``stalled`` when it stopped asking for that reason.
-        """
+        (``ahead``: the GPU is busy timing, ask regardless). Returns ``exhausted`` or
+        ``stalled`` when it stopped asking for that reason."""
         pending = self.flights.pending
         while len(pending) < self.batch:
             if not ahead and pending and pending[0].future.done():

@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from evotuner import stopping
 from evotuner.errors import EvotunerError, StudyMismatchError
+from evotuner.judge import Fastest
 from evotuner.measure.base import MeasureStage
 from evotuner.workers import StudyWorker
 
@@ -98,6 +99,7 @@ def run_multi(
     check_same_model(_models(measures), allow_mixed)
     lock = threading.Lock()
     ask_lock = threading.Lock()   # the one sampler: one ask and suggest at a time
+    fastest = Fastest()           # every GPU races against the fastest any of them measured
 
     def emit(event: object) -> None:
         if on_event is not None:
@@ -119,7 +121,7 @@ def run_multi(
         try:
             results[i] = run_search(store=store, study_name=study_name, sampler=sampler, seed=seed,
                                     measure=measures[i], worker=workers[i], on_event=emit, batch=per_thread,
-                                    allow_mixed_gpus=allow_mixed, ask_lock=ask_lock, **search)
+                                    allow_mixed_gpus=allow_mixed, ask_lock=ask_lock, fastest=fastest, **search)
         except BaseException as exc:  # noqa: BLE001 -- re-raised in the caller's thread
             errors.append(exc)
 

@@ -567,3 +567,26 @@ def test_search_starts_the_measure_stage_before_it_opens_the_study(capsys, monke
     _cli(capsys, monkeypatch, tmp_path, build_cache_dir, Started)
     assert order[:2] == ["measure started", "store opened"], order
 
+
+
+def test_searches_sharing_a_fastest_pair_against_each_others_best(store, space, builder):
+    """``--gpus`` gives its GPU threads one Fastest: a thread's first race is paired with the
+    fastest config another measured, where alone it would have no artifact to pair with
+    until it measured one itself (four H100s timed 3.3x one GPU's repetitions before)."""
+    from evotuner.judge import Fastest
+    from evotuner.measure.racing import PAIRED_MARGIN
+
+    paired = RaceRule(paired_margin=PAIRED_MARGIN)
+    _study(store, space, builder)
+    shared = Fastest()
+    first, second = RacingScaffold(), RacingScaffold()
+    _run(store, space, builder, first, 2, racing=paired, fastest=shared)
+    assert shared.get() is not None
+    _run(store, space, builder, second, 4, racing=paired, fastest=shared)
+    race = second.races_seen[0]
+    assert race is not None and race.incumbent_artifact is not None
+    assert race.incumbent_artifact["key"] == shared.get()[1].key
+
+    alone = RacingScaffold()                    # its own Fastest: the study's best median, no artifact
+    _run(store, space, builder, alone, 6, racing=paired)
+    assert alone.races_seen[0] is not None and alone.races_seen[0].incumbent_artifact is None
