@@ -29,12 +29,17 @@ ENCODED = "@ / : % # ? as %40 %2F %3A %25 %23 %3F"
 _USER_PASSWORD = re.compile(r"^(?P<head>[\w+]+://[^:/]*):[^@]*@")
 
 
+#: Where a URL's query starts: a ``?`` before a ``name=`` (one in a password is followed by other text).
+_QUERY = re.compile(r"\?(?=[A-Za-z_][\w.-]*=)")
+
+
 def refuse_raw_at(raw: str) -> None:
     """A password holding a bare ``@`` (``user:p@ss@host/db``) is cut at its first ``@`` and the
     rest taken for the host and database, which every message would then show: refuse it, naming
-    only what follows the last ``@``."""
+    only what follows the last ``@``. An ``@`` in the query (``?sslrootcert=/certs/a@b.pem``) is
+    not the password's."""
     found = _USER_PASSWORD.match(raw)
-    if found is None or "@" not in raw[found.end():]:
+    if found is None or "@" not in _QUERY.split(raw[found.end():], maxsplit=1)[0]:
         return
     shown = mask_url(f"{found.group('head')}:{MASK}@{raw.rsplit('@', 1)[1]}")
     raise StorageError(

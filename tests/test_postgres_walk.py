@@ -169,6 +169,15 @@ def test_a_password_with_a_bare_at_is_refused_and_never_shown() -> None:
         assert not any(secret in shown for secret in (*SECRETS, "ss:x")), shown
 
 
+def test_an_at_in_the_query_is_not_taken_for_the_passwords() -> None:
+    """``?sslrootcert=/certs/a@b.pem`` was refused as a password's bare ``@``."""
+    from evotuner.storage.server import refuse_raw_at
+
+    refuse_raw_at("postgresql+psycopg://walker:pw@127.0.0.1:1/walk?sslrootcert=/certs/a@b.pem")
+    with pytest.raises(StorageError, match="not percent-encoded"):
+        refuse_raw_at("postgresql+psycopg://walker:p@ss@127.0.0.1:1/walk?sslrootcert=/certs/a@b.pem")
+
+
 def test_a_wrong_password_and_the_right_one_with_reserved_characters(own_server: _OwnServer) -> None:
     wrong = _url(own_server, "walk", "walker", "not-" + PASSWORD)
     proc = _cli("show", "--study", "x", "--storage", wrong)
