@@ -36,10 +36,15 @@ class Proposer(ABC):
 def ask(study: optuna.Study, store: Any, optuna_study_id: int, space: SearchSpace) -> optuna.trial.Trial:
     """A new RUNNING trial of ``study`` (Optuna study ``optuna_study_id`` in ``store``),
     its parameters set where its sampler is a :class:`Proposer` that proposes them, else
-    ``study.ask()``'s trial, whose parameters ``suggest`` sets."""
+    ``study.ask()``'s trial, whose parameters ``suggest`` sets. A proposal that raises takes
+    the second way, so the error comes from ``suggest`` and fails that trial alone, as
+    ``study.ask()``'s lazy sampling made it."""
     sampler = study.sampler
     if isinstance(sampler, Proposer):
-        params = sampler.propose(study)
+        try:
+            params = sampler.propose(study)
+        except Exception:  # noqa: BLE001 -- study.ask()'s suggest meets it again: that trial fails, not the search
+            params = None
         if params is not None:
             trial_id = store.begin_trial(optuna_study_id, params, distributions(space))
             return optuna.trial.Trial(study, trial_id)

@@ -188,6 +188,7 @@ class Judge:
         if not known:
             return None
         incumbent = min(known)
-        if self.racing.paired_margin is not None and fastest is not None and fastest[1].key not in self.unpairable:
+        if self.racing.paired_margin is not None and fastest is not None \
+                and fastest[1].key not in self.unpairable:
             return Race(incumbent, self.racing, artifact_wire(fastest[1]), fastest[0])
         return Race(incumbent, self.racing)

@@ -167,3 +167,18 @@ def test_user_attrs_go_in_one_commit_and_a_finished_trial_keeps_its_own(store, s
                                           "gate": {"passed": True}}
 
 
+
+
+def test_a_proposal_that_raises_fails_in_suggest_as_before(store, space, monkeypatch):
+    """The loop fails the trial whose suggest raised and goes on; a proposal's error must come
+    out there too, not out of the ask (that would end the search)."""
+    study, sid = _study(store, GuidedSampler(space, PROBLEM, _estimate, 0))
+
+    def broken(self, seen):
+        raise RuntimeError("the pick broke")
+
+    monkeypatch.setattr(GuidedSampler, "_pick", broken)
+    trial = ask(study, store, sid, space)
+    with pytest.raises(RuntimeError, match="the pick broke"):
+        suggest(trial, space)
+    assert study.trials[0].state == TrialState.RUNNING and study.trials[0].params == {}
