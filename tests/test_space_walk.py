@@ -222,3 +222,12 @@ def test_an_empty_space_name_is_not_taken_for_the_current_folder():
 
     with pytest.raises(EvotunerError, match="--space '': no such file and no packaged space"):
         session.pick_space("")
+
+
+def test_compile_varlen_at_a_head_dim_only_flashcore_takes_does_not_send_the_user_to_flashcore(capsys, cli_env):
+    """FlashCore has no packed kernel: its D=32 is for dense batches only (the hint said "FlashCore: D=32")."""
+    config = ("BLOCK_N=128,CONSUMER_WGS=2,STAGES=2,REG_PROD=24,REG_CONS=240,OVERLAP=1,PINGPONG=0,SCHED=0,"
+              "RESCALE_LOG2=8,EXP_EMU=0,CTAS_PER_SM=1,CLUSTER=1,PACK_GQA=0,TILE_OVERLAP=0,Q_IN_REGS=0")
+    code, out, err = run(capsys, "compile", "--varlen", "--shape", "D=32", "--config", config)
+    assert_one_line_error(code, out, err, "HEAD_DIM=32")
+    assert "FlashCore: D=32, dense batches only" in err
