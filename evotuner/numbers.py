@@ -80,7 +80,9 @@ def parse_whole(text: str, what: str, **bounds: Any) -> int:
     try:
         value = int(text.strip())
     except (ValueError, AttributeError):
-        if isinstance(text, str) and text.strip().isdecimal():      # past the 4300 digits int() reads
+        if not isinstance(text, str):
+            raise error(f"{what}: {text!r} is not an integer", bounds.get("remedy")) from None
+        if text.strip().isdecimal():                                 # past the 4300 digits int() reads
             raise error(f"{what} has {len(text.strip())} digits", bounds.get("remedy")) from None
         raise error(f"{what}: {text[:40]!r} is not an integer", bounds.get("remedy")) from None
     return whole(value, what, **bounds)

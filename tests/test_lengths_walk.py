@@ -171,3 +171,14 @@ def test_resume_of_a_packed_study_takes_the_sizes_its_search_was_given(tmp_path)
         with pytest.raises(StudyMismatchError, match=r"tunes .*3 sequences.*, not --shape H=8,D=64") as e:
             session.resume_study(store, "v", shape=parse_shape_values("H=8,D=64"))
         assert "--shape H=8,D=64`" in e.value.remedy
+
+
+@pytest.mark.parametrize("value", [None, 12.5, 7])
+def test_parse_whole_refuses_what_is_not_text_in_one_line(value):
+    """A value that is not text (a JSON cell, None) is refused in the one-line form, as before
+    the digit count was added (that version sliced it and raised a TypeError)."""
+    from evotuner.errors import EvotunerError
+    from evotuner.numbers import parse_whole
+
+    with pytest.raises(EvotunerError, match="is not an integer"):
+        parse_whole(value, "x")
