@@ -182,27 +182,28 @@ class GuidedSampler(BaseSampler, Proposer):
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
         if not search_space:
             return {}
-        return self._params(study.get_trials(deepcopy=False), trial.number)
+        return self._row_params(self._rows_picked(study.get_trials(deepcopy=False), trial.number, 1)[0])
 
     def propose(self, study: optuna.Study) -> dict[str, Any] | None:
         """The next trial's parameters (evotuner.asking): the next of the picks made from the
         last read of the study while any is left, else ``picks`` new ones from one read; None
         while the study has WAITING trials (the configs enqueued to go first)."""
-        if self._queued:
-            return self._row_params(self._queued.pop(0))
-        trials = study.get_trials(deepcopy=False)
-        if any(t.state == TrialState.WAITING for t in trials):
-            return None
-        return self._params(trials, None, self.picks)
+        if not self._queued:
+            trials = study.get_trials(deepcopy=False)
+            if any(t.state == TrialState.WAITING for t in trials):
+                return None
+            self._queued = self._rows_picked(trials, None, self.picks)
+        return self._row_params(self._queued.pop(0))
 
-    def _params(self, trials: Sequence[FrozenTrial], asking: int | None, picks: int = 1) -> dict[str, Any]:
-        """The pick's parameters given the study's ``trials`` (trial number ``asking``, the one
-        being asked, left out); with ``picks`` > 1, the next picks (each counting those before
-        it as in flight, as a running trial counts) are queued for :meth:`propose`."""
+    def _rows_picked(self, trials: Sequence[FrozenTrial], asking: int | None, picks: int) -> list[int]:
+        """Up to ``picks`` candidate rows picked given the study's ``trials`` (trial number
+        ``asking``, the one being asked, left out), each after the first counting those before
+        it as in flight, as a running trial counts; fewer once every feasible config is known.
+        [-1] where the space has no feasible config (:meth:`_row_params` gives index 0s)."""
         self._enumerate()
         assert self._index is not None
         if len(self._index) == 0:         # no feasible config: the loop prunes whatever comes
-            return {k: 0 for k in self._keys}
+            return [-1]
         seen = self._observations(trials, asking)
         rows = [self._pick(seen)]
         while len(rows) < picks:
@@ -212,11 +213,13 @@ class GuidedSampler(BaseSampler, Proposer):
             if row in seen.pending or row in seen.failed or row in seen.measured:
                 break                     # every feasible config is known
             rows.append(row)
-        self._queued = rows[1:]
-        return self._row_params(rows[0])
+        return rows
 
     def _row_params(self, row: int) -> dict[str, Any]:
+        """A candidate row's parameters (row -1: index 0 of every parameter)."""
         assert self._index is not None
+        if row < 0:
+            return {k: 0 for k in self._keys}
         return dict(zip(self._keys, (int(i) for i in self._index[row])))
 
     def sample_independent(self, study: optuna.Study, trial: FrozenTrial, param_name: str,

@@ -184,7 +184,8 @@ class Judge:
         if self.racing is None or not getattr(self.measure, "races", False):
             return None
         fastest = self.fastest.get()
-        known = [v for v in (self.tally.incumbent(self.device.model), fastest[0] if fastest else None) if v is not None]
+        known = [v for v in (self.tally.incumbent(self.device.model), fastest[0] if fastest else None)
+                 if v is not None]
         if not known:
             return None
         incumbent = min(known)
