@@ -314,10 +314,8 @@ def _where_lengths_differ(created: Any, asked: Any) -> str:
 
 
 def _optuna_table(name: str) -> Table:
-    """One of Optuna's own tables (its RDB schema, as storage/damage.py reads it)."""
-    from optuna.storages._rdb import models
-
-    return models.BaseModel.metadata.tables[name]
+    """One of Optuna's own tables (:func:`evotuner.storage.damage.optuna_tables`)."""
+    return next(t for t in _damage.optuna_tables() if t.name == name)
 
 
 def _state_name(state: Any) -> str:
